@@ -1,0 +1,41 @@
+"""The `ggraph` console command. Each subcommand lives in a module of ggraph.tools that
+defines `register(subparsers)`; this file only discovers and dispatches them."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from typing import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import ggraph.tools as tools
+
+    parser = argparse.ArgumentParser(prog="ggraph", description="ggml-style compute graphs: "
+                                     "plan memory, run and inspect graphs")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for info in sorted(pkgutil.iter_modules(tools.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"ggraph.tools.{info.name}")
+        if hasattr(mod, "register"):
+            mod.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, KeyError, FileNotFoundError) as e:  # user errors: a message, no traceback
+        print(f"ggraph {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

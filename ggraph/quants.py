@@ -1,0 +1,219 @@
+"""Conversion between float32 rows and ggml's storage formats (F32, F16, BF16, Q4_0, Q4_1, Q8_0).
+
+This module owns the byte layout and the exact rounding of every float type ggraph stores:
+`quantize` turns float rows into the bytes ggml would write, `dequantize` turns such bytes
+back into float32. Both are vectorized numpy and bit-exact with ggml's reference C code
+(`ggml-quants.c`, `ggml-impl.h`) on x86-64, hence with `gguf.quants`:
+
+- Input is first converted to float32, as ggml's sources are f32; all block arithmetic is
+  done in f32 with one rounding per C operation (no fused multiply-add). Only the stored
+  scale `d` (and `m` for Q4_1) is rounded to f16; the quantization itself uses the f32 `d`
+  and `id = 1/d` (0 when d == 0).
+- Q8_0 rounds half away from zero, like C `roundf` (not numpy's half-to-even `rint`).
+- Q4_0 / Q4_1 truncate `x*id + 8.5` / `(x-min)*id + 0.5` toward zero and cap at 15.
+- When `1/d` overflows (a block whose largest magnitude is subnormal) or the input holds
+  inf/NaN, the f32 value handed to the integer cast is not finite. C leaves that cast
+  undefined; x86 (and gguf's numpy) yields 0, and so does this module, explicitly.
+- BF16 keeps the upper 16 bits of the f32 with round-to-nearest-even; NaN becomes the quiet
+  NaN `(bits >> 16) | 64`; values that round past the largest bf16 become inf.
+
+All multi-byte fields are little-endian, as in GGUF files, whatever the host.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .types import GGMLType, row_size
+
+__all__ = ["quantize", "dequantize", "f32_to_bf16_bits", "bf16_bits_to_f32"]
+
+# blocks handled per numpy pass: bounds the temporaries (a few MiB each) for huge tensors
+_CHUNK_BLOCKS = 1 << 16
+
+_F32 = np.dtype("<f4")
+_F16 = np.dtype("<f2")
+_U16 = np.dtype("<u2")
+
+
+def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 array -> uint16 bf16 bits (ggml_compute_fp32_to_bf16)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    # u + 0x7fff + lsb cannot wrap for non-NaN u (largest is 0xff800000 = -inf)
+    rounded = (u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
+    quiet = (u >> np.uint32(16)) | np.uint32(64)
+    return np.where(nan, quiet, rounded).astype(np.uint16)
+
+
+def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
+    """uint16 bf16 bits -> float32 (exact: the bits become the upper half of the f32)."""
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _f16_bytes(v: np.ndarray) -> np.ndarray:
+    """(nb,) float32 -> (nb, 2) uint8: little-endian f16, round-to-nearest-even."""
+    return v.astype(_F16).view(np.uint8).reshape(-1, 2)
+
+
+def _f16_field(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The f16 stored at byte offset `at` of each block, as a (nb, 1) float32 column."""
+    return np.ascontiguousarray(blocks[:, at:at + 2]).view(_F16).astype(np.float32)
+
+
+def _inverse(d: np.ndarray) -> np.ndarray:
+    """1/d in f32, 0 where d == 0 (inf where 1/d overflows, as in C)."""
+    return np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+
+
+def _trunc_nibbles(v: np.ndarray) -> np.ndarray:
+    """min(15, (int)v) for v >= 0 as uint8, with non-finite v -> 0 (x86 behavior)."""
+    v = np.where(np.isfinite(v), v, np.float32(0))
+    return np.clip(np.trunc(v), 0, 15).astype(np.uint8)
+
+
+def _pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """(nb, 32) values 0..15 -> (nb, 16) bytes: qs[j] = q[j] | q[j + 16] << 4."""
+    return q[:, :16] | (q[:, 16:] << np.uint8(4))
+
+
+def _unpack_nibbles(qs: np.ndarray, out: np.ndarray) -> None:
+    """(nb, 16) bytes -> out (nb, 32) float32 holding the 4-bit values."""
+    out[:, :16] = qs & np.uint8(0x0F)
+    out[:, 16:] = qs >> np.uint8(4)
+
+
+def _q4_0_quantize(x: np.ndarray, out: np.ndarray) -> None:
+    rows = np.arange(x.shape[0])
+    vmax = x[rows, np.abs(x).argmax(axis=1)]  # first element of largest |x|, sign kept
+    d = vmax / np.float32(-8)
+    id_ = _inverse(d)
+    out[:, 0:2] = _f16_bytes(d)
+    out[:, 2:18] = _pack_nibbles(_trunc_nibbles(x * id_[:, None] + np.float32(8.5)))
+
+
+def _q4_0_dequantize(b: np.ndarray, out: np.ndarray) -> None:
+    _unpack_nibbles(b[:, 2:18], out)
+    out -= np.float32(8)
+    out *= _f16_field(b, 0)
+
+
+def _q4_1_quantize(x: np.ndarray, out: np.ndarray) -> None:
+    vmin = x.min(axis=1)
+    vmax = x.max(axis=1)
+    d = (vmax - vmin) / np.float32(15)
+    id_ = _inverse(d)
+    out[:, 0:2] = _f16_bytes(d)
+    out[:, 2:4] = _f16_bytes(vmin)
+    v = (x - vmin[:, None]) * id_[:, None] + np.float32(0.5)
+    out[:, 4:20] = _pack_nibbles(_trunc_nibbles(v))
+
+
+def _q4_1_dequantize(b: np.ndarray, out: np.ndarray) -> None:
+    _unpack_nibbles(b[:, 4:20], out)
+    out *= _f16_field(b, 0)
+    out += _f16_field(b, 2)
+
+
+def _q8_0_quantize(x: np.ndarray, out: np.ndarray) -> None:
+    d = np.abs(x).max(axis=1) / np.float32(127)
+    id_ = _inverse(d)
+    v = x * id_[:, None]
+    a = np.abs(v)
+    r = np.floor(a)
+    r += (a - r) >= np.float32(0.5)  # roundf: half away from zero; a - floor(a) is exact
+    r = np.where(np.isfinite(v), np.copysign(r, v), np.float32(0))
+    out[:, 0:2] = _f16_bytes(d)
+    out[:, 2:34] = np.clip(r, -128, 127).astype(np.int8).view(np.uint8)
+
+
+def _q8_0_dequantize(b: np.ndarray, out: np.ndarray) -> None:
+    out[:] = b[:, 2:34].view(np.int8)
+    out *= _f16_field(b, 0)
+
+
+_Kernel = Callable[[np.ndarray, np.ndarray], None]
+_BLOCK_KERNELS: dict[GGMLType, tuple[_Kernel, _Kernel]] = {
+    GGMLType.Q4_0: (_q4_0_quantize, _q4_0_dequantize),
+    GGMLType.Q4_1: (_q4_1_quantize, _q4_1_dequantize),
+    GGMLType.Q8_0: (_q8_0_quantize, _q8_0_dequantize),
+}
+
+
+def _over_blocks(kernel: _Kernel, src: np.ndarray, out: np.ndarray) -> None:
+    """Apply `kernel` to (nb, ...) `src` writing (nb, ...) `out`, a chunk of blocks at a time."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for s in range(0, src.shape[0], _CHUNK_BLOCKS):
+            kernel(src[s:s + _CHUNK_BLOCKS], out[s:s + _CHUNK_BLOCKS])
+
+
+def _storable(t: GGMLType | str | int, action: str) -> GGMLType:
+    t = GGMLType.parse(t)
+    if not (t.is_float or t.is_quantized):
+        raise ValueError(f"cannot {action} type {t}: not a float or quantized type")
+    return t
+
+
+def quantize(t: GGMLType, x: np.ndarray) -> np.ndarray:
+    """Float rows (..., n) -> uint8 (..., row_size(t, n)): the bytes ggml stores for type `t`.
+
+    `x` is converted to float32 first; n must be a multiple of t's block size.
+    """
+    t = _storable(t, "quantize to")
+    x = np.asarray(x)
+    if x.ndim == 0:
+        raise ValueError(f"cannot quantize a scalar to {t}; expected an array of shape (..., n)")
+    if x.dtype.kind not in "fiub":
+        raise TypeError(f"cannot quantize {x.dtype} data to {t}; expected real numbers")
+    n = x.shape[-1]
+    if n % t.block_size:
+        raise ValueError(f"cannot quantize rows of {n} elements to {t}: {n} is not a "
+                         f"multiple of its block size {t.block_size}")
+    lead = x.shape[:-1]
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if t == GGMLType.F32:
+        raw = x.astype(_F32, copy=False)
+    elif t == GGMLType.F16:
+        with np.errstate(over="ignore"):  # beyond 65504 becomes inf, as in ggml
+            raw = x.astype(_F16)
+    elif t == GGMLType.BF16:
+        raw = f32_to_bf16_bits(x).astype(_U16, copy=False)
+    else:
+        blocks = x.reshape(-1, t.block_size)
+        raw = np.empty((blocks.shape[0], t.type_size), dtype=np.uint8)
+        _over_blocks(_BLOCK_KERNELS[t][0], blocks, raw)
+    return raw.view(np.uint8).reshape(*lead, row_size(t, n))
+
+
+def dequantize(t: GGMLType, data: np.ndarray, n: int | None = None) -> np.ndarray:
+    """uint8 rows (..., nbytes) of type `t` -> float32 (..., n).
+
+    n, the elements per row, defaults to what nbytes holds; when given it must match.
+    """
+    t = _storable(t, "dequantize")
+    data = np.asarray(data)
+    if data.dtype != np.uint8:
+        raise TypeError(f"dequantize expects uint8 bytes, got {data.dtype}")
+    if data.ndim == 0:
+        raise ValueError("cannot dequantize a scalar; expected bytes of shape (..., nbytes)")
+    nbytes = data.shape[-1]
+    if nbytes % t.type_size:
+        raise ValueError(f"cannot dequantize {t}: {nbytes} bytes per row is not a multiple "
+                         f"of its type size {t.type_size}")
+    n_have = nbytes // t.type_size * t.block_size
+    if n is not None and n != n_have:
+        raise ValueError(f"{nbytes} bytes per row of {t} hold {n_have} elements, not {n}")
+    lead = data.shape[:-1]
+    data = np.ascontiguousarray(data)
+    if t == GGMLType.F32:
+        out = data.view(_F32).astype(np.float32)
+    elif t == GGMLType.F16:
+        out = data.view(_F16).astype(np.float32)
+    elif t == GGMLType.BF16:
+        out = bf16_bits_to_f32(data.view(_U16))
+    else:
+        blocks = data.reshape(-1, t.type_size)
+        out = np.empty((blocks.shape[0], t.block_size), dtype=np.float32)
+        _over_blocks(_BLOCK_KERNELS[t][1], blocks, out)
+    return out.reshape(*lead, n_have)

@@ -1,0 +1,132 @@
+"""Attention blocks as llama.cpp builds them, with split attention (-amb) over head groups.
+
+`build_attention` turns Q (already roped) and a layer's K/V cache into the attention output
+[head_dim*n_head, n_tokens] by one of two paths:
+- mul_mat(K, Q) -> soft_max_ext (in place on K*Q) -> mul_mat(V, softmax), V stored transposed;
+- flash_attn_ext on K/V views (V not transposed).
+With `amb_mib > 0` and a K*Q tensor above the cap, the first path runs over groups of heads
+(facts page section 6), each group a whole number of query heads per K/V head (GQA), keeping
+each head's ALiBi slope, and writes each group's result into its slice of one output buffer
+(no concat chain, so no O(n_head^2) copies).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ggraph.tensor import Context, Tensor
+from ggraph.types import GGMLType
+from ggraph import ops as O
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    head_dim: int
+    n_head: int
+    n_head_kv: int
+    n_tokens: int
+    n_kv: int
+
+    @property
+    def kq_bytes(self) -> int:
+        return self.n_kv * self.n_tokens * self.n_head * 4
+
+
+def kq_size_mib(n_kv: int, n_tokens: int, n_head: int) -> int:
+    """Size of the K*Q tensor in MiB, floored (ik_llama.cpp's measure)."""
+    return n_kv * n_tokens * n_head * 4 // MIB
+
+
+def split_heads(n_head: int, n_head_kv: int, n_kv: int, n_tokens: int,
+                amb_mib: int) -> list[tuple[int, int]]:
+    """Head groups [(first, count), ...] whose K*Q tensors each fit in `amb_mib` MiB.
+
+    A group holds whole K/V-head groups (n_head/n_head_kv query heads each) so GQA maps each
+    group onto a contiguous range of K/V heads. One group when the cap is off or not exceeded;
+    one K/V group per step when even that is above the cap.
+    """
+    if n_head % n_head_kv:
+        raise ValueError(f"n_head={n_head} is not a multiple of n_head_kv={n_head_kv}")
+    kq = kq_size_mib(n_kv, n_tokens, n_head)
+    if amb_mib <= 0 or kq <= amb_mib:
+        return [(0, n_head)]
+    gqa = n_head // n_head_kv
+    n_step = math.ceil(kq / amb_mib)
+    per_step = math.ceil(n_head / n_step)
+    per_step = max(gqa, per_step // gqa * gqa)  # whole K/V groups, at least one
+    bytes_per_head = n_kv * n_tokens * 4
+    while per_step > gqa and per_step * bytes_per_head > amb_mib * MIB:
+        per_step -= gqa
+    return [(h, min(per_step, n_head - h)) for h in range(0, n_head, per_step)]
+
+
+def build_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kq_mask: Tensor, *,
+                    shape: AttentionShape, kq_scale: float, max_bias: float = 0.0,
+                    flash: bool = False, amb_mib: int = 0, il: int = 0,
+                    v_trans: bool | None = None) -> Tensor:
+    """Attention output [head_dim*n_head, n_tokens] for one layer.
+
+    q: [head_dim, n_head, n_tokens] F32. k_cache: [head_dim*n_head_kv, >= n_kv] of the cache
+    type. v_cache: the same, or transposed [>= n_kv, head_dim*n_head_kv] (v_trans, the
+    default without flash attention). kq_mask: [n_kv, >= n_tokens] F16/F32.
+    """
+    s = shape
+    v_trans = (not flash) if v_trans is None else v_trans
+    k = O.view_3d(k_cache, s.head_dim, s.n_head_kv, s.n_kv, _row(k_cache, s.head_dim),
+                  k_cache.nb[1], 0, name=f"k-{il}")
+    k = O.permute(k, 0, 2, 1, 3)                                # [hd, n_kv, n_head_kv]
+    if v_trans:  # v_cache is [kv_size, head_dim*n_head_kv]: one row per V channel
+        v = O.view_3d(v_cache, s.n_kv, s.head_dim, s.n_head_kv, v_cache.nb[1],
+                      v_cache.nb[1] * s.head_dim, 0, name=f"v-{il}")  # [n_kv, hd, n_head_kv]
+    else:
+        v = O.view_3d(v_cache, s.head_dim, s.n_head_kv, s.n_kv, _row(v_cache, s.head_dim),
+                      v_cache.nb[1], 0, name=f"v-{il}")
+        v = O.permute(v, 0, 2, 1, 3)                            # [hd, n_kv, n_head_kv]
+    qp = O.permute(q, 0, 2, 1, 3)                               # [hd, n_tokens, n_head]
+    if flash:
+        out = O.flash_attn_ext(qp, k, v, kq_mask, scale=kq_scale, max_bias=max_bias,
+                               name=f"fattn-{il}")             # [hd, n_head, n_tokens]
+        return O.reshape(out, s.head_dim * s.n_head, s.n_tokens, name=f"kqv_out-{il}")
+
+    groups = split_heads(s.n_head, s.n_head_kv, s.n_kv, s.n_tokens, amb_mib)
+    if len(groups) == 1:
+        kqv = _attend(qp, k, v, kq_mask, kq_scale, max_bias, 0, s.n_head, il, "")
+        cur = O.permute(kqv, 0, 2, 1, 3)                        # [hd, n_head, n_tokens]
+        return O.cont(cur, s.head_dim * s.n_head, s.n_tokens, name=f"kqv_out-{il}")
+
+    # Split attention: each group's [hd, n_tokens, heads] result is copied into its slice of
+    # one [hd, n_head, n_tokens] buffer. Each step's destination view hangs off the previous
+    # step's copy, so the copies are ordered and the buffer stays alive until the last one.
+    gqa = s.n_head // s.n_head_kv
+    out = q.ctx.new_tensor(GGMLType.F32, (s.head_dim, s.n_head, s.n_tokens),
+                           name=f"kqv_split-{il}")
+    acc: Tensor = out
+    esz = 4
+    for step, (h0, nh) in enumerate(groups):
+        qg = O.view_3d(qp, s.head_dim, s.n_tokens, nh, qp.nb[1], qp.nb[2], h0 * qp.nb[2],
+                       name=f"q-{il}-s{step}")
+        kg = O.view_3d(k, s.head_dim, s.n_kv, nh // gqa, k.nb[1], k.nb[2],
+                       (h0 // gqa) * k.nb[2], name=f"k-{il}-s{step}")
+        vg = O.view_3d(v, v.ne[0], v.ne[1], nh // gqa, v.nb[1], v.nb[2],
+                       (h0 // gqa) * v.nb[2], name=f"v-{il}-s{step}")
+        kqv = _attend(qg, kg, vg, kq_mask, kq_scale, max_bias, h0, s.n_head, il, f"-s{step}")
+        dst_offs = h0 * s.head_dim * esz - acc.view_offs  # relative to the previous copy
+        dst = O.view_3d(acc, s.head_dim, nh, s.n_tokens, s.head_dim * esz,
+                        s.head_dim * s.n_head * esz, dst_offs, name=f"kqv_split-{il}-s{step}")
+        acc = O.cpy(O.permute(kqv, 0, 2, 1, 3), dst)
+    return O.view_2d(acc, s.head_dim * s.n_head, s.n_tokens, s.head_dim * s.n_head * esz,
+                     -acc.view_offs, name=f"kqv_out-{il}")
+
+
+def _row(t: Tensor, n: int) -> int:
+    return t.type.type_size * n // t.type.block_size
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, max_bias: float,
+            h0: int, n_head: int, il: int, sfx: str) -> Tensor:
+    kq = O.mul_mat(k, q, name=f"kq-{il}{sfx}")                   # [n_kv, n_tokens, heads]
+    kq = O.soft_max_ext(kq, mask, scale, max_bias, head_offset=h0 if max_bias else 0,
+                        n_head=n_head if max_bias else 0, name=f"kq_soft_max-{il}{sfx}")
+    return O.mul_mat(v, kq, name=f"kqv-{il}{sfx}")              # [hd, n_tokens, heads]

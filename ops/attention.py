@@ -1,0 +1,194 @@
+"""Softmax and attention: soft_max_ext (mask, scale, ALiBi, sinks) and flash_attn_ext.
+
+soft_max_ext runs in place on its input in ggml-alloc, which is how softmax(K*Q) reuses the
+K*Q buffer. flash_attn_ext reads F16/BF16/F32/Q8_0/Q4_0/Q4_1 K and V (the KV cache types) and
+returns [Dv, H, T, S]: heads and tokens swapped relative to q.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ggraph.opkind import OpKind
+from ggraph.tensor import Tensor
+from ggraph.types import GGMLType
+from .registry import OpDef, new_node, register, require, require_type
+
+KV_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0,
+            GGMLType.Q4_1)
+MASK_TYPES = (GGMLType.F16, GGMLType.F32)
+
+
+@dataclass(frozen=True)
+class SoftMaxParams:
+    scale: float = 1.0
+    max_bias: float = 0.0
+    # ALiBi for a slice of heads (split attention): the slice's first head and the model's
+    # head count, so each head keeps its true slope. 0 means "a.ne[2] heads from head 0".
+    head_offset: int = 0
+    n_head: int = 0
+
+
+@dataclass(frozen=True)
+class FlashAttnParams:
+    scale: float = 1.0
+    max_bias: float = 0.0
+    softcap: float = 0.0
+    head_offset: int = 0  # as in SoftMaxParams
+    n_head: int = 0
+
+
+def alibi_slopes(n: int, max_bias: float, head_offset: int = 0, n_head: int = 0) -> np.ndarray:
+    """Slopes of heads head_offset .. head_offset+n-1 of a model with n_head heads
+    (n_head 0: n). All 1 when max_bias is 0."""
+    total = n_head or n
+    return np.array([alibi_slope(head_offset + h, total, max_bias) for h in range(n)])
+
+
+def alibi_slope(h: int, n_head: int, max_bias: float) -> float:
+    """Slope of head h among n_head heads (1 when max_bias is 0), as ggml computes it."""
+    if max_bias <= 0.0:
+        return 1.0
+    n_log2 = 1 << int(math.floor(math.log2(n_head)))
+    m0 = 2.0 ** (-max_bias / n_log2)
+    m1 = 2.0 ** (-(max_bias / 2.0) / n_log2)
+    return m0 ** (h + 1) if h < n_log2 else m1 ** (2 * (h - n_log2) + 1)
+
+
+def soft_max_ext(a: Tensor, mask: Tensor | None = None, scale: float = 1.0,
+                 max_bias: float = 0.0, sinks: Tensor | None = None, head_offset: int = 0,
+                 n_head: int = 0, name: str = "") -> Tensor:
+    """Row softmax of a*scale + slope(head)*mask; optional per-head sinks join each row."""
+    op = "soft_max_ext"
+    require_type(op, "a", a, (GGMLType.F32,))
+    require(a.is_contiguous(), op, "a must be contiguous", a=a)
+    if mask is not None:
+        require_type(op, "mask", mask, MASK_TYPES)
+        require(mask.is_contiguous(), op, "mask must be contiguous", mask=mask)
+        require(mask.ne[0] == a.ne[0], op, f"mask.ne[0]={mask.ne[0]} must equal "
+                f"a.ne[0]={a.ne[0]}", a=a, mask=mask)
+        require(mask.ne[1] >= a.ne[1], op, f"mask.ne[1]={mask.ne[1]} must be at least "
+                f"a.ne[1]={a.ne[1]}", a=a, mask=mask)
+        require(a.ne[2] % mask.ne[2] == 0 and a.ne[3] % mask.ne[3] == 0, op,
+                "mask.ne[2:4] must divide a.ne[2:4] (broadcast by modulo)", a=a, mask=mask)
+    require(max_bias <= 0.0 or mask is not None, op, "ALiBi (max_bias > 0) needs a mask", a=a)
+    if sinks is not None:
+        require_type(op, "sinks", sinks, (GGMLType.F32,))
+        require(sinks.nelements == a.ne[2], op, f"sinks needs one value per head "
+                f"(a.ne[2]={a.ne[2]}), has {sinks.nelements}", a=a, sinks=sinks)
+    _check_head_slice(op, a.ne[2], head_offset, n_head, a=a)
+    return new_node(OpKind.SOFT_MAX, (a, mask, sinks), GGMLType.F32, a.ne,
+                    SoftMaxParams(float(scale), float(max_bias), head_offset, n_head), name=name)
+
+
+def _check_head_slice(op: str, n: int, head_offset: int, n_head: int, **t: Tensor) -> None:
+    require(head_offset >= 0 and (n_head == 0 and head_offset == 0 or
+                                  head_offset + n <= n_head), op,
+            f"head slice {head_offset}..{head_offset + n - 1} does not fit in n_head={n_head}",
+            **t)
+
+
+def soft_max(a: Tensor, name: str = "") -> Tensor:
+    """Plain row softmax."""
+    return soft_max_ext(a, name=name)
+
+
+def flash_attn_ext(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                   scale: float = 1.0, max_bias: float = 0.0, softcap: float = 0.0,
+                   head_offset: int = 0, n_head: int = 0, name: str = "") -> Tensor:
+    """softmax(q.k*scale (softcapped) + slope*mask) . v per head, online softmax in kernels."""
+    op = "flash_attn_ext"
+    require_type(op, "q", q, (GGMLType.F32,))
+    require_type(op, "k", k, KV_TYPES)
+    require_type(op, "v", v, KV_TYPES)
+    kw = dict(q=q, k=k, v=v)
+    require(q.ne[0] == k.ne[0], op, f"q.ne[0]={q.ne[0]} (head size) must equal "
+            f"k.ne[0]={k.ne[0]}", **kw)
+    require(k.ne[1] == v.ne[1], op, f"k.ne[1]={k.ne[1]} and v.ne[1]={v.ne[1]} (n_kv) differ",
+            **kw)
+    require(k.ne[2] == v.ne[2] and k.ne[3] == v.ne[3], op, "k and v must have the same heads "
+            "and sequences (ne[2], ne[3])", **kw)
+    require(q.ne[2] % k.ne[2] == 0, op, f"q heads ({q.ne[2]}) must be a multiple of K/V heads "
+            f"({k.ne[2]})", **kw)
+    require(q.ne[3] % k.ne[3] == 0, op, f"q.ne[3]={q.ne[3]} must be a multiple of "
+            f"k.ne[3]={k.ne[3]}", **kw)
+    if mask is not None:
+        require_type(op, "mask", mask, MASK_TYPES)
+        require(mask.ne[0] == k.ne[1], op, f"mask.ne[0]={mask.ne[0]} must equal "
+                f"n_kv={k.ne[1]}", mask=mask, k=k)
+        require(mask.ne[1] >= q.ne[1], op, f"mask.ne[1]={mask.ne[1]} must be at least the "
+                f"number of queries {q.ne[1]}", mask=mask, q=q)
+        require(q.ne[2] % mask.ne[2] == 0 and q.ne[3] % mask.ne[3] == 0, op,
+                "mask.ne[2:4] must divide q.ne[2:4]", mask=mask, q=q)
+    require(max_bias <= 0.0 or mask is not None, op, "ALiBi (max_bias > 0) needs a mask", q=q)
+    require(softcap >= 0.0, op, f"softcap must be >= 0, got {softcap}")
+    _check_head_slice(op, q.ne[2], head_offset, n_head, q=q)
+    return new_node(OpKind.FLASH_ATTN_EXT, (q, k, v, mask), GGMLType.F32,
+                    (v.ne[0], q.ne[2], q.ne[1], q.ne[3]),
+                    FlashAttnParams(float(scale), float(max_bias), float(softcap), head_offset,
+                                    n_head), name=name)
+
+
+# -- references ---------------------------------------------------------------------------
+
+def _mask_for(ex, mask: Tensor | None, ne1: int, ne2: int, ne3: int) -> np.ndarray | float:
+    """mask rows 0..ne1-1, broadcast over dims 2 and 3 by modulo -> (ne3, ne2, ne1, ne0)."""
+    if mask is None:
+        return 0.0
+    m = ex.read(mask).astype(np.float64)[:, :, :ne1, :]
+    i3 = np.arange(ne3) % mask.ne[3]
+    i2 = np.arange(ne2) % mask.ne[2]
+    return m[i3][:, i2]
+
+
+def _softmax_rows(w: np.ndarray, sinks: np.ndarray | None) -> np.ndarray:
+    mx = w.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        mx = np.maximum(mx, sinks)
+    e = np.exp(w - mx)
+    s = e.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        s = s + np.exp(sinks - mx)
+    return e / s
+
+
+def _ref_soft_max(node: Tensor, ex) -> np.ndarray:
+    a, mask, sinks = node.src
+    p: SoftMaxParams = node.params
+    x = ex.read(a).astype(np.float64)
+    n3, n2, n1, _ = x.shape
+    slopes = alibi_slopes(n2, p.max_bias, p.head_offset, p.n_head)
+    w = x * p.scale + slopes[None, :, None, None] * _mask_for(ex, mask, n1, n2, n3)
+    s = None
+    if sinks is not None:
+        s = ex.read(sinks).astype(np.float64).reshape(-1)[None, :, None, None]
+    with np.errstate(invalid="ignore"):
+        return _softmax_rows(w, s)
+
+
+def _ref_flash_attn_ext(node: Tensor, ex) -> np.ndarray:
+    q, k, v, mask = node.src
+    p: FlashAttnParams = node.params
+    Q = ex.read(q).astype(np.float64)           # (S, H, T, Dk)
+    K = ex.read(k).astype(np.float64)           # (Sk, Hkv, n_kv, Dk)
+    V = ex.read(v).astype(np.float64)           # (Sk, Hkv, n_kv, Dv)
+    S, H, T, _ = Q.shape
+    rk2, rk3 = H // k.ne[2], S // k.ne[3]
+    K = np.repeat(np.repeat(K, rk3, axis=0), rk2, axis=1)
+    V = np.repeat(np.repeat(V, rk3, axis=0), rk2, axis=1)
+    s = Q @ np.swapaxes(K, -1, -2)              # (S, H, T, n_kv)
+    if p.softcap:
+        s = p.softcap * np.tanh(s * (p.scale / p.softcap))
+    else:
+        s = s * p.scale
+    slopes = alibi_slopes(H, p.max_bias, p.head_offset, p.n_head)
+    s = s + slopes[None, :, None, None] * _mask_for(ex, mask, T, H, S)
+    with np.errstate(invalid="ignore"):
+        out = _softmax_rows(s, None) @ V         # (S, H, T, Dv)
+    return np.swapaxes(out, 1, 2)               # (S, T, H, Dv) = ne [Dv, H, T, S]
+
+
+register(OpDef(OpKind.SOFT_MAX, "soft_max", _ref_soft_max, SoftMaxParams, inplace=True))
+register(OpDef(OpKind.FLASH_ATTN_EXT, "flash_attn_ext", _ref_flash_attn_ext, FlashAttnParams))

@@ -1,0 +1,86 @@
+"""Matrix products: mul_mat (with ggml's block-repeat broadcast) and mul_mat_id (experts).
+
+mul_mat(a, b): a [K, M, A2, A3], b [K, N, B2, B3] -> F32 [M, N, B2, B3]; b's slice i2 uses
+a's slice i2 // (B2 / A2), which is grouped-query attention when a holds K/V heads.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ggraph.opkind import OpKind
+from ggraph.tensor import Tensor
+from ggraph.types import GGMLType
+from .registry import OpDef, new_node, register, require, require_type
+
+WEIGHT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1,
+                GGMLType.Q8_0)
+ACT_TYPES = (GGMLType.F32, GGMLType.F16)
+
+
+def _check_not_transposed(op: str, a: Tensor) -> None:
+    require(a.nb[0] <= a.nb[1], op, "the first source must not be transposed (nb0 > nb1); "
+            "use cont(transpose(x)) instead", a=a)
+
+
+def mul_mat(a: Tensor, b: Tensor, name: str = "") -> Tensor:
+    """out[m, n] = sum_k a[k, m] * b[k, n], per 2-D slice with block-repeat broadcast."""
+    op = "mul_mat"
+    require_type(op, "a", a, WEIGHT_TYPES)
+    require_type(op, "b", b, ACT_TYPES)
+    require(a.ne[0] == b.ne[0], op, f"a.ne[0]={a.ne[0]} must equal b.ne[0]={b.ne[0]}", a=a, b=b)
+    require(b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0, op,
+            f"b.ne[2:4]={list(b.ne[2:])} must be multiples of a.ne[2:4]={list(a.ne[2:])} "
+            f"(block-repeat broadcast)", a=a, b=b)
+    _check_not_transposed(op, a)
+    return new_node(OpKind.MUL_MAT, (a, b), GGMLType.F32, (a.ne[1], b.ne[1], b.ne[2], b.ne[3]),
+                    name=name)
+
+
+def mul_mat_id(as_: Tensor, b: Tensor, ids: Tensor, name: str = "") -> Tensor:
+    """Per (expert slot e, token t): as[:, :, ids[e, t]]^T @ b[:, e % n_b, t] -> [M, n_used, T]."""
+    op = "mul_mat_id"
+    require_type(op, "as", as_, WEIGHT_TYPES)
+    require_type(op, "b", b, ACT_TYPES)
+    require_type(op, "ids", ids, (GGMLType.I32,))
+    require(as_.ne[3] == 1, op, "as must be 3-D [K, M, n_expert]", **{"as": as_})
+    require(b.ne[3] == 1, op, "b must be 3-D [K, n_b, T]", b=b)
+    require(ids.ne[2] == 1 and ids.ne[3] == 1, op, "ids must be 2-D [n_used, T]", ids=ids)
+    require(ids.ne[1] == b.ne[2], op, f"ids.ne[1]={ids.ne[1]} must equal b.ne[2]={b.ne[2]} "
+            f"(one column of expert ids per token)", ids=ids, b=b)
+    require(as_.ne[0] == b.ne[0], op, f"as.ne[0]={as_.ne[0]} must equal b.ne[0]={b.ne[0]}",
+            **{"as": as_, "b": b})
+    require(ids.ne[0] % b.ne[1] == 0, op, f"ids.ne[0]={ids.ne[0]} must be a multiple of "
+            f"b.ne[1]={b.ne[1]}", ids=ids, b=b)
+    _check_not_transposed(op, as_)
+    return new_node(OpKind.MUL_MAT_ID, (as_, b, ids), GGMLType.F32,
+                    (as_.ne[1], ids.ne[0], b.ne[2], 1), name=name)
+
+
+def _ref_mul_mat(node: Tensor, ex) -> np.ndarray:
+    a, b = node.src
+    A = ex.read(a).astype(np.float64)             # (A3, A2, M, K)
+    B = ex.read(b).astype(np.float64)             # (B3, B2, N, K)
+    A = np.repeat(np.repeat(A, b.ne[3] // a.ne[3], axis=0), b.ne[2] // a.ne[2], axis=1)
+    return B @ np.swapaxes(A, -1, -2)            # (B3, B2, N, M)
+
+
+def _ref_mul_mat_id(node: Tensor, ex) -> np.ndarray:
+    as_, b, ids = node.src
+    W = ex.read(as_).astype(np.float64)[0]        # (n_expert, M, K)
+    B = ex.read(b).astype(np.float64)[0]          # (T, n_b, K)
+    I = ex.read(ids)[0, 0]                        # (T, n_used)
+    n_expert = as_.ne[2]
+    if I.size and (I.min() < 0 or I.max() >= n_expert):
+        bad = I[(I < 0) | (I >= n_expert)][0]
+        raise ValueError(f"mul_mat_id: expert id {bad} in {ids.describe()} is outside "
+                         f"[0, {n_expert})")
+    n_used, n_b = ids.ne[0], b.ne[1]
+    out = np.empty((b.ne[2], n_used, as_.ne[1]))
+    for t in range(b.ne[2]):
+        for e in range(n_used):
+            out[t, e] = W[I[t, e]] @ B[t, e % n_b]
+    return out[None]
+
+
+register(OpDef(OpKind.MUL_MAT, "X", _ref_mul_mat))
+register(OpDef(OpKind.MUL_MAT_ID, "X_id", _ref_mul_mat_id))

@@ -1,0 +1,103 @@
+"""Reductions, selection and layout: sum_rows, argsort, top_k, concat, repeat."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+from ggraph.opkind import OpKind
+from ggraph.tensor import Tensor
+from ggraph.types import GGMLType
+from .registry import OpDef, can_repeat, new_node, register, require, require_type
+
+
+class SortOrder(IntEnum):
+    ASC = 0
+    DESC = 1
+
+
+@dataclass(frozen=True)
+class ArgsortParams:
+    order: SortOrder
+
+
+@dataclass(frozen=True)
+class TopKParams:
+    k: int
+
+
+@dataclass(frozen=True)
+class ConcatParams:
+    dim: int
+
+
+def sum_rows(a: Tensor, name: str = "") -> Tensor:
+    """Sum of each row: [1, ne1, ne2, ne3]."""
+    require_type("sum_rows", "a", a, (GGMLType.F32,))
+    return new_node(OpKind.SUM_ROWS, (a,), GGMLType.F32, (1,) + a.ne[1:], name=name)
+
+
+def argsort(a: Tensor, order: SortOrder | int = SortOrder.ASC, name: str = "") -> Tensor:
+    """I32 indices that sort each row (stable: ties keep index order)."""
+    require_type("argsort", "a", a, (GGMLType.F32,))
+    return new_node(OpKind.ARGSORT, (a,), GGMLType.I32, a.ne,
+                    ArgsortParams(SortOrder(int(order))), name=name)
+
+
+def top_k(a: Tensor, k: int, name: str = "") -> Tensor:
+    """I32 indices of the k largest values of each row, largest first (ties: lower index)."""
+    require_type("top_k", "a", a, (GGMLType.F32,))
+    require(0 < k <= a.ne[0], "top_k", f"k={k} must be in 1..a.ne[0]={a.ne[0]}", a=a)
+    return new_node(OpKind.TOP_K, (a,), GGMLType.I32, (k,) + a.ne[1:], TopKParams(int(k)),
+                    name=name)
+
+
+def concat(a: Tensor, b: Tensor, dim: int, name: str = "") -> Tensor:
+    """Join a and b along `dim`; all other dimensions equal."""
+    op = "concat"
+    require(0 <= dim < 4, op, f"dim={dim} must be in 0..3", a=a, b=b)
+    require(a.type == b.type, op, f"types differ ({a.type} and {b.type})", a=a, b=b)
+    require(not a.type.is_quantized, op, "quantized tensors cannot be concatenated", a=a)
+    require(all(a.ne[i] == b.ne[i] for i in range(4) if i != dim), op,
+            f"a and b must have equal ne except in dim {dim}", a=a, b=b)
+    ne = list(a.ne)
+    ne[dim] += b.ne[dim]
+    return new_node(OpKind.CONCAT, (a, b), a.type, ne, ConcatParams(dim), name=name)
+
+
+def repeat(a: Tensor, b: Tensor, name: str = "") -> Tensor:
+    """Tile a to b's shape (b's values are not read)."""
+    require(can_repeat(a, b), "repeat", f"a.ne={list(a.ne)} must divide b.ne={list(b.ne)}",
+            a=a, b=b)
+    require(not a.type.is_quantized, "repeat", "quantized tensors cannot be repeated", a=a)
+    return new_node(OpKind.REPEAT, (a, b), a.type, b.ne, name=name)
+
+
+def _ref_argsort(node: Tensor, ex) -> np.ndarray:
+    x = ex.read(node.src[0]).astype(np.float64)
+    key = -x if node.params.order == SortOrder.DESC else x
+    return np.argsort(key, axis=-1, kind="stable")
+
+
+def _ref_top_k(node: Tensor, ex) -> np.ndarray:
+    x = ex.read(node.src[0]).astype(np.float64)
+    return np.argsort(-x, axis=-1, kind="stable")[..., : node.params.k]
+
+
+def _ref_concat(node: Tensor, ex) -> np.ndarray:
+    a, b = node.src
+    return np.concatenate([ex.read(a), ex.read(b)], axis=3 - node.params.dim)
+
+
+def _ref_repeat(node: Tensor, ex) -> np.ndarray:
+    a, b = node.src
+    return np.tile(ex.read(a), tuple(x // y for x, y in zip(b.shape, a.shape)))
+
+
+register(OpDef(OpKind.SUM_ROWS, "sum_rows", lambda n, ex: ex.read(n.src[0]).astype(
+    np.float64).sum(axis=-1, keepdims=True)))
+register(OpDef(OpKind.ARGSORT, "argsort", _ref_argsort, ArgsortParams))
+register(OpDef(OpKind.TOP_K, "top_k", _ref_top_k, TopKParams))
+register(OpDef(OpKind.CONCAT, "concat", _ref_concat, ConcatParams))
+register(OpDef(OpKind.REPEAT, "repeat", _ref_repeat))

@@ -1,0 +1,117 @@
+"""Rotary position embedding: rope_ext with NORMAL and NEOX modes, linear scaling and YaRN.
+
+a [head_dim, n_head, T, 1] rotated by positions pos (I32 [T]); dims past n_dims are copied.
+`yarn_corr_dims` and `rope_cache` are plain numpy so the reference and tests share ggml's rule.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+from ggraph.opkind import OpKind
+from ggraph.tensor import Tensor
+from ggraph.types import GGMLType
+from .registry import OpDef, new_node, register, require, require_type
+
+
+class RopeMode(IntEnum):
+    NORMAL = 0  # rotate (x[2i], x[2i+1])
+    NEOX = 2    # rotate (x[i], x[i + n_dims/2])
+
+
+@dataclass(frozen=True)
+class RopeParams:
+    n_dims: int
+    mode: RopeMode = RopeMode.NORMAL
+    n_ctx_orig: int = 0
+    freq_base: float = 10000.0
+    freq_scale: float = 1.0
+    ext_factor: float = 0.0
+    attn_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+
+def rope_ext(a: Tensor, pos: Tensor, freq_factors: Tensor | None = None, n_dims: int = 0,
+             mode: RopeMode | int = RopeMode.NORMAL, n_ctx_orig: int = 0,
+             freq_base: float = 10000.0, freq_scale: float = 1.0, ext_factor: float = 0.0,
+             attn_factor: float = 1.0, beta_fast: float = 32.0, beta_slow: float = 1.0,
+             name: str = "") -> Tensor:
+    op = "rope_ext"
+    require_type(op, "a", a, (GGMLType.F32, GGMLType.F16))
+    require_type(op, "pos", pos, (GGMLType.I32,))
+    n_dims = n_dims or a.ne[0]
+    try:
+        mode = RopeMode(int(mode))
+    except ValueError:
+        raise ValueError(f"{op}: unknown rope mode {mode}; expected 0 (NORMAL) or 2 (NEOX)") \
+            from None
+    require(pos.ne[1] == pos.ne[2] == pos.ne[3] == 1, op, "pos must be a vector", pos=pos)
+    require(pos.ne[0] == a.ne[2], op, f"pos has {pos.ne[0]} positions, a has {a.ne[2]} tokens "
+            f"(a.ne[2])", a=a, pos=pos)
+    require(0 < n_dims <= a.ne[0] and n_dims % 2 == 0, op,
+            f"n_dims={n_dims} must be even and in 1..a.ne[0]={a.ne[0]}", a=a)
+    require(freq_base > 0 and freq_scale > 0, op,
+            f"freq_base ({freq_base}) and freq_scale ({freq_scale}) must be positive", a=a)
+    if freq_factors is not None:
+        require_type(op, "freq_factors", freq_factors, (GGMLType.F32,))
+        require(freq_factors.nelements >= n_dims // 2, op, f"freq_factors needs n_dims/2="
+                f"{n_dims // 2} values, has {freq_factors.nelements}", freq_factors=freq_factors)
+    p = RopeParams(n_dims, mode, int(n_ctx_orig), float(freq_base), float(freq_scale),
+                   float(ext_factor), float(attn_factor), float(beta_fast), float(beta_slow))
+    return new_node(OpKind.ROPE, (a, pos, freq_factors), a.type, a.ne, p, name=name)
+
+
+def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
+                   beta_slow: float) -> tuple[float, float]:
+    """ggml_rope_yarn_corr_dims: the dims between which YaRN ramps from extrapolation."""
+    def corr_dim(n_rot: float) -> float:
+        return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(freq_base))
+    low = math.floor(corr_dim(beta_fast))
+    high = math.ceil(corr_dim(beta_slow))
+    return max(0.0, low), min(n_dims - 1.0, high)
+
+
+def rope_cache(p: RopeParams, positions: np.ndarray,
+               freq_factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin, shape (T, n_dims/2), for each position and rotated pair i."""
+    i = np.arange(p.n_dims // 2, dtype=np.float64)
+    theta_base = positions.astype(np.float64)[:, None] * p.freq_base ** (-2.0 * i / p.n_dims)
+    if freq_factors is not None:
+        theta_base = theta_base / freq_factors[: p.n_dims // 2][None, :]
+    theta_interp = p.freq_scale * theta_base
+    mscale = p.attn_factor
+    theta = theta_interp
+    if p.ext_factor != 0.0:
+        low, high = yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
+        ramp = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
+        mix = ramp * p.ext_factor
+        theta = theta_interp * (1 - mix) + theta_base * mix
+        mscale *= 1.0 + 0.1 * math.log(1.0 / p.freq_scale)
+    return np.cos(theta) * mscale, np.sin(theta) * mscale
+
+
+def _ref_rope(node: Tensor, ex) -> np.ndarray:
+    a, pos, ff = node.src
+    p: RopeParams = node.params
+    x = ex.read(a).astype(np.float64)                   # (1?, T, n_head, head_dim)
+    positions = ex.read(pos).reshape(-1)
+    factors = ex.read(ff).reshape(-1).astype(np.float64) if ff is not None else None
+    cos, sin = rope_cache(p, positions, factors)        # (T, n_dims/2)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    out = x.copy()
+    half = p.n_dims // 2
+    if p.mode == RopeMode.NEOX:
+        i0, i1 = np.arange(half), np.arange(half) + half
+    else:
+        i0, i1 = np.arange(half) * 2, np.arange(half) * 2 + 1
+    x0, x1 = x[..., i0], x[..., i1]
+    out[..., i0] = x0 * cos - x1 * sin
+    out[..., i1] = x0 * sin + x1 * cos
+    return out
+
+
+register(OpDef(OpKind.ROPE, "rope", _ref_rope, RopeParams, inplace=True))

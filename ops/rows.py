@@ -1,0 +1,84 @@
+"""Row gather and scatter: get_rows (dequantizing) and set_rows (quantize on write).
+
+set_rows is how a KV cache is written: F32 rows converted to the cache's type (F16, BF16,
+Q8_0, Q4_0, Q4_1) land in the rows picked by an I64/I32 index; the result is a view of the
+destination, so later ops read the cache through it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ggraph.opkind import OpKind
+from ggraph.tensor import Tensor
+from ggraph.types import GGMLType
+from .registry import OpDef, new_node, new_view, register, require, require_type
+
+INDEX_TYPES = (GGMLType.I32, GGMLType.I64)
+
+
+def get_rows(a: Tensor, idx: Tensor, name: str = "") -> Tensor:
+    """out[:, i, j, k] = a[:, idx[i, j, k], j, k]; F32 (I32 stays I32)."""
+    op = "get_rows"
+    require_type(op, "idx", idx, (GGMLType.I32,))
+    require(a.rows_contiguous() or not a.type.is_quantized, op, "quantized rows must be packed",
+            a=a)
+    require(idx.ne[3] == 1, op, "idx must be at most 3-D", idx=idx)
+    require(a.ne[2] == idx.ne[1] and a.ne[3] == idx.ne[2], op,
+            f"a.ne[2:4]={list(a.ne[2:])} must equal idx.ne[1:3]={list(idx.ne[1:3])}",
+            a=a, idx=idx)
+    out_type = GGMLType.I32 if a.type == GGMLType.I32 else GGMLType.F32
+    return new_node(OpKind.GET_ROWS, (a, idx), out_type, (a.ne[0], idx.ne[0], idx.ne[1],
+                                                            idx.ne[2]), name=name)
+
+
+def set_rows(dst: Tensor, src: Tensor, idx: Tensor, name: str = "") -> Tensor:
+    """dst[:, idx[i, j % I1, k % I2], j, k] = src[:, i, j, k], converted to dst's type."""
+    op = "set_rows"
+    kw = dict(dst=dst, src=src, idx=idx)
+    require_type(op, "src", src, (GGMLType.F32,))
+    require_type(op, "idx", idx, INDEX_TYPES)
+    require(dst.type.is_float or dst.type.is_quantized, op,
+            f"dst must be a float or quantized type, got {dst.type}", **kw)
+    require(dst.ne[0] == src.ne[0], op, f"dst.ne[0]={dst.ne[0]} and src.ne[0]={src.ne[0]} "
+            f"(row length) differ", **kw)
+    require(dst.ne[2] == src.ne[2] and dst.ne[3] == src.ne[3], op,
+            "dst and src must agree in ne[2] and ne[3]", **kw)
+    require(src.ne[1] == idx.ne[0], op, f"src has {src.ne[1]} rows, idx has {idx.ne[0]}", **kw)
+    require(idx.ne[3] == 1 and src.ne[2] % idx.ne[1] == 0 and src.ne[3] % idx.ne[2] == 0, op,
+            "idx.ne[1:3] must divide src.ne[2:4] and idx must be at most 3-D", **kw)
+    require(dst.rows_contiguous() and src.rows_contiguous(), op,
+            "rows of dst and src must be packed", **kw)
+    return new_view(OpKind.SET_ROWS, dst, dst.ne, dst.nb, 0, srcs=(dst, src, idx),
+                    name=name or (f"{dst.name} (set_rows)" if dst.name else ""))
+
+
+def _ref_get_rows(node: Tensor, ex) -> np.ndarray:
+    a, idx = node.src
+    A = ex.read(a)                               # (A3, A2, nr, ne0)
+    I = ex.read(idx)                             # (1, I2, I1, n)
+    _check_index(I, a.ne[1], "get_rows", a, idx)
+    k = np.arange(a.ne[3])[:, None, None]
+    j = np.arange(a.ne[2])[None, :, None]
+    return A[k, j, I[0]]
+
+
+def _ref_set_rows(node: Tensor, ex) -> None:
+    dst, src, idx = node.src
+    S = ex.read(src)                             # (S3, S2, n, ne0)
+    I = ex.read(idx)[0]                          # (I2, I1, n)
+    _check_index(I, dst.ne[1], "set_rows", dst, idx)
+    k = np.arange(src.ne[3])[:, None, None]
+    j = np.arange(src.ne[2])[None, :, None]
+    rows = I[k % idx.ne[2], j % idx.ne[1]]       # (S3, S2, n) destination row per source row
+    ex.write_rows(node, (np.broadcast_to(k, rows.shape), np.broadcast_to(j, rows.shape), rows), S)
+
+
+def _check_index(I: np.ndarray, n: int, op: str, a: Tensor, idx: Tensor) -> None:
+    if I.size and (I.min() < 0 or I.max() >= n):
+        bad = I[(I < 0) | (I >= n)].flat[0]
+        raise ValueError(f"{op}: row index {bad} in {idx.describe()} is outside [0, {n}) of "
+                         f"{a.describe()}")
+
+
+register(OpDef(OpKind.GET_ROWS, "get_rows", _ref_get_rows))
+register(OpDef(OpKind.SET_ROWS, "set_rows", _ref_set_rows))
