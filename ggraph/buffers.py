@@ -20,10 +20,11 @@ def _check_bounds(buf: np.ndarray, offset: int, t: Tensor) -> None:
                          f"past the end of its buffer of {buf.nbytes} bytes")
 
 
-def raw_view(buf: np.ndarray, offset: int, t: Tensor) -> np.ndarray:
+def raw_view(buf: np.ndarray, offset: int, t: Tensor, half_bits: bool = False) -> np.ndarray:
     """A zero-copy view of `t` in `buf`.
 
-    Block-size-1 types give an array of the element dtype with shape (ne3, ne2, ne1, ne0);
+    Block-size-1 types give an array of the element dtype with shape (ne3, ne2, ne1, ne0)
+    (F16 as uint16 bits when `half_bits`, as kernels without a float16 type need);
     quantized types give the bytes of each row, shape (ne3, ne2, ne1, row_bytes), which
     requires the blocks of a row to be packed (nb0 == type_size).
     """
@@ -35,21 +36,14 @@ def raw_view(buf: np.ndarray, offset: int, t: Tensor) -> np.ndarray:
         return np.zeros(t.shape if tr.numpy_dtype else (ne3, ne2, ne1, 0),
                         dtype=tr.numpy_dtype or np.uint8)
     if tr.numpy_dtype is not None:
-        return np.ndarray((ne3, ne2, ne1, ne0), dtype=tr.numpy_dtype, buffer=buf,
-                          offset=buf_offset(buf, offset), strides=(nb3, nb2, nb1, nb0))
+        dtype = np.uint16 if half_bits and t.type == GGMLType.F16 else tr.numpy_dtype
+        return np.ndarray((ne3, ne2, ne1, ne0), dtype=dtype, buffer=buf,
+                          offset=offset, strides=(nb3, nb2, nb1, nb0))
     if nb0 != tr.type_size:
         raise ValueError(f"tensor {t.describe()}: the blocks of a quantized row must be packed "
                          f"(nb0 = {tr.type_size}), got nb0 = {nb0}")
     return np.ndarray((ne3, ne2, ne1, t.row_bytes), dtype=np.uint8, buffer=buf,
-                      offset=buf_offset(buf, offset), strides=(nb3, nb2, nb1, 1))
-
-
-def buf_offset(buf: np.ndarray, offset: int) -> int:
-    """np.ndarray(buffer=...) takes the offset relative to the base object; buf may be a slice."""
-    base = buf.base if buf.base is not None else buf
-    if isinstance(base, np.ndarray):
-        return offset + (buf.__array_interface__["data"][0] - base.__array_interface__["data"][0])
-    return offset
+                      offset=offset, strides=(nb3, nb2, nb1, 1))
 
 
 def decode_rows(t: GGMLType, raw: np.ndarray, ne0: int) -> np.ndarray:

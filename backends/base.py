@@ -1,0 +1,154 @@
+"""What every backend shares: arenas, the kernel table, `supports(node)`, and running a graph
+node by node inside an allocator plan.
+
+A backend only hands out memory (aligned arenas) and kernels; where each tensor lives is the
+allocator's plan. Pre-allocated tensors live elsewhere: leafs with host data are used in place
+(a weight in a read-only mmap stays there), leafs with a `buffer` name but no data (a KV cache)
+get zeroed static memory that a Session keeps between runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ggraph import buffers
+from ggraph.graph import Graph
+from ggraph.opkind import OpKind
+from ggraph.tensor import Tensor
+
+KernelFn = Callable[[Tensor, "Session"], None]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    fn: KernelFn
+    accepts: Callable[[Tensor], bool] = lambda node: True
+    why_not: str = ""  # shown by the coverage table when `accepts` refuses
+
+
+class UnsupportedOpError(ValueError):
+    pass
+
+
+def aligned_empty(nbytes: int, alignment: int) -> np.ndarray:
+    """A uint8 array of nbytes whose first byte is aligned (numpy only promises 16)."""
+    raw = np.empty(nbytes + alignment, dtype=np.uint8)
+    start = (-raw.ctypes.data) % alignment
+    return raw[start:start + nbytes]
+
+
+class Backend:
+    """A device: a name, an alignment, and a kernel table keyed by OpKind."""
+
+    name = "base"
+    alignment = 32
+    kernels: dict[OpKind, Kernel] = {}
+
+    def supports(self, node: Tensor) -> bool:
+        if node.op is None:
+            return True
+        k = self.kernels.get(node.op)
+        return k is not None and k.accepts(node)
+
+    def alloc_arena(self, nbytes: int) -> Any:
+        return aligned_empty(max(nbytes, 1), self.alignment)
+
+    def view(self, buf: Any, offset: int, t: Tensor) -> Any:
+        """The kernel's view of `t` at `offset` in `buf` (F16 as uint16 bits)."""
+        return buffers.raw_view(buf, offset, t, half_bits=True)
+
+    def session(self, **kw: Any) -> "Session":
+        return Session(self, **kw)
+
+
+class Session:
+    """Runs graphs on one backend: holds the compute arena, static (cache) buffers and the
+    plan of the last graph. Reuse one Session for graphs of the same topology (decode steps)."""
+
+    def __init__(self, backend: Backend, allocator: Any = None) -> None:
+        self.backend = backend
+        if allocator is None:
+            from ggraph.alloc import GraphAllocator
+
+            allocator = GraphAllocator(alignment=backend.alignment, name=backend.name.upper())
+        self.allocator = allocator
+        self.arena: Any = None
+        self.plan: Any = None
+        self.static: dict[int, Any] = {}
+
+    # -- memory ---------------------------------------------------------------------------
+    def _storage(self, t: Tensor) -> tuple[Any, int]:
+        root = t.owner
+        if root.data is not None:
+            return root.data, t.view_offs
+        if root.buffer is not None:
+            buf = self.static.get(id(root))
+            if buf is None:
+                buf = self.static[id(root)] = self._zeros(root.nbytes)
+            return buf, t.view_offs
+        if self.plan is None:
+            raise RuntimeError(f"tensor {t.describe()} has no memory: no plan is active")
+        return self.arena, self.plan.offset(root) + t.view_offs
+
+    def _zeros(self, nbytes: int) -> Any:
+        buf = self.backend.alloc_arena(nbytes)
+        buf[...] = 0
+        return buf
+
+    def arr(self, t: Tensor) -> Any:
+        buf, off = self._storage(t)
+        return self.backend.view(buf, off, t)
+
+    def read(self, t: Tensor) -> np.ndarray:
+        """Values of t as numpy (float32 / ints), numpy order."""
+        buf, off = self._storage(t)
+        return buffers.read(np.asarray(buf), off, t)
+
+    def write(self, t: Tensor, values: np.ndarray) -> None:
+        buf, off = self._storage(t)
+        buffers.write(buf, off, t, values)
+
+    # -- running --------------------------------------------------------------------------
+    def prepare(self, graph: Graph) -> Any:
+        """Plan `graph` (reserving a larger arena when it outgrows the current one)."""
+        for node in graph.nodes:
+            if not self.backend.supports(node):
+                raise UnsupportedOpError(
+                    f"backend {self.backend.name} cannot run {node.op} on {node.describe()} "
+                    f"(sources: {', '.join(s.describe() for s in node.src if s is not None)})")
+        self.plan = self.allocator.alloc(graph, reserve_on_growth=True)
+        need = self.plan.size
+        if self.arena is None or self.arena.nbytes < need:
+            self.arena = self.backend.alloc_arena(need)
+        return self.plan
+
+    def run(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None = None
+            ) -> "Session":
+        self.prepare(graph)
+        self._feed(graph, inputs or {})
+        kernels = self.backend.kernels
+        for node in self.plan_order(graph):
+            kernels[node.op].fn(node, self)
+        return self
+
+    def plan_order(self, graph: Graph) -> list[Tensor]:
+        order = getattr(self.plan, "order", None)
+        return list(order) if order is not None else graph.nodes
+
+    def _feed(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray]) -> None:
+        by_name = {k: v for k, v in inputs.items() if isinstance(k, str)}
+        by_id = {id(k): v for k, v in inputs.items() if not isinstance(k, str)}
+        for leaf in graph.leafs:
+            v = by_id.get(id(leaf))
+            if v is None and leaf.name in by_name:
+                v = by_name[leaf.name]
+            if v is not None:
+                v = np.asarray(v)
+                if v.size != leaf.nelements:
+                    raise ValueError(f"input for {leaf.describe()} has shape {v.shape}, "
+                                     f"expected {leaf.nelements} elements")
+                self.write(leaf, v.reshape(leaf.shape))
+            elif leaf.is_input and leaf.data is None:
+                raise ValueError(f"graph input {leaf.describe()} was given no value")

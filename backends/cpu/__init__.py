@@ -1,0 +1,4 @@
+"""The numba CPU backend."""
+from .backend import CPUBackend
+
+__all__ = ["CPUBackend"]

@@ -1,0 +1,264 @@
+"""The CPU kernel table: one entry per OpKind, each a thin wrapper that takes the node's
+arrays from the Session and calls a template compiled for the node's types.
+
+Matrix products pick a path by shape: float32 batches go to BLAS through numpy (the same
+library numpy's matmul uses), quantized/F16/BF16 weights with a batch of >= BLAS_MIN_N
+columns are dequantized in row chunks and multiplied by BLAS, and mat-vec products run the
+numba dot kernels that read quantized blocks directly (memory-bound, no dequantized copy).
+"""
+from __future__ import annotations
+
+import os
+
+import numba
+import numpy as np
+
+from ggraph.opkind import OpKind
+from ggraph.ops.attention import KV_TYPES
+from ggraph.ops.matmul import WEIGHT_TYPES
+from ggraph.ops.rope import RopeMode, yarn_corr_dims
+from ggraph.tensor import Tensor
+from ggraph.types import GGMLType as T
+from ..base import Kernel, Session
+from ..jit import Target
+from . import templates as K
+
+PARALLEL = os.environ.get("GGRAPH_NUMBA_PARALLEL", "1") != "0"
+TARGET = Target("cpu", numba.njit(cache=True))
+_KERNEL = numba.njit(cache=True, parallel=PARALLEL)
+_SERIAL = numba.njit(cache=True)
+BLAS_MIN_N = 16          # columns of b from which dequantize + BLAS beats the dot kernels
+DEQUANT_CHUNK = 1 << 22  # float32 elements dequantized at a time (16 MiB of scratch)
+
+FLOATS = (T.F32, T.F16)
+ELEM_FLOATS = (T.F32, T.F16, T.BF16)
+STORABLE = ELEM_FLOATS + (T.Q4_0, T.Q4_1, T.Q8_0)
+
+
+def _compiled(template, serial: bool = False, **types: T):
+    """`template` bound to the codecs of `types` (role -> type): dec_<role>, enc_<role>, ..."""
+    names = {}
+    for role, t in types.items():
+        c = TARGET.codec(t)
+        names.update({f"dec_{role}": c.dec, f"enc_{role}": c.enc, f"dot_{role}": c.dot})
+    tag = "_".join(f"{r}{t}" for r, t in types.items())
+    return TARGET.bind(template, _SERIAL if serial else _KERNEL, tag, **names)
+
+
+def _types(node: Tensor, *roles_ok) -> bool:
+    return all(s is None or s.type in ok for s, ok in zip(node.src, roles_ok))
+
+
+# -- element-wise ---------------------------------------------------------------------------
+
+_UNARY = {OpKind.SCALE: K.U_SCALE, OpKind.CLAMP: K.U_CLAMP, OpKind.FILL: K.U_FILL,
+          OpKind.SILU: K.U_SILU, OpKind.GELU: K.U_GELU, OpKind.SIGMOID: K.U_SIGMOID}
+
+
+def _unary(node: Tensor, s: Session) -> None:
+    a = node.src[0]
+    p = node.params
+    p0, p1 = {OpKind.SCALE: lambda: (p.s, p.b), OpKind.CLAMP: lambda: (p.min, p.max),
+              OpKind.FILL: lambda: (p.value, 0.0)}.get(node.op, lambda: (0.0, 0.0))()
+    _compiled(K.k_unary, a=a.type, d=node.type)(s.arr(a), s.arr(node), _UNARY[node.op],
+                                                 np.float32(p0), np.float32(p1))
+
+
+_BINARY = {OpKind.ADD: K.B_ADD, OpKind.MUL: K.B_MUL, OpKind.DIV: K.B_DIV,
+           OpKind.SWIGLU: K.B_SWIGLU}
+
+
+def _binary(node: Tensor, s: Session) -> None:
+    a, b = node.src
+    _compiled(K.k_binary, a=a.type, b=b.type, d=node.type)(s.arr(a), s.arr(b), s.arr(node),
+                                                          _BINARY[node.op])
+
+
+def _norm(node: Tensor, s: Session) -> None:
+    a = node.src[0]
+    _compiled(K.k_norm, a=a.type, d=node.type)(s.arr(a), s.arr(node), node.params.eps,
+                                               node.op == OpKind.RMS_NORM)
+
+
+# -- softmax, rope, attention -----------------------------------------------------------------
+
+_DUMMY = np.zeros((1, 1, 1, 1), np.float32)
+
+
+def _soft_max(node: Tensor, s: Session) -> None:
+    a, mask, sinks = node.src
+    p = node.params
+    mt = mask.type if mask is not None else T.F32
+    k = _compiled(K.k_soft_max, a=a.type, m=mt, d=node.type)
+    k(s.arr(a), s.arr(mask) if mask is not None else _DUMMY,
+      s.arr(sinks).reshape(1, 1, 1, -1) if sinks is not None else _DUMMY, s.arr(node),
+      p.scale, p.max_bias, p.head_offset, p.n_head or a.ne[2], mask is not None,
+      sinks is not None)
+
+
+def _rope(node: Tensor, s: Session) -> None:
+    a, pos, ff = node.src
+    p = node.params
+    lo, hi = (yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
+              if p.ext_factor != 0.0 else (0.0, 0.0))
+    k = _compiled(K.k_rope, a=a.type, d=node.type)
+    k(s.arr(a), s.arr(pos), s.arr(ff).reshape(1, 1, 1, -1) if ff is not None else _DUMMY,
+      s.arr(node), p.n_dims, p.mode == RopeMode.NEOX, p.freq_base, p.freq_scale, p.ext_factor,
+      p.attn_factor, lo, hi, ff is not None)
+
+
+def _flash_attn(node: Tensor, s: Session) -> None:
+    q, k, v, mask = node.src
+    p = node.params
+    scale = p.scale / p.softcap if p.softcap else p.scale
+    mt = mask.type if mask is not None else T.F32
+    kern = _compiled(K.k_flash_attn, k=k.type, v=v.type, m=mt)
+    kern(s.arr(q), s.arr(k), s.arr(v), s.arr(mask) if mask is not None else _DUMMY,
+         s.arr(node).reshape(node.shape), scale, p.max_bias, p.softcap, p.head_offset,
+         p.n_head or q.ne[2], mask is not None)
+
+
+# -- matrix products ------------------------------------------------------------------------
+
+def _mul_mat(node: Tensor, s: Session) -> None:
+    a, b = node.src
+    A, B, D = s.arr(a), s.arr(b), s.arr(node)
+    n = b.ne[1]
+    if b.type == T.F32 and (a.type == T.F32 or n >= BLAS_MIN_N):
+        _mul_mat_blas(a, A, B, D)
+    else:
+        _compiled(K.k_mul_mat, a=a.type, b=b.type)(A, B, D)
+
+
+def _mul_mat_blas(a: Tensor, A: np.ndarray, B: np.ndarray, D: np.ndarray) -> None:
+    """D[i3, i2] = B[i3, i2] @ A[i3 // r3, i2 // r2]^T through BLAS, dequantizing a in
+    row chunks when it is not float32."""
+    r3, r2 = D.shape[0] // A.shape[0], D.shape[1] // A.shape[1]
+    K_ = B.shape[3]
+    for j3 in range(A.shape[0]):
+        for j2 in range(A.shape[1]):
+            bs = B[j3 * r3:(j3 + 1) * r3, j2 * r2:(j2 + 1) * r2]
+            ds = D[j3 * r3:(j3 + 1) * r3, j2 * r2:(j2 + 1) * r2]
+            if a.type == T.F32:
+                np.matmul(bs, A[j3, j2].T, out=ds)
+                continue
+            m_total = A.shape[2]
+            rows = max(1, min(m_total, DEQUANT_CHUNK // K_))
+            scratch = np.empty((rows, K_), np.float32)
+            deq = _compiled(K.k_dequant_rows, a=a.type)
+            for m0 in range(0, m_total, rows):
+                m1 = min(m_total, m0 + rows)
+                deq(A, j3, j2, m0, scratch[:m1 - m0])
+                np.matmul(bs, scratch[:m1 - m0].T, out=ds[..., m0:m1])
+
+
+def _mul_mat_id(node: Tensor, s: Session) -> None:
+    as_, b, ids = node.src
+    _compiled(K.k_mul_mat_id, a=as_.type, b=b.type)(s.arr(as_), s.arr(b), s.arr(ids),
+                                                     s.arr(node))
+
+
+# -- rows, copies, layout --------------------------------------------------------------------
+
+def _get_rows(node: Tensor, s: Session) -> None:
+    a, idx = node.src
+    if a.type == T.I32:
+        _SERIAL_GET_ROWS_INT(s.arr(a), s.arr(idx), s.arr(node))
+        return
+    _compiled(K.k_get_rows, a=a.type, d=node.type)(s.arr(a), s.arr(idx), s.arr(node))
+
+
+_SERIAL_GET_ROWS_INT = _SERIAL(K.k_get_rows_int)
+_COPY_INT = _SERIAL(K.k_copy_int)
+
+
+def _set_rows(node: Tensor, s: Session) -> None:
+    dst, src, idx = node.src
+    _compiled(K.k_set_rows, a=src.type, d=dst.type)(s.arr(src), s.arr(idx), s.arr(node))
+
+
+def _copy_into(a: Tensor, d: Tensor, s: Session) -> None:
+    """a's elements, in ggml order, into d: exact byte copies for equal types."""
+    A, D = s.arr(a), s.arr(d)
+    if a.type == d.type and (not a.type.is_quantized or a.ne[0] == d.ne[0]):
+        D[...] = A.reshape(D.shape)  # numpy reshape follows ggml's element order
+        return
+    if a.type.is_int:
+        _COPY_INT(A, D)
+        return
+    _compiled(K.k_copy, a=a.type, d=d.type)(A, D, a.ne[0], d.ne[0])
+
+
+def _cpy(node: Tensor, s: Session) -> None:
+    _copy_into(node.src[0], node, s)
+
+
+def _cont(node: Tensor, s: Session) -> None:
+    _copy_into(node.src[0], node, s)
+
+
+def _concat(node: Tensor, s: Session) -> None:
+    a, b = node.src
+    D = s.arr(node)
+    axis = 3 - node.params.dim
+    cut = a.shape[axis]
+    D[(slice(None),) * axis + (slice(0, cut),)] = s.arr(a)
+    D[(slice(None),) * axis + (slice(cut, None),)] = s.arr(b)
+
+
+def _repeat(node: Tensor, s: Session) -> None:
+    a = node.src[0]
+    if a.type.is_int:
+        A = s.arr(a)
+        s.arr(node)[...] = np.tile(A, tuple(x // y for x, y in zip(node.shape, A.shape)))
+        return
+    _compiled(K.k_repeat, a=a.type, d=node.type)(s.arr(a), s.arr(node))
+
+
+def _sum_rows(node: Tensor, s: Session) -> None:
+    a = node.src[0]
+    _compiled(K.k_sum_rows, a=a.type)(s.arr(a), s.arr(node))
+
+
+def _argsort(node: Tensor, s: Session) -> None:
+    from ggraph.ops.reduce import SortOrder
+
+    a = node.src[0]
+    if node.op == OpKind.TOP_K:
+        desc, k = True, node.params.k
+    else:
+        desc, k = node.params.order == SortOrder.DESC, a.ne[0]
+    _compiled(K.k_argsort, a=a.type)(s.arr(a), s.arr(node), desc, k)
+
+
+def _view(node: Tensor, s: Session) -> None:
+    """Views compute nothing: their memory is their source's."""
+
+
+KERNELS: dict[OpKind, Kernel] = {
+    **{op: Kernel(_view) for op in (OpKind.VIEW, OpKind.RESHAPE, OpKind.PERMUTE,
+                                    OpKind.TRANSPOSE)},
+    **{op: Kernel(_unary, lambda n: _types(n, FLOATS) and n.type in FLOATS,
+                  "F32/F16 only") for op in _UNARY},
+    **{op: Kernel(_binary, lambda n: _types(n, FLOATS, FLOATS), "F32/F16 only")
+       for op in _BINARY},
+    OpKind.RMS_NORM: Kernel(_norm, lambda n: _types(n, (T.F32,))),
+    OpKind.NORM: Kernel(_norm, lambda n: _types(n, (T.F32,))),
+    OpKind.SOFT_MAX: Kernel(_soft_max, lambda n: _types(n, (T.F32,), FLOATS, (T.F32,))),
+    OpKind.ROPE: Kernel(_rope, lambda n: _types(n, FLOATS, (T.I32,), (T.F32,))),
+    OpKind.FLASH_ATTN_EXT: Kernel(_flash_attn, lambda n: _types(n, (T.F32,), KV_TYPES,
+                                                                KV_TYPES, FLOATS)),
+    OpKind.MUL_MAT: Kernel(_mul_mat, lambda n: _types(n, WEIGHT_TYPES, FLOATS)),
+    OpKind.MUL_MAT_ID: Kernel(_mul_mat_id, lambda n: _types(n, WEIGHT_TYPES, FLOATS,
+                                                            (T.I32,))),
+    OpKind.GET_ROWS: Kernel(_get_rows, lambda n: _types(n, STORABLE + (T.I32,), (T.I32,))),
+    OpKind.SET_ROWS: Kernel(_set_rows, lambda n: _types(n, STORABLE, (T.F32,),
+                                                        (T.I32, T.I64))),
+    OpKind.CPY: Kernel(_cpy),
+    OpKind.CONT: Kernel(_cont),
+    OpKind.CONCAT: Kernel(_concat),
+    OpKind.REPEAT: Kernel(_repeat),
+    OpKind.SUM_ROWS: Kernel(_sum_rows),
+    OpKind.ARGSORT: Kernel(_argsort),
+    OpKind.TOP_K: Kernel(_argsort),
+}

@@ -1,0 +1,327 @@
+"""CPU kernel templates (compiled per type combination by ggraph.backends.jit).
+
+Every tensor arrives as a 4-D array in numpy order (see backends/shared/codecs.py). Free names
+are bound per call site: `dec_a`/`dec_b`/`dec_m` decode a row of a source to float32, `enc_d`
+encodes a row into the destination, `dot_a` dots a stored row with float32 values. Rows are
+processed through float32 scratch rows; reductions accumulate in float64 where ggml's
+tolerances are tight (norms, softmax sums).
+"""
+import math
+
+import numpy as np
+from numba import prange
+
+# op codes of k_unary / k_binary (kept in sync with backends/cpu/kernels.py)
+U_SCALE, U_CLAMP, U_FILL, U_SILU, U_GELU, U_SIGMOID = 0, 1, 2, 3, 4, 5
+B_ADD, B_MUL, B_DIV, B_SWIGLU = 0, 1, 2, 3
+
+
+def k_unary(a, d, op, p0, p1):
+    n3, n2, n1, n0 = d.shape
+    for r in prange(n3 * n2 * n1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        row = np.empty(n0, np.float32)
+        if op != U_FILL:
+            dec_a(a, i3, i2, i1, row, n0)  # noqa: F821
+        for i in range(n0):
+            x = row[i]
+            if op == U_SCALE:
+                row[i] = x * p0 + p1
+            elif op == U_CLAMP:
+                row[i] = min(max(x, p0), p1)
+            elif op == U_FILL:
+                row[i] = p0
+            elif op == U_SILU:
+                row[i] = silu(x)  # noqa: F821
+            elif op == U_GELU:
+                row[i] = gelu(x)  # noqa: F821
+            else:
+                row[i] = sigmoid(x)  # noqa: F821
+        enc_d(row, d, i3, i2, i1, n0)  # noqa: F821
+
+
+def k_binary(a, b, d, op):
+    n3, n2, n1, n0 = d.shape
+    b3, b2, b1, b0 = b.shape
+    for r in prange(n3 * n2 * n1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        x = np.empty(n0, np.float32)
+        y = np.empty(b0, np.float32)
+        dec_a(a, i3, i2, i1, x, n0)  # noqa: F821
+        dec_b(b, i3 % b3, i2 % b2, i1 % b1, y, b0)  # noqa: F821
+        for i in range(n0):
+            v = y[i % b0]
+            if op == B_ADD:
+                x[i] = x[i] + v
+            elif op == B_MUL:
+                x[i] = x[i] * v
+            elif op == B_DIV:
+                x[i] = x[i] / v
+            else:
+                x[i] = silu(x[i]) * v  # noqa: F821
+        enc_d(x, d, i3, i2, i1, n0)  # noqa: F821
+
+
+def k_norm(a, d, eps, rms):
+    n3, n2, n1, n0 = d.shape
+    for r in prange(n3 * n2 * n1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        x = np.empty(n0, np.float32)
+        dec_a(a, i3, i2, i1, x, n0)  # noqa: F821
+        mean = 0.0
+        if not rms:
+            for i in range(n0):
+                mean += x[i]
+            mean /= n0
+        ss = 0.0
+        for i in range(n0):
+            c = np.float64(x[i]) - mean
+            ss += c * c
+        sc = 1.0 / math.sqrt(ss / n0 + eps)
+        for i in range(n0):
+            x[i] = np.float32((np.float64(x[i]) - mean) * sc)
+        enc_d(x, d, i3, i2, i1, n0)  # noqa: F821
+
+
+def k_soft_max(a, m, sinks, d, scale, max_bias, h0, n_head, has_mask, has_sinks):
+    n3, n2, n1, n0 = d.shape
+    for r in prange(n3 * n2 * n1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        x = np.empty(n0, np.float32)
+        dec_a(a, i3, i2, i1, x, n0)  # noqa: F821
+        slope = alibi_slope(h0 + i2, n_head, max_bias)  # noqa: F821
+        if has_mask:
+            mrow = np.empty(n0, np.float32)
+            dec_m(m, i3 % m.shape[0], i2 % m.shape[1], i1, mrow, n0)  # noqa: F821
+            for i in range(n0):
+                x[i] = x[i] * scale + slope * mrow[i]
+        else:
+            for i in range(n0):
+                x[i] = x[i] * scale
+        mx = -np.inf
+        for i in range(n0):
+            mx = max(mx, x[i])
+        sink = 0.0
+        if has_sinks:
+            sink = sinks[0, 0, 0, i2]
+            mx = max(mx, sink)
+        s = 0.0
+        for i in range(n0):
+            e = math.exp(x[i] - mx)
+            x[i] = e
+            s += e
+        if has_sinks:
+            s += math.exp(sink - mx)
+        inv = 1.0 / s
+        for i in range(n0):
+            x[i] = np.float32(x[i] * inv)
+        enc_d(x, d, i3, i2, i1, n0)  # noqa: F821
+
+
+def k_rope(a, pos, ff, d, n_dims, neox, freq_base, freq_scale, ext_factor, attn_factor,
+           corr_lo, corr_hi, has_ff):
+    """a/d: (1?, T, n_head, head_dim) in numpy order; pos: (1, 1, 1, T) int32."""
+    n3, n2, n1, n0 = d.shape
+    half = n_dims // 2
+    for r in prange(n3 * n2 * n1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        x = np.empty(n0, np.float32)
+        dec_a(a, i3, i2, i1, x, n0)  # noqa: F821
+        p = np.float64(pos[0, 0, 0, i2])
+        for i in range(half):
+            theta_extrap = p * freq_base ** (-2.0 * i / n_dims)
+            if has_ff:
+                theta_extrap /= ff[0, 0, 0, i]
+            theta_interp = freq_scale * theta_extrap
+            theta = theta_interp
+            mscale = attn_factor
+            if ext_factor != 0.0:
+                y = (i - corr_lo) / max(0.001, corr_hi - corr_lo)
+                ramp = (1.0 - min(1.0, max(0.0, y))) * ext_factor
+                theta = theta_interp * (1.0 - ramp) + theta_extrap * ramp
+                mscale *= 1.0 + 0.1 * math.log(1.0 / freq_scale)
+            c = math.cos(theta) * mscale
+            s = math.sin(theta) * mscale
+            j0 = i if neox else 2 * i
+            j1 = i + half if neox else 2 * i + 1
+            x0 = x[j0]
+            x1 = x[j1]
+            x[j0] = np.float32(x0 * c - x1 * s)
+            x[j1] = np.float32(x0 * s + x1 * c)
+        enc_d(x, d, i3, i2, i1, n0)  # noqa: F821
+
+
+def k_get_rows(a, idx, d):
+    n3, n2, n1, n0 = d.shape
+    for r in prange(n3 * n2 * n1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        x = np.empty(n0, np.float32)
+        dec_a(a, i3, i2, idx[0, i3, i2, i1], x, n0)  # noqa: F821
+        enc_d(x, d, i3, i2, i1, n0)  # noqa: F821
+
+
+def k_get_rows_int(a, idx, d):
+    n3, n2, n1, n0 = d.shape
+    for i3 in range(n3):
+        for i2 in range(n2):
+            for i1 in range(n1):
+                src = idx[0, i3, i2, i1]
+                for i0 in range(n0):
+                    d[i3, i2, i1, i0] = a[i3, i2, src, i0]
+
+
+def k_set_rows(s, idx, d):
+    n3, n2, n1, n0 = s.shape
+    c2, c1 = idx.shape[1], idx.shape[2]
+    for r in prange(n3 * n2 * n1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        x = np.empty(n0, np.float32)
+        dec_a(s, i3, i2, i1, x, n0)  # noqa: F821
+        enc_d(x, d, i3, i2, idx[0, i3 % c2, i2 % c1, i1], n0)  # noqa: F821
+
+
+def k_copy(a, d, n0, m0):
+    """Element-order copy with conversion; shapes may differ, element counts are equal.
+    n0, m0: row lengths in elements (a quantized array's last axis counts bytes)."""
+    n3, n2, n1 = a.shape[0], a.shape[1], a.shape[2]
+    m3, m2, m1 = d.shape[0], d.shape[1], d.shape[2]
+    flat = np.empty(n3 * n2 * n1 * n0, np.float32)
+    for r in prange(n3 * n2 * n1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        dec_a(a, i3, i2, i1, flat[r * n0:(r + 1) * n0], n0)  # noqa: F821
+    for r in prange(m3 * m2 * m1):
+        i3, i2, i1 = r // (m2 * m1), (r // m1) % m2, r % m1
+        enc_d(flat[r * m0:(r + 1) * m0], d, i3, i2, i1, m0)  # noqa: F821
+
+
+def k_copy_int(a, d):
+    n3, n2, n1, n0 = a.shape
+    m3, m2, m1, m0 = d.shape
+    for k in range(n3 * n2 * n1 * n0):
+        j = k
+        s0 = j % n0
+        j //= n0
+        s1 = j % n1
+        j //= n1
+        d[k // (m0 * m1 * m2), (k // (m0 * m1)) % m2, (k // m0) % m1, k % m0] = a[
+            j // n2, j % n2, s1, s0]
+
+
+def k_repeat(a, d):
+    n3, n2, n1, n0 = d.shape
+    a3, a2, a1, a0 = a.shape
+    for r in prange(n3 * n2 * n1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        x = np.empty(a0, np.float32)
+        y = np.empty(n0, np.float32)
+        dec_a(a, i3 % a3, i2 % a2, i1 % a1, x, a0)  # noqa: F821
+        for i in range(n0):
+            y[i] = x[i % a0]
+        enc_d(y, d, i3, i2, i1, n0)  # noqa: F821
+
+
+def k_sum_rows(a, d):
+    n3, n2, n1, n0 = a.shape
+    for r in prange(n3 * n2 * n1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        x = np.empty(n0, np.float32)
+        dec_a(a, i3, i2, i1, x, n0)  # noqa: F821
+        s = 0.0
+        for i in range(n0):
+            s += x[i]
+        d[i3, i2, i1, 0] = s
+
+
+def k_argsort(a, d, desc, k):
+    """The first k indices of each row's stable sort (descending when desc)."""
+    n3, n2, n1, n0 = a.shape
+    for r in prange(n3 * n2 * n1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        x = np.empty(n0, np.float32)
+        dec_a(a, i3, i2, i1, x, n0)  # noqa: F821
+        if desc:
+            x = -x
+        order = np.argsort(x, kind="mergesort")
+        for i in range(k):
+            d[i3, i2, i1, i] = order[i]
+
+
+def k_mul_mat(a, b, d):
+    """d[i3, i2, n, m] = row m of a's slice . row n of b's slice (block-repeat broadcast)."""
+    n3, n2, nn, nm = d.shape
+    a3, a2 = a.shape[0], a.shape[1]
+    kk = b.shape[3]
+    r3, r2 = n3 // a3, n2 // a2
+    for s in range(n3 * n2):
+        i3, i2 = s // n2, s % n2
+        bs = np.empty((nn, kk), np.float32)
+        for n in range(nn):
+            dec_b(b, i3, i2, n, bs[n], kk)  # noqa: F821
+        for m in prange(nm):
+            for n in range(nn):
+                d[i3, i2, n, m] = dot_a(a, i3 // r3, i2 // r2, m, bs[n], kk)  # noqa: F821
+
+
+def k_dequant_rows(a, i3, i2, m0, out):
+    """Rows m0 .. m0+len(out)-1 of a's slice (i3, i2) as float32 (for dequantize + BLAS)."""
+    kk = out.shape[1]
+    for m in prange(out.shape[0]):
+        dec_a(a, i3, i2, m0 + m, out[m], kk)  # noqa: F821
+
+
+def k_mul_mat_id(a, b, ids, d):
+    """d[0, t, e, m] = row m of expert ids[t, e] . b[0, t, e % n_b, :]."""
+    _, nt, ne, nm = d.shape
+    nb = b.shape[2]
+    kk = b.shape[3]
+    for r in prange(nt * ne):
+        t, e = r // ne, r % ne
+        x = np.empty(kk, np.float32)
+        dec_b(b, 0, t, e % nb, x, kk)  # noqa: F821
+        ex = ids[0, 0, t, e]
+        for m in range(nm):
+            d[0, t, e, m] = dot_a(a, 0, ex, m, x, kk)  # noqa: F821
+
+
+def k_flash_attn(q, k, v, m, d, scale, max_bias, softcap, h0, n_head, has_mask):
+    """q (S, H, T, Dk); k (Sk, Hkv, n_kv, Dk); v (Sk, Hkv, n_kv, Dv); d (S, T, H, Dv).
+    Online softmax over n_kv; -inf mask entries are skipped."""
+    ns, nh, nt, dk = q.shape
+    hkv, nkv, dv = k.shape[1], k.shape[2], d.shape[3]
+    rk2, rk3 = nh // hkv, ns // k.shape[0]
+    for r in prange(ns * nh * nt):
+        s, h, t = r // (nh * nt), (r // nt) % nh, r % nt
+        qr = np.empty(dk, np.float32)
+        for i in range(dk):
+            qr[i] = q[s, h, t, i]
+        acc = np.zeros(dv, np.float32)
+        vr = np.empty(dv, np.float32)
+        mrow = np.zeros(nkv, np.float32)
+        if has_mask:
+            dec_m(m, s % m.shape[0], h % m.shape[1], t, mrow, nkv)  # noqa: F821
+        slope = alibi_slope(h0 + h, n_head, max_bias)  # noqa: F821
+        mx = -np.inf
+        ssum = 0.0
+        ks, kh = s // rk3, h // rk2
+        for j in range(nkv):
+            if mrow[j] == -np.inf:
+                continue
+            sc = dot_k(k, ks, kh, j, qr, dk) * scale  # noqa: F821
+            if softcap != 0.0:
+                sc = softcap * math.tanh(sc)
+            sc += slope * mrow[j]
+            dec_v(v, ks, kh, j, vr, dv)  # noqa: F821
+            if sc > mx:
+                c = math.exp(mx - sc) if mx != -np.inf else 0.0
+                for i in range(dv):
+                    acc[i] = acc[i] * c + vr[i]
+                ssum = ssum * c + 1.0
+                mx = sc
+            else:
+                w = math.exp(sc - mx)
+                for i in range(dv):
+                    acc[i] += w * vr[i]
+                ssum += w
+        inv = 1.0 / ssum if ssum > 0.0 else 0.0
+        for i in range(dv):
+            d[s, t, h, i] = acc[i] * inv

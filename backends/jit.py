@@ -1,0 +1,94 @@
+"""Compile the shared math (backends/shared) and kernel templates for a target.
+
+A *template* is a plain Python function whose free names (`dec_a`, `enc_d`, `dot_a`, ...)
+are bound per call site: `Target.bind(template, dec_a=..., ...)` makes a copy of the function
+with its own globals and compiles it with the target's decorator. Each binding gets its own
+qualified name, so numba's on-disk cache (`cache=True`) keeps one entry per type combination.
+This is how one kernel serves every tensor type without numba's (uncacheable) first-class
+function arguments, and how CPU and CUDA compile the same math.
+"""
+from __future__ import annotations
+
+import types
+from typing import Any, Callable
+
+from ggraph.types import GGMLType
+from .shared import codecs, numeric
+
+NUMERIC = ("half_to_f32", "f32_to_half", "bf16_to_f32", "f32_to_bf16", "roundf", "silu",
+           "gelu", "sigmoid", "alibi_slope")
+CODEC_HELPERS = ("_half_at", "_put_half", "_finite_or_zero", "_trunc_u8")
+ELEM_CODECS = {GGMLType.F32: ("load_f32", "store_f32"), GGMLType.F16: ("load_f16", "store_f16"),
+               GGMLType.BF16: ("load_bf16", "store_bf16"), GGMLType.I32: ("load_int", "store_int"),
+               GGMLType.I64: ("load_int", "store_int")}
+BLOCK_CODECS = {GGMLType.Q4_0: ("dec_q4_0", "enc_q4_0", "dot_q4_0"),
+                GGMLType.Q4_1: ("dec_q4_1", "enc_q4_1", "dot_q4_1"),
+                GGMLType.Q8_0: ("dec_q8_0", "enc_q8_0", "dot_q8_0")}
+
+
+def _copy(f: Callable, glb: dict, tag: str) -> Callable:
+    nf = types.FunctionType(f.__code__, glb, f.__name__, f.__defaults__, f.__closure__)
+    nf.__qualname__ = f"{f.__qualname__}__{tag}" if tag else f.__qualname__
+    nf.__module__ = f.__module__
+    nf.__doc__ = f.__doc__
+    return nf
+
+
+class Codec:
+    """A type's compiled row decoder/encoder/dot (and element load/store for element types)."""
+
+    def __init__(self, dec: Any, enc: Any, dot: Any, load: Any = None, store: Any = None):
+        self.dec, self.enc, self.dot, self.load, self.store = dec, enc, dot, load, store
+
+
+class Target:
+    """Compiled shared math for one target. `device` compiles helpers (called from kernels),
+    `kernel` compiles templates called from Python (the CPU may pass parallel=True)."""
+
+    def __init__(self, name: str, device: Callable[[Callable], Any]) -> None:
+        self.name = name
+        self.device = device
+        glb: dict[str, Any] = dict(numeric.__dict__)
+        glb.update({k: v for k, v in codecs.__dict__.items() if k in ("np", "math")})
+        self.globals = glb
+        for n in NUMERIC:
+            glb[n] = device(_copy(getattr(numeric, n), glb, ""))
+        for n in CODEC_HELPERS:
+            glb[n] = device(_copy(getattr(codecs, n), glb, ""))
+        self._codecs: dict[GGMLType, Codec] = {}
+        self._bound: dict[tuple, Any] = {}
+
+    def fn(self, name: str) -> Any:
+        return self.globals[name]
+
+    def codec(self, t: GGMLType) -> Codec:
+        c = self._codecs.get(t)
+        if c is None:
+            c = self._codecs[t] = self._make_codec(t)
+        return c
+
+    def _make_codec(self, t: GGMLType) -> Codec:
+        if t in BLOCK_CODECS:
+            return Codec(*(self.device(_copy(getattr(codecs, n), self.globals, ""))
+                           for n in BLOCK_CODECS[t]))
+        ld, st = ELEM_CODECS[t]
+        load = self.device(_copy(getattr(codecs, ld), self.globals, ""))
+        store = self.device(_copy(getattr(codecs, st), self.globals, ""))
+        tag = str(t)
+        dec = self.device(_copy(codecs.dec_elem, dict(self.globals, load=load), tag))
+        enc = self.device(_copy(codecs.enc_elem, dict(self.globals, store=store), tag))
+        dot = self.device(_copy(codecs.dot_elem, dict(self.globals, load=load), tag))
+        return Codec(dec, enc, dot, load, store)
+
+    def bind(self, template: Callable, decorator: Callable[[Callable], Any], tag: str,
+             **names: Any) -> Any:
+        """`template` compiled with `decorator`, its free names bound to `names`. Cached per
+        (template, tag): the tag must name everything the bindings depend on."""
+        key = (template, tag)
+        k = self._bound.get(key)
+        if k is None:
+            glb = dict(template.__globals__)
+            glb.update(self.globals)
+            glb.update(names)
+            k = self._bound[key] = decorator(_copy(template, glb, tag))
+        return k

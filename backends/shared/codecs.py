@@ -1,0 +1,221 @@
+"""Row decoders and encoders per tensor type, for kernels written once for every type.
+
+A kernel sees each tensor as a 4-D numpy array in numpy order (i3, i2, i1, i0):
+- element types as typed strided arrays (F32 float32; F16 and BF16 their uint16 bits;
+  I32/I64 ints), any strides;
+- quantized types as the bytes of each row, (i3, i2, i1, row_bytes), blocks packed.
+`dec_<type>(x, i3, i2, i1, out, n)` writes n float32 values of row (i3, i2, i1) into out;
+`enc_<type>(v, x, i3, i2, i1, n)` stores n float32 values there, quantizing like ggml's
+reference quantizers (bit-exact with gguf.quants). `load_<type>`/`store_<type>` do one element.
+"""
+import math
+
+import numpy as np
+
+# ---- element types -----------------------------------------------------------------------
+
+
+def load_f32(x, i3, i2, i1, i0):
+    return np.float32(x[i3, i2, i1, i0])
+
+
+def store_f32(x, i3, i2, i1, i0, v):
+    x[i3, i2, i1, i0] = v
+
+
+def load_f16(x, i3, i2, i1, i0):
+    return half_to_f32(x[i3, i2, i1, i0])  # noqa: F821 (bound by the specializer)
+
+
+def store_f16(x, i3, i2, i1, i0, v):
+    x[i3, i2, i1, i0] = f32_to_half(v)  # noqa: F821
+
+
+def load_bf16(x, i3, i2, i1, i0):
+    return bf16_to_f32(x[i3, i2, i1, i0])  # noqa: F821
+
+
+def store_bf16(x, i3, i2, i1, i0, v):
+    x[i3, i2, i1, i0] = f32_to_bf16(v)  # noqa: F821
+
+
+def load_int(x, i3, i2, i1, i0):
+    return np.float32(x[i3, i2, i1, i0])
+
+
+def store_int(x, i3, i2, i1, i0, v):
+    x[i3, i2, i1, i0] = v
+
+
+def dec_elem(x, i3, i2, i1, out, n):
+    for i0 in range(n):
+        out[i0] = load(x, i3, i2, i1, i0)  # noqa: F821 (load_<type>)
+
+
+def enc_elem(v, x, i3, i2, i1, n):
+    for i0 in range(n):
+        store(x, i3, i2, i1, i0, v[i0])  # noqa: F821 (store_<type>)
+
+
+# ---- quantized rows ----------------------------------------------------------------------
+
+def _half_at(x, i3, i2, i1, o):
+    return half_to_f32(np.int32(x[i3, i2, i1, o]) | (np.int32(x[i3, i2, i1, o + 1]) << 8))  # noqa
+
+
+def _put_half(x, i3, i2, i1, o, v):
+    h = f32_to_half(v)  # noqa: F821
+    x[i3, i2, i1, o] = np.uint8(h & 0xFF)
+    x[i3, i2, i1, o + 1] = np.uint8(h >> 8)
+
+
+def dec_q4_0(x, i3, i2, i1, out, n):
+    for b in range(n // 32):
+        o = b * 18
+        d = _half_at(x, i3, i2, i1, o)
+        for j in range(16):
+            q = np.int32(x[i3, i2, i1, o + 2 + j])
+            out[b * 32 + j] = np.float32((q & 0xF) - 8) * d
+            out[b * 32 + j + 16] = np.float32((q >> 4) - 8) * d
+
+
+def dec_q4_1(x, i3, i2, i1, out, n):
+    for b in range(n // 32):
+        o = b * 20
+        d = _half_at(x, i3, i2, i1, o)
+        m = _half_at(x, i3, i2, i1, o + 2)
+        for j in range(16):
+            q = np.int32(x[i3, i2, i1, o + 4 + j])
+            out[b * 32 + j] = np.float32(q & 0xF) * d + m
+            out[b * 32 + j + 16] = np.float32(q >> 4) * d + m
+
+
+def dec_q8_0(x, i3, i2, i1, out, n):
+    for b in range(n // 32):
+        o = b * 34
+        d = _half_at(x, i3, i2, i1, o)
+        for j in range(32):
+            q = np.int32(x[i3, i2, i1, o + 2 + j])
+            out[b * 32 + j] = np.float32(q - 256 if q > 127 else q) * d
+
+
+def enc_q4_0(v, x, i3, i2, i1, n):
+    for b in range(n // 32):
+        amax = np.float32(0.0)
+        mx = np.float32(0.0)
+        for j in range(32):
+            a = abs(v[b * 32 + j])
+            if a > amax:
+                amax = a
+                mx = v[b * 32 + j]
+        d = np.float32(mx / np.float32(-8.0))
+        idd = np.float32(np.float32(1.0) / d) if d != 0 else np.float32(0.0)
+        o = b * 18
+        _put_half(x, i3, i2, i1, o, d)
+        for j in range(16):
+            x0 = np.float32(v[b * 32 + j] * idd) + np.float32(8.5)
+            x1 = np.float32(v[b * 32 + j + 16] * idd) + np.float32(8.5)
+            q0 = min(15, _trunc_u8(x0))
+            q1 = min(15, _trunc_u8(x1))
+            x[i3, i2, i1, o + 2 + j] = np.uint8(q0 | (q1 << 4))
+
+
+def enc_q4_1(v, x, i3, i2, i1, n):
+    for b in range(n // 32):
+        mn = v[b * 32]
+        mx = v[b * 32]
+        for j in range(1, 32):
+            t = v[b * 32 + j]
+            if t < mn:
+                mn = t
+            if t > mx:
+                mx = t
+        d = np.float32((mx - mn) / np.float32(15.0))
+        idd = np.float32(np.float32(1.0) / d) if d != 0 else np.float32(0.0)
+        o = b * 20
+        _put_half(x, i3, i2, i1, o, d)
+        _put_half(x, i3, i2, i1, o + 2, mn)
+        for j in range(16):
+            x0 = np.float32(np.float32(v[b * 32 + j] - mn) * idd) + np.float32(0.5)
+            x1 = np.float32(np.float32(v[b * 32 + j + 16] - mn) * idd) + np.float32(0.5)
+            q0 = min(15, _trunc_u8(x0))
+            q1 = min(15, _trunc_u8(x1))
+            x[i3, i2, i1, o + 4 + j] = np.uint8(q0 | (q1 << 4))
+
+
+def enc_q8_0(v, x, i3, i2, i1, n):
+    for b in range(n // 32):
+        amax = np.float32(0.0)
+        for j in range(32):
+            a = abs(v[b * 32 + j])
+            if a > amax:
+                amax = a
+        d = np.float32(amax / np.float32(127.0))
+        idd = np.float32(np.float32(1.0) / d) if d != 0 else np.float32(0.0)
+        o = b * 34
+        _put_half(x, i3, i2, i1, o, d)
+        for j in range(32):
+            q = np.int32(_finite_or_zero(roundf(np.float32(v[b * 32 + j] * idd))))  # noqa
+            x[i3, i2, i1, o + 2 + j] = np.uint8(q & 0xFF)
+
+
+def _finite_or_zero(f):
+    # C leaves the cast of inf/NaN undefined; x86 and gguf.quants give 0 for the value bits
+    return f if math.isfinite(f) else 0.0
+
+
+def _trunc_u8(f):
+    """(int8_t) cast of a non-negative float, 0 for inf/NaN (matches gguf.quants)."""
+    if not math.isfinite(f):
+        return 0
+    return np.int32(f) & 0xFF
+
+
+# ---- dot products of a stored row with float32 values (mat-vec, attention) ---------------
+
+def dot_elem(x, i3, i2, i1, v, n):
+    s = np.float32(0.0)
+    for i0 in range(n):
+        s += load(x, i3, i2, i1, i0) * v[i0]  # noqa: F821
+    return s
+
+
+def dot_q4_0(x, i3, i2, i1, v, n):
+    s = np.float32(0.0)
+    for b in range(n // 32):
+        o = b * 18
+        acc = np.float32(0.0)
+        for j in range(16):
+            q = np.int32(x[i3, i2, i1, o + 2 + j])
+            acc += np.float32((q & 0xF) - 8) * v[b * 32 + j] + np.float32((q >> 4) - 8) * v[
+                b * 32 + j + 16]
+        s += acc * _half_at(x, i3, i2, i1, o)
+    return s
+
+
+def dot_q4_1(x, i3, i2, i1, v, n):
+    s = np.float32(0.0)
+    for b in range(n // 32):
+        o = b * 20
+        acc = np.float32(0.0)
+        vs = np.float32(0.0)
+        for j in range(16):
+            q = np.int32(x[i3, i2, i1, o + 4 + j])
+            v0 = v[b * 32 + j]
+            v1 = v[b * 32 + j + 16]
+            acc += np.float32(q & 0xF) * v0 + np.float32(q >> 4) * v1
+            vs += v0 + v1
+        s += acc * _half_at(x, i3, i2, i1, o) + vs * _half_at(x, i3, i2, i1, o + 2)
+    return s
+
+
+def dot_q8_0(x, i3, i2, i1, v, n):
+    s = np.float32(0.0)
+    for b in range(n // 32):
+        o = b * 34
+        acc = np.float32(0.0)
+        for j in range(32):
+            q = np.int32(x[i3, i2, i1, o + 2 + j])
+            acc += np.float32(q - 256 if q > 127 else q) * v[b * 32 + j]
+        s += acc * _half_at(x, i3, i2, i1, o)
+    return s

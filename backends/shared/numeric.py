@@ -1,0 +1,118 @@
+"""Scalar math used inside kernels: f16/bf16 conversion without bit casts, C rounding,
+activations. Plain Python over numpy scalars so numba can compile it for any target.
+
+The conversions are arithmetic (frexp-free, exact in float64) because numba has no float16
+type on the CPU and no scalar bit cast; they round to nearest even exactly like the hardware.
+"""
+import math
+
+import numpy as np
+
+
+def half_to_f32(h):
+    """IEEE half bits (an unsigned integer) -> float32."""
+    h = np.int32(h)
+    s = (h >> 15) & 1
+    e = (h >> 10) & 0x1F
+    m = h & 0x3FF
+    if e == 0:
+        v = np.float64(m) * 5.9604644775390625e-08          # m * 2^-24
+    elif e == 31:
+        v = np.inf if m == 0 else np.nan
+    else:
+        v = (1.0 + np.float64(m) / 1024.0) * 2.0 ** (e - 15)
+    return np.float32(-v if s else v)
+
+
+def f32_to_half(x):
+    """float32 -> IEEE half bits as uint16, round to nearest even (inf on overflow)."""
+    v = np.float64(x)
+    if v != v:
+        return np.uint16(0x7E00)
+    s = 0
+    if v < 0.0 or (v == 0.0 and math.copysign(1.0, v) < 0.0):
+        s = 0x8000
+    a = abs(v)
+    if a >= 65520.0:
+        return np.uint16(s | 0x7C00)
+    if a < 6.103515625e-05:                                  # below 2^-14: subnormal
+        return np.uint16(s | np.int32(np.rint(a * 16777216.0)))
+    e = np.int32(math.floor(math.log2(a)))
+    if 2.0 ** e > a:                                         # guard log2 rounding
+        e -= 1
+    elif 2.0 ** (e + 1) <= a:
+        e += 1
+    frac = np.int32(np.rint((a / 2.0 ** e - 1.0) * 1024.0))  # may carry into the exponent
+    return np.uint16(s | (((e + 15) << 10) + frac))
+
+
+def bf16_to_f32(h):
+    h = np.int32(h)
+    s = (h >> 15) & 1
+    e = (h >> 7) & 0xFF
+    m = h & 0x7F
+    if e == 0:
+        v = np.float64(m) * 2.0 ** -133
+    elif e == 255:
+        v = np.inf if m == 0 else np.nan
+    else:
+        v = (1.0 + np.float64(m) / 128.0) * 2.0 ** (e - 127)
+    return np.float32(-v if s else v)
+
+
+def f32_to_bf16(x):
+    """float32 -> bf16 bits, round to nearest even; NaN becomes a quiet NaN (0x7fc0 with the
+    sign; ggml keeps the upper payload bits, which no computation here depends on)."""
+    v = np.float64(np.float32(x))
+    if v != v:
+        return np.uint16(0x7FC0 | (0x8000 if math.copysign(1.0, v) < 0.0 else 0))
+    s = 0
+    if v < 0.0 or (v == 0.0 and math.copysign(1.0, v) < 0.0):
+        s = 0x8000
+    a = abs(v)
+    if a == np.inf:
+        return np.uint16(s | 0x7F80)
+    if a < 1.1754943508222875e-38:                           # f32 subnormal range
+        return np.uint16(s | np.int32(np.rint(a * 2.0 ** 133)))
+    e = np.int32(math.floor(math.log2(a)))
+    if 2.0 ** e > a:
+        e -= 1
+    elif 2.0 ** (e + 1) <= a:
+        e += 1
+    frac = np.int32(np.rint((a / 2.0 ** e - 1.0) * 128.0))
+    return np.uint16(s | (((e + 127) << 7) + frac))
+
+
+def roundf(x):
+    """C roundf on float32: half away from zero (exact: no x + 0.5 rounding)."""
+    a = abs(x)
+    f = math.floor(a)
+    r = f + 1.0 if a - f >= 0.5 else f
+    return -r if x < 0 else r
+
+
+def silu(x):
+    return x / (np.float32(1.0) + math.exp(-x))
+
+
+def gelu(x):
+    return np.float32(0.5) * x * (np.float32(1.0) + math.tanh(
+        np.float32(0.7978845608028654) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)))
+
+
+def sigmoid(x):
+    return np.float32(1.0) / (np.float32(1.0) + math.exp(-x))
+
+
+def alibi_slope(h, n_head, max_bias):
+    """Slope of head h of n_head heads; 1 when max_bias is 0 (as ggml)."""
+    if max_bias <= 0.0:
+        return np.float32(1.0)
+    n_log2 = 1
+    while n_log2 * 2 <= n_head:
+        n_log2 *= 2
+    m0 = 2.0 ** (-max_bias / n_log2)
+    m1 = 2.0 ** (-(max_bias / 2.0) / n_log2)
+    if h < n_log2:
+        return np.float32(m0 ** (h + 1))
+    return np.float32(m1 ** (2 * (h - n_log2) + 1))
