@@ -110,6 +110,17 @@ class Session:
         buf, off = self._storage(t)
         buffers.write(buf, off, t, values)
 
+    def fill_arena(self, byte: int) -> None:
+        """Fill the compute arena (conformance canaries)."""
+        self.arena[...] = byte
+
+    def host_arena(self) -> np.ndarray:
+        """The compute arena's bytes on the host."""
+        return np.asarray(self.arena)
+
+    def synchronize(self) -> None:
+        """Wait for queued work (nothing to wait for on the CPU)."""
+
     # -- running --------------------------------------------------------------------------
     def prepare(self, graph: Graph) -> Any:
         """Plan `graph` (reserving a larger arena when it outgrows the current one)."""

@@ -16,6 +16,11 @@ from .elementwise import (add, mul, div, scale, clamp, fill, silu, gelu, sigmoid
 from .reduce import (sum_rows, argsort, top_k, concat, repeat, SortOrder, ArgsortParams,
                      TopKParams, ConcatParams)
 from ggraph.opkind import OpKind as _OpKind
+from . import cases as _cases
+import dataclasses as _dc
+
+for _k, _gen in _cases.CASES.items():  # attach each op's conformance cases to its record
+    REGISTRY[_k] = _dc.replace(REGISTRY[_k], cases=_gen)
 
 _missing = [k for k in _OpKind if k not in REGISTRY]
 assert not _missing, f"ops without a record: {_missing}"

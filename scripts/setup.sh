@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs ggraph and what its tests and demo need on a fresh machine (idempotent).
+#   scripts/setup.sh          the library and the demo's needs
+#   scripts/setup.sh --test   plus pytest, hypothesis, torch (CPU) and Debian's graphviz
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras=""
+if [[ "${1:-}" == "--test" ]]; then extras="[test]"; fi
+python -m pip install -q --disable-pip-version-check -e ".${extras}" 2>&1 | grep -v "^WARNING: Running pip as" || true
+python -c "import ggraph" # fail early if the install did not take
+if [[ "${1:-}" == "--test" ]] && ! command -v dot >/dev/null 2>&1; then
+    # the graph pictures (ggraph dot) render through Debian's graphviz binary
+    (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) \
+        || echo "setup: could not install Debian's graphviz; picture tests will say so" >&2
+fi

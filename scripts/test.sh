@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Sets up and runs the whole test suite (the CUDA simulator part runs in its own process,
+# started by tests/test_cudasim_suite.py, so one pytest summary covers everything).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --test
+export NUMBA_CACHE_DIR="${NUMBA_CACHE_DIR:-$PWD/.numba_cache}"
+python -m pytest -q -p no:cacheprovider "$@" tests/

@@ -1,0 +1,120 @@
+"""`ggraph conformance`: run every op case on backends against the reference executor.
+
+Modes: test (OK/FAIL per case, a summary per backend, exit status 1 on any failure), perf
+(GFLOPS or GB/s per perf case), support (the op x type coverage table per backend).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+
+from ggraph.conformance import Summary, cases_for, perf_case, run_case
+from ggraph.opkind import OpKind
+
+TYPE_COLUMNS = ("f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "i32", "i64")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("conformance", help="check backends op by op against the reference",
+                       description=__doc__)
+    p.add_argument("--backend", default="cpu", help="comma-separated backends (cpu,cuda)")
+    p.add_argument("--op", default="", help="comma-separated op names (mul_mat,soft_max,...)")
+    p.add_argument("--mode", choices=("test", "perf", "support"), default="test")
+    p.add_argument("--json", metavar="FILE", help="write results as JSON")
+    p.add_argument("--reference", choices=("numpy", "ggml"), default="numpy",
+                   help="oracle: ggraph's numpy reference or the real libggml through cffi")
+    p.add_argument("-q", "--quiet", action="store_true", help="print failures only")
+    p.set_defaults(func=main)
+
+
+def parse_ops(spec: str) -> list[OpKind] | None:
+    if not spec:
+        return None
+    out = []
+    for name in spec.split(","):
+        key = name.strip().upper()
+        try:
+            out.append(OpKind[key])
+        except KeyError:
+            raise ValueError(f"unknown op {name!r}; known ops: "
+                             f"{', '.join(k.value for k in OpKind)}") from None
+    return out
+
+
+def _case_type(case) -> str:
+    v = dict(case.vars)
+    for key in ("type", "type_kv", "type_dst"):
+        if key in v:
+            return str(v[key])
+    return "f32"
+
+
+def main(args: argparse.Namespace) -> int:
+    from ggraph.backends import get_backend
+
+    ops = parse_ops(args.op)
+    reference = None
+    if args.reference == "ggml":
+        from ggraph.tools.ggml_ref import GGMLReference  # raises a clear error without libggml
+
+        reference = GGMLReference()
+    report = []
+    failed = False
+    for name in [b for b in args.backend.split(",") if b]:
+        backend = get_backend(name)
+        print(f"Backend {name}:")
+        if args.mode == "support":
+            report.append(_support(backend, ops))
+            continue
+        summary = Summary(name)
+        per_op: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for case in cases_for(ops, perf=args.mode == "perf"):
+            r = perf_case(case, backend) if args.mode == "perf" else run_case(
+                case, backend, reference)
+            summary.results.append(r)
+            per_op[case.op.name][0] += r.status == "OK"
+            per_op[case.op.name][1] += r.status != "not supported"
+            if not args.quiet or r.status == "FAIL":
+                print(r.line(), flush=True)
+        if args.mode == "test":
+            print("  cases per op: " + ", ".join(f"{k} {ok}/{n}" for k, (ok, n) in
+                                                 per_op.items()))
+        print(f"  {summary.passed}/{summary.tested} tests passed")
+        failed |= summary.failed > 0
+        report.append(summary.to_json())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 1 if failed else 0
+
+
+def _support(backend, ops) -> dict:
+    """op x type table: 'yes', 'no: <reason>' or 'n/a' (the op's shape rule refuses it)."""
+    table: dict[str, dict[str, str]] = {}
+    for case in cases_for(ops):
+        _, out = case.make()
+        from ggraph.graph import build_graph
+
+        node = next(n for n in build_graph(out).nodes if n.op == case.op)
+        row = table.setdefault(case.op.value, {})
+        t = _case_type(case)
+        if backend.supports(node):
+            row.setdefault(t, "yes")
+        else:
+            k = backend.kernels.get(node.op)
+            row[t] = "no: " + (k.why_not if k and k.why_not else "no kernel")
+    width = max(len(k) for k in table) + 2
+    print(" " * width + "".join(f"{c:>7}" for c in TYPE_COLUMNS))
+    for op, row in table.items():
+        cells = "".join(f"{'ok' if row.get(c) == 'yes' else ('NO' if c in row else '-'):>7}"
+                        for c in TYPE_COLUMNS)
+        print(f"{op:<{width}}{cells}")
+    print("  ok: supported; NO: refused by the backend (reason in --json); "
+          "-: not an accepted type of the op (its shape rule refuses it)")
+    reasons = {f"{op}/{t}": v for op, row in table.items() for t, v in row.items()
+               if v != "yes"}
+    for k, v in reasons.items():
+        print(f"  {k}: {v}")
+    return {"backend": backend.name, "support": table}
