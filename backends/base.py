@@ -26,6 +26,9 @@ class Kernel:
     fn: KernelFn
     accepts: Callable[[Tensor], bool] = lambda node: True
     why_not: str = ""  # shown by the coverage table when `accepts` refuses
+    # bind=True: fn(node, session) runs nothing and returns a zero-argument callable with the
+    # node's arrays bound (None for views); a graph that runs again reuses those calls
+    bind: bool = False
 
 
 class UnsupportedOpError(ValueError):
@@ -62,6 +65,27 @@ class Backend:
     def session(self, **kw: Any) -> "Session":
         return Session(self, **kw)
 
+    # -- memory hooks: the CPU computes in host numpy arrays; a device backend (CUDA)
+    # overrides these to upload leaf data, copy values back and fill device memory --------
+    def upload(self, t: Tensor) -> Any:
+        """Memory kernels use for leaf `t`'s host data (`t.data`): the array itself here."""
+        return t.data
+
+    def fill(self, buf: Any, byte: int) -> None:
+        buf[...] = byte
+
+    def to_host(self, buf: Any) -> np.ndarray:
+        return np.asarray(buf)
+
+    def read(self, buf: Any, offset: int, t: Tensor) -> np.ndarray:
+        return buffers.read(np.asarray(buf), offset, t)
+
+    def write(self, buf: Any, offset: int, t: Tensor, values: np.ndarray) -> None:
+        buffers.write(buf, offset, t, values)
+
+    def synchronize(self) -> None:
+        """Wait for queued work (nothing to wait for on the CPU)."""
+
 
 class Session:
     """Runs graphs on one backend: holds the compute arena, static (cache) buffers and the
@@ -77,12 +101,14 @@ class Session:
         self.arena: Any = None
         self.plan: Any = None
         self.static: dict[int, Any] = {}
+        self._graph: Graph | None = None          # the graph whose calls are bound
+        self._calls: list[Callable[[], None]] | None = None
 
     # -- memory ---------------------------------------------------------------------------
     def _storage(self, t: Tensor) -> tuple[Any, int]:
         root = t.owner
         if root.data is not None:
-            return root.data, t.view_offs
+            return self.backend.upload(root), t.view_offs
         if root.buffer is not None:
             buf = self.static.get(id(root))
             if buf is None:
@@ -94,7 +120,7 @@ class Session:
 
     def _zeros(self, nbytes: int) -> Any:
         buf = self.backend.alloc_arena(nbytes)
-        buf[...] = 0
+        self.backend.fill(buf, 0)
         return buf
 
     def arr(self, t: Tensor) -> Any:
@@ -104,22 +130,23 @@ class Session:
     def read(self, t: Tensor) -> np.ndarray:
         """Values of t as numpy (float32 / ints), numpy order."""
         buf, off = self._storage(t)
-        return buffers.read(np.asarray(buf), off, t)
+        return self.backend.read(buf, off, t)
 
     def write(self, t: Tensor, values: np.ndarray) -> None:
         buf, off = self._storage(t)
-        buffers.write(buf, off, t, values)
+        self.backend.write(buf, off, t, values)
 
     def fill_arena(self, byte: int) -> None:
         """Fill the compute arena (conformance canaries)."""
-        self.arena[...] = byte
+        self.backend.fill(self.arena, byte)
 
     def host_arena(self) -> np.ndarray:
         """The compute arena's bytes on the host."""
-        return np.asarray(self.arena)
+        return self.backend.to_host(self.arena)
 
     def synchronize(self) -> None:
-        """Wait for queued work (nothing to wait for on the CPU)."""
+        """Wait for queued work."""
+        self.backend.synchronize()
 
     # -- running --------------------------------------------------------------------------
     def prepare(self, graph: Graph) -> Any:
@@ -129,6 +156,7 @@ class Session:
                 raise UnsupportedOpError(
                     f"backend {self.backend.name} cannot run {node.op} on {node.describe()} "
                     f"(sources: {', '.join(s.describe() for s in node.src if s is not None)})")
+        self._calls = None
         self.plan = self.allocator.alloc(graph, reserve_on_growth=True)
         need = self.plan.size
         if self.arena is None or self.arena.nbytes < need:
@@ -137,12 +165,27 @@ class Session:
 
     def run(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None = None
             ) -> "Session":
-        self.prepare(graph)
+        if graph is not self._graph or self._calls is None:
+            self.prepare(graph)
+            self._calls = self._bind(graph)  # views into the arena: valid until the next plan
+            self._graph = graph
         self._feed(graph, inputs or {})
-        kernels = self.backend.kernels
-        for node in self.plan_order(graph):
-            kernels[node.op].fn(node, self)
+        for call in self._calls:
+            call()
         return self
+
+    def _bind(self, graph: Graph) -> list[Callable[[], None]]:
+        kernels = self.backend.kernels
+        calls = []
+        for node in self.plan_order(graph):
+            k = kernels[node.op]
+            if k.bind:
+                c = k.fn(node, self)
+                if c is not None:
+                    calls.append(c)
+            else:
+                calls.append(lambda k=k, node=node: k.fn(node, self))
+        return calls
 
     def plan_order(self, graph: Graph) -> list[Tensor]:
         order = getattr(self.plan, "order", None)

@@ -75,26 +75,31 @@ def require_type(op: str, role: str, t: Tensor, allowed: Sequence[GGMLType]) -> 
             **{role: t})
 
 
-def require_same_ctx(op: str, *tensors: Tensor | None) -> None:
-    ctxs = {id(t.ctx) for t in tensors if t is not None}
-    if len(ctxs) > 1:
-        raise op_error(op, "tensors come from different contexts",
-                       **{f"src{i}": t for i, t in enumerate(tensors)})
-
-
 def can_repeat(small: Tensor, big: Tensor) -> bool:
     """ggml_can_repeat: `small` tiles `big` by modulo in every dimension."""
-    return all(s > 0 and b % s == 0 for s, b in zip(small.ne, big.ne)) or small.nelements == 0
+    if small.nelements == 0:  # ggml: an empty tensor only repeats into an empty one
+        return big.nelements == 0
+    return all(b % s == 0 for s, b in zip(small.ne, big.ne))
 
 
 # -- node construction ------------------------------------------------------------------
 
+def _require_blocks(kind: OpKind, type: GGMLType, ne: Sequence[int], **tensors: Tensor | None
+                    ) -> None:
+    """A quantized result needs whole blocks per row: name the op and sources, not just ne."""
+    require(not type.is_quantized or int(ne[0]) % type.block_size == 0, str(kind),
+            f"a {type} result of ne={fmt_ne(ne)} has rows of {int(ne[0])} elements, not a "
+            f"multiple of the block size {type.block_size}", **tensors)
+
+
 def new_node(kind: OpKind, srcs: Sequence[Tensor | None], type: GGMLType,
              ne: Sequence[int], params: Any = None, name: str = "") -> Tensor:
-    """A fresh (non-view) result tensor, contiguous."""
-    first = next(s for s in srcs if s is not None)
-    require_same_ctx(str(kind), *srcs)
-    return Tensor(first.ctx, type, ne, op=kind, params=params, src=srcs, name=name)
+    """A fresh (non-view) result tensor, contiguous. Sources may come from different contexts
+    (weights live in the model's); the result joins the context of its last source, usually
+    the activations'."""
+    ctx = [s for s in srcs if s is not None][-1].ctx
+    _require_blocks(kind, type, ne, **{f"src{i}": s for i, s in enumerate(srcs)})
+    return Tensor(ctx, type, ne, op=kind, params=params, src=srcs, name=name)
 
 
 def new_view(kind: OpKind, a: Tensor, ne: Sequence[int], nb: Sequence[int] | None,
@@ -105,6 +110,7 @@ def new_view(kind: OpKind, a: Tensor, ne: Sequence[int], nb: Sequence[int] | Non
     When `a` is itself a view, the offset may be negative as long as the result starts inside
     the root owner: builders use this to take a full view of a buffer through the last view
     that wrote into it, which orders the view after that write."""
+    _require_blocks(kind, a.type, ne, a=a)
     t = Tensor(a.ctx, a.type, ne, nb=nb if nb is not None else contiguous_strides(a.type, ne),
                op=kind, params=params, src=srcs if srcs is not None else (a,),
                view_src=a, view_offs=offset, name=name)

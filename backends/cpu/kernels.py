@@ -1,5 +1,6 @@
-"""The CPU kernel table: one entry per OpKind, each a thin wrapper that takes the node's
-arrays from the Session and calls a template compiled for the node's types.
+"""The CPU kernel table: one entry per OpKind, each a binder that takes the node's arrays
+from the Session once and returns a call of a template compiled for the node's types (so a
+graph that runs again, a decode step, pays only the numba dispatch per node).
 
 Matrix products pick a path by shape: float32 batches go to BLAS through numpy (the same
 library numpy's matmul uses), quantized/F16/BF16 weights with a batch of >= BLAS_MIN_N
@@ -9,6 +10,7 @@ numba dot kernels that read quantized blocks directly (memory-bound, no dequanti
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import numba
 import numpy as np
@@ -55,13 +57,13 @@ _UNARY = {OpKind.SCALE: K.U_SCALE, OpKind.CLAMP: K.U_CLAMP, OpKind.FILL: K.U_FIL
           OpKind.SILU: K.U_SILU, OpKind.GELU: K.U_GELU, OpKind.SIGMOID: K.U_SIGMOID}
 
 
-def _unary(node: Tensor, s: Session) -> None:
+def _unary(node: Tensor, s: Session):
     a = node.src[0]
     p = node.params
     p0, p1 = {OpKind.SCALE: lambda: (p.s, p.b), OpKind.CLAMP: lambda: (p.min, p.max),
               OpKind.FILL: lambda: (p.value, 0.0)}.get(node.op, lambda: (0.0, 0.0))()
-    _compiled(K.k_unary, a=a.type, d=node.type)(s.arr(a), s.arr(node), _UNARY[node.op],
-                                                 np.float32(p0), np.float32(p1))
+    return partial(_compiled(K.k_unary, a=a.type, d=node.type), s.arr(a), s.arr(node),
+                   _UNARY[node.op], np.float32(p0), np.float32(p1))
 
 
 _BINARY = {OpKind.ADD: K.B_ADD, OpKind.MUL: K.B_MUL, OpKind.DIV: K.B_DIV,
@@ -70,14 +72,14 @@ _BINARY = {OpKind.ADD: K.B_ADD, OpKind.MUL: K.B_MUL, OpKind.DIV: K.B_DIV,
 
 def _binary(node: Tensor, s: Session) -> None:
     a, b = node.src
-    _compiled(K.k_binary, a=a.type, b=b.type, d=node.type)(s.arr(a), s.arr(b), s.arr(node),
-                                                          _BINARY[node.op])
+    return partial(_compiled(K.k_binary, a=a.type, b=b.type, d=node.type), s.arr(a),
+                   s.arr(b), s.arr(node), _BINARY[node.op])
 
 
 def _norm(node: Tensor, s: Session) -> None:
     a = node.src[0]
-    _compiled(K.k_norm, a=a.type, d=node.type)(s.arr(a), s.arr(node), node.params.eps,
-                                               node.op == OpKind.RMS_NORM)
+    return partial(_compiled(K.k_norm, a=a.type, d=node.type), s.arr(a), s.arr(node),
+                   node.params.eps, node.op == OpKind.RMS_NORM)
 
 
 # -- softmax, rope, attention -----------------------------------------------------------------
@@ -90,10 +92,10 @@ def _soft_max(node: Tensor, s: Session) -> None:
     p = node.params
     mt = mask.type if mask is not None else T.F32
     k = _compiled(K.k_soft_max, a=a.type, m=mt, d=node.type)
-    k(s.arr(a), s.arr(mask) if mask is not None else _DUMMY,
-      s.arr(sinks).reshape(1, 1, 1, -1) if sinks is not None else _DUMMY, s.arr(node),
-      p.scale, p.max_bias, p.head_offset, p.n_head or a.ne[2], mask is not None,
-      sinks is not None)
+    return partial(k, s.arr(a), s.arr(mask) if mask is not None else _DUMMY,
+                   s.arr(sinks).reshape(1, 1, 1, -1) if sinks is not None else _DUMMY,
+                   s.arr(node), p.scale, p.max_bias, p.head_offset, p.n_head or a.ne[2],
+                   mask is not None, sinks is not None)
 
 
 def _rope(node: Tensor, s: Session) -> None:
@@ -102,9 +104,10 @@ def _rope(node: Tensor, s: Session) -> None:
     lo, hi = (yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
               if p.ext_factor != 0.0 else (0.0, 0.0))
     k = _compiled(K.k_rope, a=a.type, d=node.type)
-    k(s.arr(a), s.arr(pos), s.arr(ff).reshape(1, 1, 1, -1) if ff is not None else _DUMMY,
-      s.arr(node), p.n_dims, p.mode == RopeMode.NEOX, p.freq_base, p.freq_scale, p.ext_factor,
-      p.attn_factor, lo, hi, ff is not None)
+    return partial(k, s.arr(a), s.arr(pos),
+                   s.arr(ff).reshape(1, 1, 1, -1) if ff is not None else _DUMMY, s.arr(node),
+                   p.n_dims, p.mode == RopeMode.NEOX, p.freq_base, p.freq_scale, p.ext_factor,
+                   p.attn_factor, lo, hi, ff is not None)
 
 
 def _flash_attn(node: Tensor, s: Session) -> None:
@@ -113,9 +116,10 @@ def _flash_attn(node: Tensor, s: Session) -> None:
     scale = p.scale / p.softcap if p.softcap else p.scale
     mt = mask.type if mask is not None else T.F32
     kern = _compiled(K.k_flash_attn, k=k.type, v=v.type, m=mt)
-    kern(s.arr(q), s.arr(k), s.arr(v), s.arr(mask) if mask is not None else _DUMMY,
-         s.arr(node).reshape(node.shape), scale, p.max_bias, p.softcap, p.head_offset,
-         p.n_head or q.ne[2], mask is not None)
+    return partial(kern, s.arr(q), s.arr(k), s.arr(v),
+                   s.arr(mask) if mask is not None else _DUMMY, s.arr(node).reshape(node.shape),
+                   scale, p.max_bias, p.softcap, p.head_offset, p.n_head or q.ne[2],
+                   mask is not None)
 
 
 # -- matrix products ------------------------------------------------------------------------
@@ -125,9 +129,8 @@ def _mul_mat(node: Tensor, s: Session) -> None:
     A, B, D = s.arr(a), s.arr(b), s.arr(node)
     n = b.ne[1]
     if b.type == T.F32 and (a.type == T.F32 or n >= BLAS_MIN_N):
-        _mul_mat_blas(a, A, B, D)
-    else:
-        _compiled(K.k_mul_mat, a=a.type, b=b.type)(A, B, D)
+        return partial(_mul_mat_blas, a, A, B, D)
+    return partial(_compiled(K.k_mul_mat, a=a.type, b=b.type), A, B, D)
 
 
 def _mul_mat_blas(a: Tensor, A: np.ndarray, B: np.ndarray, D: np.ndarray) -> None:
@@ -154,8 +157,8 @@ def _mul_mat_blas(a: Tensor, A: np.ndarray, B: np.ndarray, D: np.ndarray) -> Non
 
 def _mul_mat_id(node: Tensor, s: Session) -> None:
     as_, b, ids = node.src
-    _compiled(K.k_mul_mat_id, a=as_.type, b=b.type)(s.arr(as_), s.arr(b), s.arr(ids),
-                                                     s.arr(node))
+    return partial(_compiled(K.k_mul_mat_id, a=as_.type, b=b.type), s.arr(as_), s.arr(b),
+                   s.arr(ids), s.arr(node))
 
 
 # -- rows, copies, layout --------------------------------------------------------------------
@@ -163,9 +166,9 @@ def _mul_mat_id(node: Tensor, s: Session) -> None:
 def _get_rows(node: Tensor, s: Session) -> None:
     a, idx = node.src
     if a.type == T.I32:
-        _SERIAL_GET_ROWS_INT(s.arr(a), s.arr(idx), s.arr(node))
-        return
-    _compiled(K.k_get_rows, a=a.type, d=node.type)(s.arr(a), s.arr(idx), s.arr(node))
+        return partial(_SERIAL_GET_ROWS_INT, s.arr(a), s.arr(idx), s.arr(node))
+    return partial(_compiled(K.k_get_rows, a=a.type, d=node.type), s.arr(a), s.arr(idx),
+                   s.arr(node))
 
 
 _SERIAL_GET_ROWS_INT = _SERIAL(K.k_get_rows_int)
@@ -174,27 +177,30 @@ _COPY_INT = _SERIAL(K.k_copy_int)
 
 def _set_rows(node: Tensor, s: Session) -> None:
     dst, src, idx = node.src
-    _compiled(K.k_set_rows, a=src.type, d=dst.type)(s.arr(src), s.arr(idx), s.arr(node))
+    return partial(_compiled(K.k_set_rows, a=src.type, d=dst.type), s.arr(src), s.arr(idx),
+                   s.arr(node))
 
 
 def _copy_into(a: Tensor, d: Tensor, s: Session) -> None:
     """a's elements, in ggml order, into d: exact byte copies for equal types."""
     A, D = s.arr(a), s.arr(d)
     if a.type == d.type and (not a.type.is_quantized or a.ne[0] == d.ne[0]):
-        D[...] = A.reshape(D.shape)  # numpy reshape follows ggml's element order
-        return
+        return partial(_same_type_copy, A, D)
     if a.type.is_int:
-        _COPY_INT(A, D)
-        return
-    _compiled(K.k_copy, a=a.type, d=d.type)(A, D, a.ne[0], d.ne[0])
+        return partial(_COPY_INT, A, D)
+    return partial(_compiled(K.k_copy, a=a.type, d=d.type), A, D, a.ne[0], d.ne[0])
 
 
-def _cpy(node: Tensor, s: Session) -> None:
-    _copy_into(node.src[0], node, s)
+def _same_type_copy(A: np.ndarray, D: np.ndarray) -> None:
+    D[...] = A.reshape(D.shape)  # numpy's reshape follows ggml's element order
 
 
-def _cont(node: Tensor, s: Session) -> None:
-    _copy_into(node.src[0], node, s)
+def _cpy(node: Tensor, s: Session):
+    return _copy_into(node.src[0], node, s)
+
+
+def _cont(node: Tensor, s: Session):
+    return _copy_into(node.src[0], node, s)
 
 
 def _concat(node: Tensor, s: Session) -> None:
@@ -202,22 +208,29 @@ def _concat(node: Tensor, s: Session) -> None:
     D = s.arr(node)
     axis = 3 - node.params.dim
     cut = a.shape[axis]
-    D[(slice(None),) * axis + (slice(0, cut),)] = s.arr(a)
-    D[(slice(None),) * axis + (slice(cut, None),)] = s.arr(b)
+    return partial(_concat_run, D[(slice(None),) * axis + (slice(0, cut),)], s.arr(a),
+                   D[(slice(None),) * axis + (slice(cut, None),)], s.arr(b))
 
 
-def _repeat(node: Tensor, s: Session) -> None:
+def _concat_run(d0: np.ndarray, a: np.ndarray, d1: np.ndarray, b: np.ndarray) -> None:
+    d0[...] = a
+    d1[...] = b
+
+
+def _repeat(node: Tensor, s: Session):
     a = node.src[0]
-    if a.type.is_int:
-        A = s.arr(a)
-        s.arr(node)[...] = np.tile(A, tuple(x // y for x, y in zip(node.shape, A.shape)))
-        return
-    _compiled(K.k_repeat, a=a.type, d=node.type)(s.arr(a), s.arr(node))
+    if a.type.is_int:  # exact: the float32 row path would round large ints
+        return partial(_tile, s.arr(a), s.arr(node))
+    return partial(_compiled(K.k_repeat, a=a.type, d=node.type), s.arr(a), s.arr(node))
+
+
+def _tile(A: np.ndarray, D: np.ndarray) -> None:
+    D[...] = np.tile(A, tuple(x // y for x, y in zip(D.shape, A.shape)))
 
 
 def _sum_rows(node: Tensor, s: Session) -> None:
     a = node.src[0]
-    _compiled(K.k_sum_rows, a=a.type)(s.arr(a), s.arr(node))
+    return partial(_compiled(K.k_sum_rows, a=a.type), s.arr(a), s.arr(node))
 
 
 def _argsort(node: Tensor, s: Session) -> None:
@@ -228,37 +241,42 @@ def _argsort(node: Tensor, s: Session) -> None:
         desc, k = True, node.params.k
     else:
         desc, k = node.params.order == SortOrder.DESC, a.ne[0]
-    _compiled(K.k_argsort, a=a.type)(s.arr(a), s.arr(node), desc, k)
+    return partial(_compiled(K.k_argsort, a=a.type), s.arr(a), s.arr(node), desc, k)
 
 
 def _view(node: Tensor, s: Session) -> None:
     """Views compute nothing: their memory is their source's."""
+    return None
+
+
+def _k(fn, accepts=lambda node: True, why_not: str = "") -> Kernel:
+    return Kernel(fn, accepts, why_not, bind=True)
 
 
 KERNELS: dict[OpKind, Kernel] = {
-    **{op: Kernel(_view) for op in (OpKind.VIEW, OpKind.RESHAPE, OpKind.PERMUTE,
+    **{op: _k(_view) for op in (OpKind.VIEW, OpKind.RESHAPE, OpKind.PERMUTE,
                                     OpKind.TRANSPOSE)},
-    **{op: Kernel(_unary, lambda n: _types(n, FLOATS) and n.type in FLOATS,
+    **{op: _k(_unary, lambda n: _types(n, FLOATS) and n.type in FLOATS,
                   "F32/F16 only") for op in _UNARY},
-    **{op: Kernel(_binary, lambda n: _types(n, FLOATS, FLOATS), "F32/F16 only")
+    **{op: _k(_binary, lambda n: _types(n, FLOATS, FLOATS), "F32/F16 only")
        for op in _BINARY},
-    OpKind.RMS_NORM: Kernel(_norm, lambda n: _types(n, (T.F32,))),
-    OpKind.NORM: Kernel(_norm, lambda n: _types(n, (T.F32,))),
-    OpKind.SOFT_MAX: Kernel(_soft_max, lambda n: _types(n, (T.F32,), FLOATS, (T.F32,))),
-    OpKind.ROPE: Kernel(_rope, lambda n: _types(n, FLOATS, (T.I32,), (T.F32,))),
-    OpKind.FLASH_ATTN_EXT: Kernel(_flash_attn, lambda n: _types(n, (T.F32,), KV_TYPES,
+    OpKind.RMS_NORM: _k(_norm, lambda n: _types(n, (T.F32,))),
+    OpKind.NORM: _k(_norm, lambda n: _types(n, (T.F32,))),
+    OpKind.SOFT_MAX: _k(_soft_max, lambda n: _types(n, (T.F32,), FLOATS, (T.F32,))),
+    OpKind.ROPE: _k(_rope, lambda n: _types(n, FLOATS, (T.I32,), (T.F32,))),
+    OpKind.FLASH_ATTN_EXT: _k(_flash_attn, lambda n: _types(n, (T.F32,), KV_TYPES,
                                                                 KV_TYPES, FLOATS)),
-    OpKind.MUL_MAT: Kernel(_mul_mat, lambda n: _types(n, WEIGHT_TYPES, FLOATS)),
-    OpKind.MUL_MAT_ID: Kernel(_mul_mat_id, lambda n: _types(n, WEIGHT_TYPES, FLOATS,
+    OpKind.MUL_MAT: _k(_mul_mat, lambda n: _types(n, WEIGHT_TYPES, FLOATS)),
+    OpKind.MUL_MAT_ID: _k(_mul_mat_id, lambda n: _types(n, WEIGHT_TYPES, FLOATS,
                                                             (T.I32,))),
-    OpKind.GET_ROWS: Kernel(_get_rows, lambda n: _types(n, STORABLE + (T.I32,), (T.I32,))),
-    OpKind.SET_ROWS: Kernel(_set_rows, lambda n: _types(n, STORABLE, (T.F32,),
+    OpKind.GET_ROWS: _k(_get_rows, lambda n: _types(n, STORABLE + (T.I32,), (T.I32,))),
+    OpKind.SET_ROWS: _k(_set_rows, lambda n: _types(n, STORABLE, (T.F32,),
                                                         (T.I32, T.I64))),
-    OpKind.CPY: Kernel(_cpy),
-    OpKind.CONT: Kernel(_cont),
-    OpKind.CONCAT: Kernel(_concat),
-    OpKind.REPEAT: Kernel(_repeat),
-    OpKind.SUM_ROWS: Kernel(_sum_rows),
-    OpKind.ARGSORT: Kernel(_argsort),
-    OpKind.TOP_K: Kernel(_argsort),
+    OpKind.CPY: _k(_cpy),
+    OpKind.CONT: _k(_cont),
+    OpKind.CONCAT: _k(_concat),
+    OpKind.REPEAT: _k(_repeat),
+    OpKind.SUM_ROWS: _k(_sum_rows),
+    OpKind.ARGSORT: _k(_argsort),
+    OpKind.TOP_K: _k(_argsort),
 }

@@ -1,7 +1,7 @@
 """Scalar math used inside kernels: f16/bf16 conversion without bit casts, C rounding,
 activations. Plain Python over numpy scalars so numba can compile it for any target.
 
-The conversions are arithmetic (frexp-free, exact in float64) because numba has no float16
+The conversions are arithmetic (exact in float64, frexp/ldexp) because numba has no float16
 type on the CPU and no scalar bit cast; they round to nearest even exactly like the hardware.
 """
 import math
@@ -10,8 +10,9 @@ import numpy as np
 
 
 def half_to_f32(h):
-    """IEEE half bits (an unsigned integer) -> float32."""
-    h = np.int32(h)
+    """IEEE half bits (an unsigned integer) -> float32. Exact: (1024 + m) << e is an integer
+    below 2^41 and the division is by a power of two (no pow on the hot path)."""
+    h = np.int64(h)
     s = (h >> 15) & 1
     e = (h >> 10) & 0x1F
     m = h & 0x3FF
@@ -20,7 +21,7 @@ def half_to_f32(h):
     elif e == 31:
         v = np.inf if m == 0 else np.nan
     else:
-        v = (1.0 + np.float64(m) / 1024.0) * 2.0 ** (e - 15)
+        v = np.float64((1024 + m) << e) * 2.9802322387695312e-08  # * 2^-25
     return np.float32(-v if s else v)
 
 
@@ -37,26 +38,22 @@ def f32_to_half(x):
         return np.uint16(s | 0x7C00)
     if a < 6.103515625e-05:                                  # below 2^-14: subnormal
         return np.uint16(s | np.int32(np.rint(a * 16777216.0)))
-    e = np.int32(math.floor(math.log2(a)))
-    if 2.0 ** e > a:                                         # guard log2 rounding
-        e -= 1
-    elif 2.0 ** (e + 1) <= a:
-        e += 1
-    frac = np.int32(np.rint((a / 2.0 ** e - 1.0) * 1024.0))  # may carry into the exponent
-    return np.uint16(s | (((e + 15) << 10) + frac))
+    mant, e = math.frexp(a)                                  # a = mant * 2^e, mant in [0.5, 1)
+    frac = np.int32(np.rint((mant * 2.0 - 1.0) * 1024.0))    # may carry into the exponent
+    return np.uint16(s | (((e - 1 + 15) << 10) + frac))
 
 
 def bf16_to_f32(h):
-    h = np.int32(h)
+    h = np.int64(h)
     s = (h >> 15) & 1
     e = (h >> 7) & 0xFF
     m = h & 0x7F
     if e == 0:
-        v = np.float64(m) * 2.0 ** -133
+        v = math.ldexp(np.float64(m), -133)
     elif e == 255:
         v = np.inf if m == 0 else np.nan
     else:
-        v = (1.0 + np.float64(m) / 128.0) * 2.0 ** (e - 127)
+        v = math.ldexp(np.float64(128 + m), e - 134)
     return np.float32(-v if s else v)
 
 
@@ -73,14 +70,10 @@ def f32_to_bf16(x):
     if a == np.inf:
         return np.uint16(s | 0x7F80)
     if a < 1.1754943508222875e-38:                           # f32 subnormal range
-        return np.uint16(s | np.int32(np.rint(a * 2.0 ** 133)))
-    e = np.int32(math.floor(math.log2(a)))
-    if 2.0 ** e > a:
-        e -= 1
-    elif 2.0 ** (e + 1) <= a:
-        e += 1
-    frac = np.int32(np.rint((a / 2.0 ** e - 1.0) * 128.0))
-    return np.uint16(s | (((e + 127) << 7) + frac))
+        return np.uint16(s | np.int32(np.rint(math.ldexp(a, 133))))
+    mant, e = math.frexp(a)
+    frac = np.int32(np.rint((mant * 2.0 - 1.0) * 128.0))
+    return np.uint16(s | (((e - 1 + 127) << 7) + frac))
 
 
 def roundf(x):
