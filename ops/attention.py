@@ -123,7 +123,7 @@ def flash_attn_ext(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         require(q.ne[2] % mask.ne[2] == 0 and q.ne[3] % mask.ne[3] == 0, op,
                 "mask.ne[2:4] must divide q.ne[2:4]", mask=mask, q=q)
     require(max_bias <= 0.0 or mask is not None, op, "ALiBi (max_bias > 0) needs a mask", q=q)
-    require(softcap >= 0.0, op, f"softcap must be >= 0, got {softcap}")
+    require(softcap >= 0.0, op, f"softcap must be >= 0, got {softcap}", q=q)
     _check_head_slice(op, q.ne[2], head_offset, n_head, q=q)
     return new_node(OpKind.FLASH_ATTN_EXT, (q, k, v, mask), GGMLType.F32,
                     (v.ne[0], q.ne[2], q.ne[1], q.ne[3]),
@@ -186,7 +186,10 @@ def _ref_flash_attn_ext(node: Tensor, ex) -> np.ndarray:
     slopes = alibi_slopes(H, p.max_bias, p.head_offset, p.n_head)
     s = s + slopes[None, :, None, None] * _mask_for(ex, mask, T, H, S)
     with np.errstate(invalid="ignore"):
-        out = _softmax_rows(s, None) @ V         # (S, H, T, Dv)
+        w = _softmax_rows(s, None)
+    # ggml's kernels: a row whose every entry is masked (-inf) has S == 0 and gives 0, not NaN
+    w = np.where(np.isneginf(s.max(axis=-1, keepdims=True)), 0.0, w)
+    out = w @ V                                 # (S, H, T, Dv)
     return np.swapaxes(out, 1, 2)               # (S, T, H, Dv) = ne [Dv, H, T, S]
 
 

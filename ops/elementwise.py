@@ -96,6 +96,8 @@ def swiglu(gate: Tensor, up: Tensor, name: str = "") -> Tensor:
     require_type(op, "gate", gate, FLOAT_TYPES)
     require_type(op, "up", up, FLOAT_TYPES)
     require(gate.ne == up.ne, op, "gate and up must have the same shape", gate=gate, up=up)
+    require(gate.type == up.type, op, f"gate and up must have the same type ({gate.type} and "
+            f"{up.type})", gate=gate, up=up)
     return new_node(OpKind.SWIGLU, (gate, up), gate.type, gate.ne, name=name)
 
 

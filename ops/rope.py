@@ -47,8 +47,8 @@ def rope_ext(a: Tensor, pos: Tensor, freq_factors: Tensor | None = None, n_dims:
     try:
         mode = RopeMode(int(mode))
     except ValueError:
-        raise ValueError(f"{op}: unknown rope mode {mode}; expected 0 (NORMAL) or 2 (NEOX)") \
-            from None
+        raise ValueError(f"{op}: unknown rope mode {mode}; expected 0 (NORMAL) or 2 (NEOX) "
+                         f"(a={a.describe()})") from None
     require(pos.ne[1] == pos.ne[2] == pos.ne[3] == 1, op, "pos must be a vector", pos=pos)
     require(pos.ne[0] == a.ne[2], op, f"pos has {pos.ne[0]} positions, a has {a.ne[2]} tokens "
             f"(a.ne[2])", a=a, pos=pos)

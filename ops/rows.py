@@ -69,7 +69,8 @@ def _ref_set_rows(node: Tensor, ex) -> None:
     _check_index(I, dst.ne[1], "set_rows", dst, idx)
     k = np.arange(src.ne[3])[:, None, None]
     j = np.arange(src.ne[2])[None, :, None]
-    rows = I[k % idx.ne[2], j % idx.ne[1]]       # (S3, S2, n) destination row per source row
+    i = np.arange(src.ne[1])[None, None, :]
+    rows = I[k % idx.ne[2], j % idx.ne[1], i]    # (S3, S2, n) destination row per source row
     ex.write_rows(node, (np.broadcast_to(k, rows.shape), np.broadcast_to(j, rows.shape), rows), S)
 
 
