@@ -17,10 +17,12 @@ from .shared import codecs, numeric
 
 NUMERIC = ("half_to_f32", "f32_to_half", "bf16_to_f32", "f32_to_bf16", "roundf", "silu",
            "gelu", "sigmoid", "alibi_slope")
-CODEC_HELPERS = ("_half_at", "_put_half", "_finite_or_zero", "_trunc_u8")
-ELEM_CODECS = {GGMLType.F32: ("load_f32", "store_f32"), GGMLType.F16: ("load_f16", "store_f16"),
-               GGMLType.BF16: ("load_bf16", "store_bf16"), GGMLType.I32: ("load_int", "store_int"),
-               GGMLType.I64: ("load_int", "store_int")}
+CODEC_HELPERS = ("_half_at", "_put_half", "_finite_or_zero", "_trunc_u8", "_half_row")
+ELEM_CODECS = {GGMLType.F32: ("load_f32", "store_f32", "load1_f32"),
+               GGMLType.F16: ("load_f16", "store_f16", "load1_f16"),
+               GGMLType.BF16: ("load_bf16", "store_bf16", "load1_bf16"),
+               GGMLType.I32: ("load_int", "store_int", "load1_f32"),
+               GGMLType.I64: ("load_int", "store_int", "load1_f32")}
 BLOCK_CODECS = {GGMLType.Q4_0: ("dec_q4_0", "enc_q4_0", "dot_q4_0"),
                 GGMLType.Q4_1: ("dec_q4_1", "enc_q4_1", "dot_q4_1"),
                 GGMLType.Q8_0: ("dec_q8_0", "enc_q8_0", "dot_q8_0")}
@@ -45,9 +47,13 @@ class Target:
     """Compiled shared math for one target. `device` compiles helpers (called from kernels),
     `kernel` compiles templates called from Python (the CPU may pass parallel=True)."""
 
-    def __init__(self, name: str, device: Callable[[Callable], Any]) -> None:
+    def __init__(self, name: str, device: Callable[[Callable], Any],
+                 device_fast: Callable[[Callable], Any] | None = None) -> None:
         self.name = name
         self.device = device
+        # dot products may reassociate their sums (vectorized reductions); never used where
+        # NaN/inf handling or exact rounding matters (conversions, quantizers)
+        self.device_fast = device_fast or device
         glb: dict[str, Any] = dict(numeric.__dict__)
         glb.update({k: v for k, v in codecs.__dict__.items() if k in ("np", "math")})
         self.globals = glb
@@ -69,15 +75,18 @@ class Target:
 
     def _make_codec(self, t: GGMLType) -> Codec:
         if t in BLOCK_CODECS:
-            return Codec(*(self.device(_copy(getattr(codecs, n), self.globals, ""))
-                           for n in BLOCK_CODECS[t]))
-        ld, st = ELEM_CODECS[t]
+            dec, enc, dot = BLOCK_CODECS[t]
+            return Codec(self.device(_copy(getattr(codecs, dec), self.globals, "")),
+                         self.device(_copy(getattr(codecs, enc), self.globals, "")),
+                         self.device_fast(_copy(getattr(codecs, dot), self.globals, "")))
+        ld, st, ld1 = ELEM_CODECS[t]
         load = self.device(_copy(getattr(codecs, ld), self.globals, ""))
         store = self.device(_copy(getattr(codecs, st), self.globals, ""))
         tag = str(t)
         dec = self.device(_copy(codecs.dec_elem, dict(self.globals, load=load), tag))
         enc = self.device(_copy(codecs.enc_elem, dict(self.globals, store=store), tag))
-        dot = self.device(_copy(codecs.dot_elem, dict(self.globals, load=load), tag))
+        load1 = self.device(_copy(getattr(codecs, ld1), self.globals, ""))
+        dot = self.device_fast(_copy(codecs.dot_elem, dict(self.globals, load1=load1), tag))
         return Codec(dec, enc, dot, load, store)
 
     def bind(self, template: Callable, decorator: Callable[[Callable], Any], tag: str,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ggraph.tensor import Context, Tensor
+from ggraph.tensor import Tensor
 from ggraph.types import GGMLType
 from ggraph import ops as O
 

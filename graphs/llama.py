@@ -123,7 +123,7 @@ class LlamaModel:
         if flash_attn == cache.v_trans:
             raise ValueError("the KV cache layout does not match the attention path: create the "
                              "cache with the same flash_attn setting")
-        hd, e = hp.head_dim, hp.n_embd
+        hd = hp.head_dim
         tokens = ctx.new_tensor(GGMLType.I32, (n_tokens,), "inp_tokens").set_input()
         pos = ctx.new_tensor(GGMLType.I32, (n_tokens,), "inp_pos").set_input()
         mask_type = GGMLType.F16 if flash_attn else GGMLType.F32

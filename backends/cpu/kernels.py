@@ -7,6 +7,7 @@ library numpy's matmul uses), quantized/F16/BF16 weights with a batch of >= BLAS
 columns are dequantized in row chunks and multiplied by BLAS, and mat-vec products run the
 numba dot kernels that read quantized blocks directly (memory-bound, no dequantized copy).
 """
+
 from __future__ import annotations
 
 import os
@@ -26,15 +27,28 @@ from ..jit import Target
 from . import templates as K
 
 PARALLEL = os.environ.get("GGRAPH_NUMBA_PARALLEL", "1") != "0"
-TARGET = Target("cpu", numba.njit(cache=True))
+TARGET = Target(
+    "cpu",
+    numba.njit(cache=True),
+    numba.njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"}),
+)
 _KERNEL = numba.njit(cache=True, parallel=PARALLEL)
 _SERIAL = numba.njit(cache=True)
-BLAS_MIN_N = 16          # columns of b from which dequantize + BLAS beats the dot kernels
+PARALLEL_MIN_WORK = 1 << 16  # below this many element-operations threads cost more than they save
+BLAS_MIN_N = 16  # columns of b from which dequantize + BLAS beats the dot kernels
 DEQUANT_CHUNK = 1 << 22  # float32 elements dequantized at a time (16 MiB of scratch)
 
 FLOATS = (T.F32, T.F16)
 ELEM_FLOATS = (T.F32, T.F16, T.BF16)
 STORABLE = ELEM_FLOATS + (T.Q4_0, T.Q4_1, T.Q8_0)
+
+
+def _small(node: Tensor) -> bool:
+    """Too little work to fork threads for: tiny element-wise ops, mat-vecs of small rows."""
+    work = node.nelements
+    if node.op in (OpKind.MUL_MAT, OpKind.MUL_MAT_ID, OpKind.FLASH_ATTN_EXT):
+        work *= node.src[0].ne[0] if node.op != OpKind.FLASH_ATTN_EXT else node.src[1].ne[1]
+    return work < PARALLEL_MIN_WORK
 
 
 def _compiled(template, serial: bool = False, **types: T):
@@ -43,7 +57,7 @@ def _compiled(template, serial: bool = False, **types: T):
     for role, t in types.items():
         c = TARGET.codec(t)
         names.update({f"dec_{role}": c.dec, f"enc_{role}": c.enc, f"dot_{role}": c.dot})
-    tag = "_".join(f"{r}{t}" for r, t in types.items())
+    tag = "_".join(f"{r}{t}" for r, t in types.items()) + ("_serial" if serial else "")
     return TARGET.bind(template, _SERIAL if serial else _KERNEL, tag, **names)
 
 
@@ -53,33 +67,57 @@ def _types(node: Tensor, *roles_ok) -> bool:
 
 # -- element-wise ---------------------------------------------------------------------------
 
-_UNARY = {OpKind.SCALE: K.U_SCALE, OpKind.CLAMP: K.U_CLAMP, OpKind.FILL: K.U_FILL,
-          OpKind.SILU: K.U_SILU, OpKind.GELU: K.U_GELU, OpKind.SIGMOID: K.U_SIGMOID}
+_UNARY = {
+    OpKind.SCALE: K.U_SCALE,
+    OpKind.CLAMP: K.U_CLAMP,
+    OpKind.FILL: K.U_FILL,
+    OpKind.SILU: K.U_SILU,
+    OpKind.GELU: K.U_GELU,
+    OpKind.SIGMOID: K.U_SIGMOID,
+}
 
 
 def _unary(node: Tensor, s: Session):
     a = node.src[0]
     p = node.params
-    p0, p1 = {OpKind.SCALE: lambda: (p.s, p.b), OpKind.CLAMP: lambda: (p.min, p.max),
-              OpKind.FILL: lambda: (p.value, 0.0)}.get(node.op, lambda: (0.0, 0.0))()
-    return partial(_compiled(K.k_unary, a=a.type, d=node.type), s.arr(a), s.arr(node),
-                   _UNARY[node.op], np.float32(p0), np.float32(p1))
+    p0, p1 = {
+        OpKind.SCALE: lambda: (p.s, p.b),
+        OpKind.CLAMP: lambda: (p.min, p.max),
+        OpKind.FILL: lambda: (p.value, 0.0),
+    }.get(node.op, lambda: (0.0, 0.0))()
+    return partial(
+        _compiled(K.k_unary, _small(node), a=a.type, d=node.type),
+        s.arr(a),
+        s.arr(node),
+        _UNARY[node.op],
+        np.float32(p0),
+        np.float32(p1),
+    )
 
 
-_BINARY = {OpKind.ADD: K.B_ADD, OpKind.MUL: K.B_MUL, OpKind.DIV: K.B_DIV,
-           OpKind.SWIGLU: K.B_SWIGLU}
+_BINARY = {OpKind.ADD: K.B_ADD, OpKind.MUL: K.B_MUL, OpKind.DIV: K.B_DIV, OpKind.SWIGLU: K.B_SWIGLU}
 
 
 def _binary(node: Tensor, s: Session) -> None:
     a, b = node.src
-    return partial(_compiled(K.k_binary, a=a.type, b=b.type, d=node.type), s.arr(a),
-                   s.arr(b), s.arr(node), _BINARY[node.op])
+    return partial(
+        _compiled(K.k_binary, _small(node), a=a.type, b=b.type, d=node.type),
+        s.arr(a),
+        s.arr(b),
+        s.arr(node),
+        _BINARY[node.op],
+    )
 
 
 def _norm(node: Tensor, s: Session) -> None:
     a = node.src[0]
-    return partial(_compiled(K.k_norm, a=a.type, d=node.type), s.arr(a), s.arr(node),
-                   node.params.eps, node.op == OpKind.RMS_NORM)
+    return partial(
+        _compiled(K.k_norm, _small(node), a=a.type, d=node.type),
+        s.arr(a),
+        s.arr(node),
+        node.params.eps,
+        node.op == OpKind.RMS_NORM,
+    )
 
 
 # -- softmax, rope, attention -----------------------------------------------------------------
@@ -91,23 +129,47 @@ def _soft_max(node: Tensor, s: Session) -> None:
     a, mask, sinks = node.src
     p = node.params
     mt = mask.type if mask is not None else T.F32
-    k = _compiled(K.k_soft_max, a=a.type, m=mt, d=node.type)
-    return partial(k, s.arr(a), s.arr(mask) if mask is not None else _DUMMY,
-                   s.arr(sinks).reshape(1, 1, 1, -1) if sinks is not None else _DUMMY,
-                   s.arr(node), p.scale, p.max_bias, p.head_offset, p.n_head or a.ne[2],
-                   mask is not None, sinks is not None)
+    k = _compiled(K.k_soft_max, _small(node), a=a.type, m=mt, d=node.type)
+    return partial(
+        k,
+        s.arr(a),
+        s.arr(mask) if mask is not None else _DUMMY,
+        s.arr(sinks).reshape(1, 1, 1, -1) if sinks is not None else _DUMMY,
+        s.arr(node),
+        p.scale,
+        p.max_bias,
+        p.head_offset,
+        p.n_head or a.ne[2],
+        mask is not None,
+        sinks is not None,
+    )
 
 
 def _rope(node: Tensor, s: Session) -> None:
     a, pos, ff = node.src
     p = node.params
-    lo, hi = (yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
-              if p.ext_factor != 0.0 else (0.0, 0.0))
-    k = _compiled(K.k_rope, a=a.type, d=node.type)
-    return partial(k, s.arr(a), s.arr(pos),
-                   s.arr(ff).reshape(1, 1, 1, -1) if ff is not None else _DUMMY, s.arr(node),
-                   p.n_dims, p.mode == RopeMode.NEOX, p.freq_base, p.freq_scale, p.ext_factor,
-                   p.attn_factor, lo, hi, ff is not None)
+    lo, hi = (
+        yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
+        if p.ext_factor != 0.0
+        else (0.0, 0.0)
+    )
+    k = _compiled(K.k_rope, _small(node), a=a.type, d=node.type)
+    return partial(
+        k,
+        s.arr(a),
+        s.arr(pos),
+        s.arr(ff).reshape(1, 1, 1, -1) if ff is not None else _DUMMY,
+        s.arr(node),
+        p.n_dims,
+        p.mode == RopeMode.NEOX,
+        p.freq_base,
+        p.freq_scale,
+        p.ext_factor,
+        p.attn_factor,
+        lo,
+        hi,
+        ff is not None,
+    )
 
 
 def _flash_attn(node: Tensor, s: Session) -> None:
@@ -115,14 +177,25 @@ def _flash_attn(node: Tensor, s: Session) -> None:
     p = node.params
     scale = p.scale / p.softcap if p.softcap else p.scale
     mt = mask.type if mask is not None else T.F32
-    kern = _compiled(K.k_flash_attn, k=k.type, v=v.type, m=mt)
-    return partial(kern, s.arr(q), s.arr(k), s.arr(v),
-                   s.arr(mask) if mask is not None else _DUMMY, s.arr(node).reshape(node.shape),
-                   scale, p.max_bias, p.softcap, p.head_offset, p.n_head or q.ne[2],
-                   mask is not None)
+    kern = _compiled(K.k_flash_attn, _small(node), k=k.type, v=v.type, m=mt)
+    return partial(
+        kern,
+        s.arr(q),
+        s.arr(k),
+        s.arr(v),
+        s.arr(mask) if mask is not None else _DUMMY,
+        s.arr(node).reshape(node.shape),
+        scale,
+        p.max_bias,
+        p.softcap,
+        p.head_offset,
+        p.n_head or q.ne[2],
+        mask is not None,
+    )
 
 
 # -- matrix products ------------------------------------------------------------------------
+
 
 def _mul_mat(node: Tensor, s: Session) -> None:
     a, b = node.src
@@ -130,7 +203,7 @@ def _mul_mat(node: Tensor, s: Session) -> None:
     n = b.ne[1]
     if b.type == T.F32 and (a.type == T.F32 or n >= BLAS_MIN_N):
         return partial(_mul_mat_blas, a, A, B, D)
-    return partial(_compiled(K.k_mul_mat, a=a.type, b=b.type), A, B, D)
+    return partial(_compiled(K.k_mul_mat, _small(node), a=a.type, b=b.type), A, B, D)
 
 
 def _mul_mat_blas(a: Tensor, A: np.ndarray, B: np.ndarray, D: np.ndarray) -> None:
@@ -140,8 +213,8 @@ def _mul_mat_blas(a: Tensor, A: np.ndarray, B: np.ndarray, D: np.ndarray) -> Non
     K_ = B.shape[3]
     for j3 in range(A.shape[0]):
         for j2 in range(A.shape[1]):
-            bs = B[j3 * r3:(j3 + 1) * r3, j2 * r2:(j2 + 1) * r2]
-            ds = D[j3 * r3:(j3 + 1) * r3, j2 * r2:(j2 + 1) * r2]
+            bs = B[j3 * r3 : (j3 + 1) * r3, j2 * r2 : (j2 + 1) * r2]
+            ds = D[j3 * r3 : (j3 + 1) * r3, j2 * r2 : (j2 + 1) * r2]
             if a.type == T.F32:
                 np.matmul(bs, A[j3, j2].T, out=ds)
                 continue
@@ -151,24 +224,34 @@ def _mul_mat_blas(a: Tensor, A: np.ndarray, B: np.ndarray, D: np.ndarray) -> Non
             deq = _compiled(K.k_dequant_rows, a=a.type)
             for m0 in range(0, m_total, rows):
                 m1 = min(m_total, m0 + rows)
-                deq(A, j3, j2, m0, scratch[:m1 - m0])
-                np.matmul(bs, scratch[:m1 - m0].T, out=ds[..., m0:m1])
+                deq(A, j3, j2, m0, scratch[: m1 - m0])
+                np.matmul(bs, scratch[: m1 - m0].T, out=ds[..., m0:m1])
 
 
 def _mul_mat_id(node: Tensor, s: Session) -> None:
     as_, b, ids = node.src
-    return partial(_compiled(K.k_mul_mat_id, a=as_.type, b=b.type), s.arr(as_), s.arr(b),
-                   s.arr(ids), s.arr(node))
+    return partial(
+        _compiled(K.k_mul_mat_id, _small(node), a=as_.type, b=b.type),
+        s.arr(as_),
+        s.arr(b),
+        s.arr(ids),
+        s.arr(node),
+    )
 
 
 # -- rows, copies, layout --------------------------------------------------------------------
+
 
 def _get_rows(node: Tensor, s: Session) -> None:
     a, idx = node.src
     if a.type == T.I32:
         return partial(_SERIAL_GET_ROWS_INT, s.arr(a), s.arr(idx), s.arr(node))
-    return partial(_compiled(K.k_get_rows, a=a.type, d=node.type), s.arr(a), s.arr(idx),
-                   s.arr(node))
+    return partial(
+        _compiled(K.k_get_rows, _small(node), a=a.type, d=node.type),
+        s.arr(a),
+        s.arr(idx),
+        s.arr(node),
+    )
 
 
 _SERIAL_GET_ROWS_INT = _SERIAL(K.k_get_rows_int)
@@ -177,8 +260,12 @@ _COPY_INT = _SERIAL(K.k_copy_int)
 
 def _set_rows(node: Tensor, s: Session) -> None:
     dst, src, idx = node.src
-    return partial(_compiled(K.k_set_rows, a=src.type, d=dst.type), s.arr(src), s.arr(idx),
-                   s.arr(node))
+    return partial(
+        _compiled(K.k_set_rows, _small(node), a=src.type, d=dst.type),
+        s.arr(src),
+        s.arr(idx),
+        s.arr(node),
+    )
 
 
 def _copy_into(a: Tensor, d: Tensor, s: Session) -> None:
@@ -188,7 +275,7 @@ def _copy_into(a: Tensor, d: Tensor, s: Session) -> None:
         return partial(_same_type_copy, A, D)
     if a.type.is_int:
         return partial(_COPY_INT, A, D)
-    return partial(_compiled(K.k_copy, a=a.type, d=d.type), A, D, a.ne[0], d.ne[0])
+    return partial(_compiled(K.k_copy, _small(d), a=a.type, d=d.type), A, D, a.ne[0], d.ne[0])
 
 
 def _same_type_copy(A: np.ndarray, D: np.ndarray) -> None:
@@ -208,8 +295,13 @@ def _concat(node: Tensor, s: Session) -> None:
     D = s.arr(node)
     axis = 3 - node.params.dim
     cut = a.shape[axis]
-    return partial(_concat_run, D[(slice(None),) * axis + (slice(0, cut),)], s.arr(a),
-                   D[(slice(None),) * axis + (slice(cut, None),)], s.arr(b))
+    return partial(
+        _concat_run,
+        D[(slice(None),) * axis + (slice(0, cut),)],
+        s.arr(a),
+        D[(slice(None),) * axis + (slice(cut, None),)],
+        s.arr(b),
+    )
 
 
 def _concat_run(d0: np.ndarray, a: np.ndarray, d1: np.ndarray, b: np.ndarray) -> None:
@@ -221,7 +313,9 @@ def _repeat(node: Tensor, s: Session):
     a = node.src[0]
     if a.type.is_int:  # exact: the float32 row path would round large ints
         return partial(_tile, s.arr(a), s.arr(node))
-    return partial(_compiled(K.k_repeat, a=a.type, d=node.type), s.arr(a), s.arr(node))
+    return partial(
+        _compiled(K.k_repeat, _small(node), a=a.type, d=node.type), s.arr(a), s.arr(node)
+    )
 
 
 def _tile(A: np.ndarray, D: np.ndarray) -> None:
@@ -230,7 +324,7 @@ def _tile(A: np.ndarray, D: np.ndarray) -> None:
 
 def _sum_rows(node: Tensor, s: Session) -> None:
     a = node.src[0]
-    return partial(_compiled(K.k_sum_rows, a=a.type), s.arr(a), s.arr(node))
+    return partial(_compiled(K.k_sum_rows, _small(node), a=a.type), s.arr(a), s.arr(node))
 
 
 def _argsort(node: Tensor, s: Session) -> None:
@@ -241,7 +335,7 @@ def _argsort(node: Tensor, s: Session) -> None:
         desc, k = True, node.params.k
     else:
         desc, k = node.params.order == SortOrder.DESC, a.ne[0]
-    return partial(_compiled(K.k_argsort, a=a.type), s.arr(a), s.arr(node), desc, k)
+    return partial(_compiled(K.k_argsort, _small(node), a=a.type), s.arr(a), s.arr(node), desc, k)
 
 
 def _view(node: Tensor, s: Session) -> None:
@@ -254,24 +348,23 @@ def _k(fn, accepts=lambda node: True, why_not: str = "") -> Kernel:
 
 
 KERNELS: dict[OpKind, Kernel] = {
-    **{op: _k(_view) for op in (OpKind.VIEW, OpKind.RESHAPE, OpKind.PERMUTE,
-                                    OpKind.TRANSPOSE)},
-    **{op: _k(_unary, lambda n: _types(n, FLOATS) and n.type in FLOATS,
-                  "F32/F16 only") for op in _UNARY},
-    **{op: _k(_binary, lambda n: _types(n, FLOATS, FLOATS), "F32/F16 only")
-       for op in _BINARY},
+    **{op: _k(_view) for op in (OpKind.VIEW, OpKind.RESHAPE, OpKind.PERMUTE, OpKind.TRANSPOSE)},
+    **{
+        op: _k(_unary, lambda n: _types(n, FLOATS) and n.type in FLOATS, "F32/F16 only")
+        for op in _UNARY
+    },
+    **{op: _k(_binary, lambda n: _types(n, FLOATS, FLOATS), "F32/F16 only") for op in _BINARY},
     OpKind.RMS_NORM: _k(_norm, lambda n: _types(n, (T.F32,))),
     OpKind.NORM: _k(_norm, lambda n: _types(n, (T.F32,))),
     OpKind.SOFT_MAX: _k(_soft_max, lambda n: _types(n, (T.F32,), FLOATS, (T.F32,))),
     OpKind.ROPE: _k(_rope, lambda n: _types(n, FLOATS, (T.I32,), (T.F32,))),
-    OpKind.FLASH_ATTN_EXT: _k(_flash_attn, lambda n: _types(n, (T.F32,), KV_TYPES,
-                                                                KV_TYPES, FLOATS)),
+    OpKind.FLASH_ATTN_EXT: _k(
+        _flash_attn, lambda n: _types(n, (T.F32,), KV_TYPES, KV_TYPES, FLOATS)
+    ),
     OpKind.MUL_MAT: _k(_mul_mat, lambda n: _types(n, WEIGHT_TYPES, FLOATS)),
-    OpKind.MUL_MAT_ID: _k(_mul_mat_id, lambda n: _types(n, WEIGHT_TYPES, FLOATS,
-                                                            (T.I32,))),
+    OpKind.MUL_MAT_ID: _k(_mul_mat_id, lambda n: _types(n, WEIGHT_TYPES, FLOATS, (T.I32,))),
     OpKind.GET_ROWS: _k(_get_rows, lambda n: _types(n, STORABLE + (T.I32,), (T.I32,))),
-    OpKind.SET_ROWS: _k(_set_rows, lambda n: _types(n, STORABLE, (T.F32,),
-                                                        (T.I32, T.I64))),
+    OpKind.SET_ROWS: _k(_set_rows, lambda n: _types(n, STORABLE, (T.F32,), (T.I32, T.I64))),
     OpKind.CPY: _k(_cpy),
     OpKind.CONT: _k(_cont),
     OpKind.CONCAT: _k(_concat),

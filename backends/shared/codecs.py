@@ -39,6 +39,18 @@ def store_bf16(x, i3, i2, i1, i0, v):
     x[i3, i2, i1, i0] = f32_to_bf16(v)  # noqa: F821
 
 
+def load1_f32(r, i0):
+    return np.float32(r[i0])
+
+
+def load1_f16(r, i0):
+    return half_to_f32(r[i0])  # noqa: F821
+
+
+def load1_bf16(r, i0):
+    return bf16_to_f32(r[i0])  # noqa: F821
+
+
 def load_int(x, i3, i2, i1, i0):
     return np.float32(x[i3, i2, i1, i0])
 
@@ -172,50 +184,59 @@ def _trunc_u8(f):
 
 
 # ---- dot products of a stored row with float32 values (mat-vec, attention) ---------------
+# Each takes the row as a 1-D slice first so that contiguous weights compile to unit-stride
+# loops; the targets compile these with reassociation allowed so the sums vectorize.
 
 def dot_elem(x, i3, i2, i1, v, n):
+    row = x[i3, i2, i1]
     s = np.float32(0.0)
     for i0 in range(n):
-        s += load(x, i3, i2, i1, i0) * v[i0]  # noqa: F821
+        s += load1(row, i0) * v[i0]  # noqa: F821 (load1_<type>)
     return s
 
 
+def _half_row(row, o):
+    return half_to_f32(np.int32(row[o]) | (np.int32(row[o + 1]) << 8))  # noqa: F821
+
+
 def dot_q4_0(x, i3, i2, i1, v, n):
+    row = x[i3, i2, i1]
     s = np.float32(0.0)
     for b in range(n // 32):
         o = b * 18
         acc = np.float32(0.0)
         for j in range(16):
-            q = np.int32(x[i3, i2, i1, o + 2 + j])
-            acc += np.float32((q & 0xF) - 8) * v[b * 32 + j] + np.float32((q >> 4) - 8) * v[
-                b * 32 + j + 16]
-        s += acc * _half_at(x, i3, i2, i1, o)
+            q = row[o + 2 + j]
+            acc += (np.float32(q & np.uint8(15)) - np.float32(8.0)) * v[b * 32 + j]
+            acc += (np.float32(q >> np.uint8(4)) - np.float32(8.0)) * v[b * 32 + j + 16]
+        s += acc * _half_row(row, o)
     return s
 
 
 def dot_q4_1(x, i3, i2, i1, v, n):
+    row = x[i3, i2, i1]
     s = np.float32(0.0)
     for b in range(n // 32):
         o = b * 20
         acc = np.float32(0.0)
         vs = np.float32(0.0)
         for j in range(16):
-            q = np.int32(x[i3, i2, i1, o + 4 + j])
+            q = row[o + 4 + j]
             v0 = v[b * 32 + j]
             v1 = v[b * 32 + j + 16]
-            acc += np.float32(q & 0xF) * v0 + np.float32(q >> 4) * v1
+            acc += np.float32(q & np.uint8(15)) * v0 + np.float32(q >> np.uint8(4)) * v1
             vs += v0 + v1
-        s += acc * _half_at(x, i3, i2, i1, o) + vs * _half_at(x, i3, i2, i1, o + 2)
+        s += acc * _half_row(row, o) + vs * _half_row(row, o + 2)
     return s
 
 
 def dot_q8_0(x, i3, i2, i1, v, n):
+    row = x[i3, i2, i1]
     s = np.float32(0.0)
     for b in range(n // 32):
         o = b * 34
         acc = np.float32(0.0)
         for j in range(32):
-            q = np.int32(x[i3, i2, i1, o + 2 + j])
-            acc += np.float32(q - 256 if q > 127 else q) * v[b * 32 + j]
-        s += acc * _half_at(x, i3, i2, i1, o)
+            acc += np.float32(np.int8(row[o + 2 + j])) * v[b * 32 + j]
+        s += acc * _half_row(row, o)
     return s

@@ -1,0 +1,297 @@
+"""The CUDA kernel table: one entry per OpKind with the CPU table's `accepts` rules, each a thin
+wrapper that takes the node's device arrays from the Session, picks launch geometry and calls a
+template (templates.py, templates_mm.py) compiled for the node's types.
+
+Per-type device helpers (`_helpers`) are built once per type from the shared codecs compiled
+for CUDA: element load/store, chunk decode/encode/dot (a chunk is CH elements of a row: one
+quant block), and whole-row dot. A kernel template gets them bound per role (a, b, d, k, v, m).
+
+Refusals beyond the CPU's rules, all from fixed-size shared memory: flash attention with K
+heads above FA_DMAX or V heads above FA_DV_MAX, argsort/top_k of rows above SORT_MAX.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ggraph.opkind import OpKind
+from ggraph.ops.attention import KV_TYPES
+from ggraph.ops.matmul import WEIGHT_TYPES
+from ggraph.ops.rope import RopeMode, yarn_corr_dims
+from ggraph.tensor import Tensor
+from ggraph.types import GGMLType as T
+from ..base import Kernel, Session
+from . import runtime as R
+from . import templates as K
+from . import templates_mm as KM
+
+TARGET = R.TARGET
+_KERNEL = R.kernel_decorator()
+_DEVICE = R.device_decorator()
+MV_MAX_N = 8  # columns of b up to which mul_mat runs the mat-vec kernel (else tiled)
+
+FLOATS = (T.F32, T.F16)
+ELEM_FLOATS = (T.F32, T.F16, T.BF16)
+STORABLE = ELEM_FLOATS + (T.Q4_0, T.Q4_1, T.Q8_0)
+ROLE_FNS = ("ld", "st", "cdec", "cenc", "cdot", "dot")
+
+_NO_STORE = _DEVICE(K.no_store)
+_HELPERS: dict[T, dict[str, Any]] = {}
+
+
+def _helpers(t: T) -> dict[str, Any]:
+    """Device functions for type t (see templates.py for what each does)."""
+    h = _HELPERS.get(t)
+    if h is None:
+        c = TARGET.codec(t)
+        q = t.is_quantized
+        bs, ts = (t.block_size, t.type_size) if q else (1, 1)
+        tag = str(t)
+        h = {"cdec": TARGET.bind(K.chunk_dec, _DEVICE, tag, dec=c.dec, BS=bs, TS=ts),
+             "cenc": TARGET.bind(K.chunk_enc, _DEVICE, tag, enc=c.enc, BS=bs, TS=ts),
+             "cdot": TARGET.bind(K.chunk_dot, _DEVICE, tag, dot=c.dot, BS=bs, TS=ts),
+             "dot": c.dot, "Q": q}
+        if q:
+            h["ld"] = TARGET.bind(K.block_load, _DEVICE, tag, cdec=h["cdec"])
+            h["st"] = _NO_STORE
+        else:
+            h["ld"], h["st"] = c.load, c.store
+        _HELPERS[t] = h
+    return h
+
+
+def _compiled(template: Callable, **roles: T) -> Any:
+    """`template` compiled as a CUDA kernel with each role's helpers bound (ld_a, cdec_v...)."""
+    names: dict[str, Any] = {}
+    for role, t in roles.items():
+        h = _helpers(t)
+        names.update({f"{fn}_{role}": h[fn] for fn in ROLE_FNS})
+        names[f"Q_{role}"] = h["Q"]
+    tag = "_".join(f"{r}{t}" for r, t in roles.items())
+    return TARGET.bind(template, _KERNEL, tag, **names)
+
+
+def _types(node: Tensor, *roles_ok) -> bool:
+    return all(s is None or s.type in ok for s, ok in zip(node.src, roles_ok))
+
+
+def _rows(t: Tensor) -> int:
+    return t.ne[1] * t.ne[2] * t.ne[3]
+
+
+def _ew(kernel: Any, work: int, *args: Any) -> None:
+    """An element-wise (grid-stride) launch over `work` items."""
+    R.launch(kernel, R.blocks_for(work, K.EW_NT), K.EW_NT, *args)
+
+
+def _per_row(kernel: Any, nrows: int, nt: int, *args: Any) -> None:
+    """One block per row (grid-stride over rows)."""
+    R.launch(kernel, max(1, min(nrows, R.MAX_BLOCKS)) if nrows else 0, nt, *args)
+
+
+# -- element-wise ---------------------------------------------------------------------------
+
+_UNARY = {OpKind.SCALE: K.U_SCALE, OpKind.CLAMP: K.U_CLAMP, OpKind.FILL: K.U_FILL,
+          OpKind.SILU: K.U_SILU, OpKind.GELU: K.U_GELU, OpKind.SIGMOID: K.U_SIGMOID}
+_BINARY = {OpKind.ADD: K.B_ADD, OpKind.MUL: K.B_MUL, OpKind.DIV: K.B_DIV,
+           OpKind.SWIGLU: K.B_SWIGLU}
+
+
+def _unary(node: Tensor, s: Session) -> None:
+    a, p = node.src[0], node.params
+    p0, p1 = {OpKind.SCALE: lambda: (p.s, p.b), OpKind.CLAMP: lambda: (p.min, p.max),
+              OpKind.FILL: lambda: (p.value, 0.0)}.get(node.op, lambda: (0.0, 0.0))()
+    _ew(_compiled(K.k_unary, a=a.type, d=node.type), node.nelements, s.arr(a), s.arr(node),
+        _UNARY[node.op], np.float32(p0), np.float32(p1))
+
+
+def _binary(node: Tensor, s: Session) -> None:
+    a, b = node.src
+    _ew(_compiled(K.k_binary, a=a.type, b=b.type, d=node.type), node.nelements, s.arr(a),
+        s.arr(b), s.arr(node), _BINARY[node.op])
+
+
+def _norm(node: Tensor, s: Session) -> None:
+    a = node.src[0]
+    _per_row(_compiled(K.k_norm, a=a.type, d=node.type), _rows(node), K.ROW_NT, s.arr(a),
+             s.arr(node), float(node.params.eps), node.op == OpKind.RMS_NORM)
+
+
+# -- softmax, rope, attention ---------------------------------------------------------------
+
+def _soft_max(node: Tensor, s: Session) -> None:
+    a, mask, sinks = node.src
+    p = node.params
+    k = _compiled(K.k_soft_max, a=a.type, m=mask.type if mask is not None else T.F32,
+                  d=node.type)
+    _per_row(k, _rows(node), K.ROW_NT, s.arr(a),
+             s.arr(mask) if mask is not None else R.dummy(np.float32),
+             s.arr(sinks) if sinks is not None else R.dummy(np.float32), s.arr(node),
+             float(p.scale), float(p.max_bias), p.head_offset, p.n_head or a.ne[2],
+             mask is not None, sinks is not None)
+
+
+def _rope(node: Tensor, s: Session) -> None:
+    a, pos, ff = node.src
+    p = node.params
+    lo, hi = (yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
+              if p.ext_factor != 0.0 else (0.0, 0.0))
+    work = _rows(node) * (p.n_dims // 2 + node.ne[0] - p.n_dims)
+    _ew(_compiled(K.k_rope, a=a.type, d=node.type), work, s.arr(a), s.arr(pos),
+        s.arr(ff) if ff is not None else R.dummy(np.float32), s.arr(node), p.n_dims,
+        p.mode == RopeMode.NEOX, float(p.freq_base), float(p.freq_scale),
+        float(p.ext_factor), float(p.attn_factor), float(lo), float(hi), ff is not None)
+
+
+def _flash_attn(node: Tensor, s: Session) -> None:
+    q, k, v, mask = node.src
+    p = node.params
+    scale = p.scale / p.softcap if p.softcap else p.scale
+    kern = _compiled(KM.k_flash_attn, k=k.type, v=v.type,
+                     m=mask.type if mask is not None else T.F32)
+    _per_row(kern, q.ne[1] * q.ne[2] * q.ne[3], KM.FA_NT, s.arr(q), s.arr(k), s.arr(v),
+             s.arr(mask) if mask is not None else R.dummy(np.float32), s.arr(node),
+             float(scale), float(p.max_bias), float(p.softcap), p.head_offset,
+             p.n_head or q.ne[2], mask is not None)
+
+
+def _fa_fits(n: Tensor) -> bool:
+    q, k, v, _ = n.src
+    return q.ne[0] <= KM.FA_DMAX and v.ne[0] <= KM.FA_DV_MAX
+
+
+# -- matrix products ------------------------------------------------------------------------
+
+def _grid_z(node: Tensor, z: int) -> int:
+    if z > 65535:
+        raise ValueError(f"mul_mat {node.describe()}: {z} batch slices exceed CUDA's grid "
+                         f"limit of 65535")
+    return z
+
+
+def _mul_mat(node: Tensor, s: Session) -> None:
+    a, b = node.src
+    A, B, D = s.arr(a), s.arr(b), s.arr(node)
+    m, n = node.ne[0], node.ne[1]
+    z = node.ne[2] * node.ne[3]
+    if n <= MV_MAX_N:
+        R.launch(_compiled(KM.k_mul_mat_vec, a=a.type, b=b.type),
+                 R.blocks_for(-(-m // KM.MV_WARPS) * n * z, 1), KM.MV_NT, A, B, D)
+    else:
+        R.launch(_compiled(KM.k_mul_mat_tiled, a=a.type, b=b.type),
+                 (-(-m // KM.MM_TM), -(-n // KM.MM_TN), _grid_z(node, z)), KM.MM_NT, A, B, D)
+
+
+def _mul_mat_id(node: Tensor, s: Session) -> None:
+    as_, b, ids = node.src
+    work = -(-node.ne[0] // KM.MV_WARPS) * node.ne[1] * node.ne[2]
+    R.launch(_compiled(KM.k_mul_mat_id, a=as_.type, b=b.type), R.blocks_for(work, 1),
+             KM.MV_NT, s.arr(as_), s.arr(b), s.arr(ids), s.arr(node))
+
+
+# -- rows, copies, layout --------------------------------------------------------------------
+
+def _chunks(t: Tensor) -> int:
+    return _rows(t) * -(-t.ne[0] // K.CH)
+
+
+def _get_rows(node: Tensor, s: Session) -> None:
+    a, idx = node.src
+    if a.type == T.I32:
+        _ew(K.k_get_rows_raw, node.nelements, s.arr(a), s.arr(idx), s.arr(node))
+        return
+    _ew(_compiled(K.k_get_rows, a=a.type), _chunks(node), s.arr(a), s.arr(idx), s.arr(node))
+
+
+def _set_rows(node: Tensor, s: Session) -> None:
+    dst, src, idx = node.src
+    _ew(_compiled(K.k_set_rows, a=src.type, d=dst.type), _chunks(src), s.arr(src),
+        s.arr(idx), s.arr(node))
+
+
+def _copy_into(a: Tensor, d: Tensor, s: Session) -> None:
+    """a's elements, in ggml order, into d: raw copies for equal types (and int widths)."""
+    A, D = s.arr(a), s.arr(d)
+    if (a.type == d.type and (not a.type.is_quantized or a.ne[0] == d.ne[0])) or \
+            (a.type.is_int and d.type.is_int):
+        _ew(K.k_copy_raw, int(np.prod(A.shape)), A, D)
+    elif a.type.is_quantized or d.type.is_quantized:
+        _ew(_compiled(K.k_copy_chunks, a=a.type, d=d.type), a.nelements // K.CH, A, D,
+            a.ne[0], d.ne[0])
+    else:
+        _ew(_compiled(K.k_copy_elem, a=a.type, d=d.type), a.nelements, A, D)
+
+
+def _cpy(node: Tensor, s: Session) -> None:
+    _copy_into(node.src[0], node, s)
+
+
+def _cont(node: Tensor, s: Session) -> None:
+    _copy_into(node.src[0], node, s)
+
+
+def _concat(node: Tensor, s: Session) -> None:
+    a, b = node.src
+    D = s.arr(node)
+    _ew(K.k_concat, int(np.prod(D.shape)), s.arr(a), s.arr(b), D, 3 - node.params.dim)
+
+
+def _repeat(node: Tensor, s: Session) -> None:
+    D = s.arr(node)
+    _ew(K.k_repeat, int(np.prod(D.shape)), s.arr(node.src[0]), D)
+
+
+def _sum_rows(node: Tensor, s: Session) -> None:
+    a = node.src[0]
+    _per_row(_compiled(K.k_sum_rows, a=a.type), _rows(a), K.ROW_NT, s.arr(a), s.arr(node),
+             a.ne[0])
+
+
+def _argsort(node: Tensor, s: Session) -> None:
+    from ggraph.ops.reduce import SortOrder
+
+    a = node.src[0]
+    if node.op == OpKind.TOP_K:
+        desc, k = True, node.params.k
+    else:
+        desc, k = node.params.order == SortOrder.DESC, a.ne[0]
+    _per_row(_compiled(K.k_argsort, a=a.type), _rows(a), K.SORT_NT, s.arr(a), s.arr(node),
+             a.ne[0], desc, k)
+
+
+def _view(node: Tensor, s: Session) -> None:
+    """Views compute nothing: their memory is their source's."""
+
+
+_SORT_WHY = f"rows longer than {K.SORT_MAX} elements (the sort runs in shared memory)"
+_FA_WHY = (f"K heads above {KM.FA_DMAX} or V heads above {KM.FA_DV_MAX} elements (q row and "
+           f"per-thread output chunks live in shared memory), or types the CPU refuses")
+
+KERNELS: dict[OpKind, Kernel] = {
+    **{op: Kernel(_view) for op in (OpKind.VIEW, OpKind.RESHAPE, OpKind.PERMUTE,
+                                    OpKind.TRANSPOSE)},
+    **{op: Kernel(_unary, lambda n: _types(n, FLOATS) and n.type in FLOATS,
+                  "F32/F16 only") for op in _UNARY},
+    **{op: Kernel(_binary, lambda n: _types(n, FLOATS, FLOATS), "F32/F16 only")
+       for op in _BINARY},
+    OpKind.RMS_NORM: Kernel(_norm, lambda n: _types(n, (T.F32,))),
+    OpKind.NORM: Kernel(_norm, lambda n: _types(n, (T.F32,))),
+    OpKind.SOFT_MAX: Kernel(_soft_max, lambda n: _types(n, (T.F32,), FLOATS, (T.F32,))),
+    OpKind.ROPE: Kernel(_rope, lambda n: _types(n, FLOATS, (T.I32,), (T.F32,))),
+    OpKind.FLASH_ATTN_EXT: Kernel(_flash_attn, lambda n: _types(
+        n, (T.F32,), KV_TYPES, KV_TYPES, FLOATS) and _fa_fits(n), _FA_WHY),
+    OpKind.MUL_MAT: Kernel(_mul_mat, lambda n: _types(n, WEIGHT_TYPES, FLOATS)),
+    OpKind.MUL_MAT_ID: Kernel(_mul_mat_id, lambda n: _types(n, WEIGHT_TYPES, FLOATS,
+                                                            (T.I32,))),
+    OpKind.GET_ROWS: Kernel(_get_rows, lambda n: _types(n, STORABLE + (T.I32,), (T.I32,))),
+    OpKind.SET_ROWS: Kernel(_set_rows, lambda n: _types(n, STORABLE, (T.F32,),
+                                                        (T.I32, T.I64))),
+    OpKind.CPY: Kernel(_cpy),
+    OpKind.CONT: Kernel(_cont),
+    OpKind.CONCAT: Kernel(_concat),
+    OpKind.REPEAT: Kernel(_repeat),
+    OpKind.SUM_ROWS: Kernel(_sum_rows),
+    OpKind.ARGSORT: Kernel(_argsort, lambda n: n.src[0].ne[0] <= K.SORT_MAX, _SORT_WHY),
+    OpKind.TOP_K: Kernel(_argsort, lambda n: n.src[0].ne[0] <= K.SORT_MAX, _SORT_WHY),
+}

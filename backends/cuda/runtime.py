@@ -1,0 +1,242 @@
+"""CUDA runtime glue: which mode numba.cuda runs in, the shared math compiled for CUDA, kernel
+launches, and device memory (byte arenas, tensor views at byte offsets, host<->device copies).
+
+Three modes, one code path for kernels:
+- "device": a real GPU. Arenas are numba DeviceNDArrays of bytes; a tensor's view is a
+  DeviceNDArray over a sub-range of the arena's memory with the tensor's own strides.
+- "sim": NUMBA_ENABLE_CUDASIM=1 (must be set before numba is imported). Kernels run as Python
+  threads; arenas are the simulator's FakeCUDAArrays wrapping numpy, views wrap numpy views.
+- "ptx": no GPU and no driver: every launch only compiles its kernel to PTX for one compute
+  capability with libNVVM (tools/gpu_check.py --ptx), which proves that every kernel and the
+  shared math it calls compile for real CUDA. Memory is plain numpy there.
+"""
+from __future__ import annotations
+
+import math
+import os
+import types
+from typing import Any, Callable
+
+import numpy as np
+from numba import cuda
+
+from ggraph import buffers
+from ggraph.tensor import Tensor
+from ggraph.types import GGMLType
+from ..jit import Target
+
+try:
+    from numba.cuda.core import config as _config
+    SIM = bool(_config.ENABLE_CUDASIM)
+except ImportError:  # older numba-cuda keeps the flag in numba's own config
+    SIM = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+
+MODE = "sim" if SIM else "device"
+_PTX_CC: tuple[int, int] = (9, 0)
+_PTX_DONE: dict[tuple, str] = {}   # (kernel, signature) -> "ok" or the error text
+
+
+# -- the shared math, compiled for CUDA --------------------------------------------------------
+
+def _rint(x):
+    """np.rint (round half to even) for device code: numba-cuda has no `rint` ufunc, and the
+    shared f16/bf16 encoders call np.rint (see make_target)."""
+    f = float(math.floor(x))
+    r = x - f
+    if r > 0.5 or (r == 0.5 and math.fmod(f, 2.0) != 0.0):
+        f += 1.0
+    return f
+
+
+def make_target() -> Target:
+    """The shared math (backends/shared) compiled with cuda.jit(device=True).
+
+    The shared code reaches numpy as the global `np`; for CUDA that name is bound to a copy of
+    the numpy module whose `rint` is a device function, because numba-cuda cannot lower the
+    np.rint ufunc (found by compiling to PTX). Everything else is numpy itself."""
+    target = Target("cuda", cuda.jit(device=True))
+    shim = types.ModuleType("numpy_for_cuda")
+    shim.__dict__.update(np.__dict__)
+    shim.rint = cuda.jit(device=True)(_rint)
+    target.globals["np"] = shim  # helpers compile lazily, so they all see the shim
+    if SIM:
+        # the simulator runs the shared math as plain Python, where math.ldexp rejects the
+        # numpy integer exponents that compiled code accepts
+        pymath = types.ModuleType("math_for_cudasim")
+        pymath.__dict__.update(math.__dict__)
+        pymath.ldexp = lambda x, e: math.ldexp(x, int(e))
+        target.globals["math"] = pymath
+    return target
+
+
+TARGET = make_target()
+
+
+def kernel_decorator() -> Callable[[Callable], Any]:
+    """How CUDA kernel templates are compiled (on-disk cache on a real GPU)."""
+    if SIM:
+        return cuda.jit
+    return cuda.jit(cache=True)
+
+
+def device_decorator() -> Callable[[Callable], Any]:
+    return cuda.jit(device=True)
+
+
+# -- PTX-only mode ---------------------------------------------------------------------------
+
+def enable_ptx_check(cc: tuple[int, int] = (9, 0), libdevice: str | None = None) -> None:
+    """Compile kernels to PTX at every launch instead of running them (no GPU needed).
+
+    Needs libNVVM and libdevice (a CUDA toolkit, CUDA_HOME). numba-cuda asks NVRTC and the
+    driver for the architecture list and the current device even when only compiling; both
+    questions are answered here so that a machine without them can still compile."""
+    global MODE, _PTX_CC
+    if SIM:
+        raise RuntimeError("the PTX check needs real numba.cuda, not the simulator")
+    from numba.cuda import dispatcher
+    from numba.cuda.cudadrv import libs, nvrtc, nvvm
+
+    MODE, _PTX_CC = "ptx", cc
+    nvrtc.get_supported_ccs = lambda: ((7, 5), (8, 0), (8, 6), (8, 9), (9, 0))
+    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    path = libdevice or os.path.join(home, "nvvm", "libdevice", "libdevice.10.bc")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"libdevice not found at {path}; set CUDA_HOME")
+    libs.get_libdevice = lambda: path
+    nvvm.get_libdevice = lambda: path
+    dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=cc)
+
+
+def ptx_results() -> dict[tuple, str]:
+    return dict(_PTX_DONE)
+
+
+def _compile_only(kernel: Any, args: tuple) -> None:
+    from numba import typeof
+
+    sig = tuple(typeof(a) for a in args)
+    key = (kernel.py_func.__qualname__, sig)
+    if key in _PTX_DONE:
+        return
+    try:
+        cuda.compile_ptx(kernel.py_func, sig, cc=_PTX_CC)
+        _PTX_DONE[key] = "ok"
+    except Exception as e:  # keep going: the check reports every kernel that fails
+        _PTX_DONE[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+
+
+# -- launches --------------------------------------------------------------------------------
+
+# Grid caps: kernels loop grid-stride, so any cap is correct. The simulator starts one Python
+# thread per CUDA thread, so it gets few blocks (which also exercises the grid-stride loops).
+MAX_BLOCKS = 4 if SIM else 65535
+
+
+def blocks_for(work: int, per_block: int) -> int:
+    return max(1, min(MAX_BLOCKS, -(-work // per_block)))
+
+
+def launch(kernel: Any, grid: Any, block: int, *args: Any) -> None:
+    """kernel[grid, block](*args); nothing for an empty grid; compile only in PTX mode."""
+    dims = grid if isinstance(grid, tuple) else (grid,)
+    if any(g <= 0 for g in dims):
+        return
+    if MODE == "ptx":
+        _compile_only(kernel, args)
+        return
+    kernel[grid, block](*args)
+
+
+# -- memory ----------------------------------------------------------------------------------
+
+def alloc_bytes(nbytes: int) -> Any:
+    if MODE == "ptx":
+        return np.zeros(max(nbytes, 1), np.uint8)
+    return cuda.device_array(max(nbytes, 1), dtype=np.uint8)
+
+
+def upload_bytes(host: np.ndarray) -> Any:
+    host = np.ascontiguousarray(host).view(np.uint8).reshape(-1)
+    if MODE == "ptx":
+        return host.copy()
+    return cuda.to_device(host)
+
+
+def to_host(buf: Any, start: int = 0, stop: int | None = None) -> np.ndarray:
+    stop = buf.nbytes if stop is None else stop
+    if MODE == "ptx":
+        return np.array(buf[start:stop])
+    return buf[start:stop].copy_to_host()
+
+
+def from_host(buf: Any, start: int, host: np.ndarray) -> None:
+    if host.nbytes == 0:
+        return
+    if MODE == "ptx":
+        buf[start:start + host.nbytes] = host
+        return
+    buf[start:start + host.nbytes].copy_to_device(np.ascontiguousarray(host))
+
+
+_DUMMIES: dict[str, Any] = {}
+
+
+def dummy(dtype: Any) -> Any:
+    """A (1, 1, 1, 1) array standing in for an absent optional source (mask, sinks, ...)."""
+    key = f"{MODE}:{np.dtype(dtype).str}"
+    arr = _DUMMIES.get(key)
+    if arr is None:
+        host = np.zeros((1, 1, 1, 1), dtype)
+        arr = _DUMMIES[key] = host if MODE == "ptx" else cuda.to_device(host)
+    return arr
+
+
+def synchronize() -> None:
+    if MODE != "ptx":
+        cuda.synchronize()
+
+
+def layout(t: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], np.dtype]:
+    """Shape, byte strides and dtype of a kernel's view of `t` (as buffers.raw_view with
+    half_bits): elements in numpy order, F16/BF16 as uint16 bits, quantized rows as bytes."""
+    tr = t.type.traits
+    ne3, ne2, ne1, ne0 = t.shape
+    nb0, nb1, nb2, nb3 = t.nb
+    if tr.numpy_dtype is not None:
+        dt = np.dtype(np.uint16 if t.type == GGMLType.F16 else tr.numpy_dtype)
+        return (ne3, ne2, ne1, ne0), (nb3, nb2, nb1, nb0), dt
+    if nb0 != tr.type_size:
+        raise ValueError(f"tensor {t.describe()}: the blocks of a quantized row must be packed "
+                         f"(nb0 = {tr.type_size}), got nb0 = {nb0}")
+    return (ne3, ne2, ne1, t.row_bytes), (nb3, nb2, nb1, 1), np.dtype(np.uint8)
+
+
+def view(buf: Any, offset: int, t: Tensor) -> Any:
+    """A kernel's view of `t` at byte `offset` of `buf`, with t's strides (zero-copy)."""
+    if MODE == "ptx":
+        return buffers.raw_view(buf, offset, t, half_bits=True)
+    if MODE == "sim":
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        return FakeCUDAArray(buffers.raw_view(buf._ary, offset, t, half_bits=True))
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    shape, strides, dtype = layout(t)
+    if offset < 0 or offset + t.nbytes > buf.nbytes:
+        raise ValueError(f"tensor {t.describe()} at offset {offset} spans {t.nbytes} bytes, "
+                         f"past the end of its device buffer of {buf.nbytes} bytes")
+    if t.nelements == 0:
+        return DeviceNDArray(shape, strides, dtype)
+    return DeviceNDArray(shape, strides, dtype,
+                         gpu_data=buf.gpu_data.view(offset, offset + t.nbytes))
+
+
+def device_name() -> str:
+    if MODE == "sim":
+        return "numba CUDA simulator"
+    if MODE == "ptx":
+        return f"PTX only (sm_{_PTX_CC[0]}{_PTX_CC[1]}, no GPU)"
+    dev = cuda.get_current_device()
+    name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+    return f"{name} (cc {dev.compute_capability[0]}.{dev.compute_capability[1]})"

@@ -1,0 +1,468 @@
+"""CUDA kernel templates: element-wise ops, norms, softmax, rope, rows, copies, sums, sorts.
+
+Plain Python compiled per type combination by ggraph.backends.jit (`Target.bind`) with
+cuda.jit; matrix products and attention are in templates_mm.py. Every tensor arrives as a 4-D
+array in numpy order (see backends/shared/codecs.py). Free names are bound per role r
+(a, b, d, m, k, v: the node's sources and destination) by kernels.py:
+  ld_r / st_r      load / store one element as float32 (quantized: decodes its block)
+  cdec_r / cenc_r  decode / encode `n` elements from element k0 of a row (a chunk)
+  cdot_r           dot a chunk of a stored row with float32 values
+  dot_r            dot a whole stored row (the shared codec)
+  Q_r              whether r's type is quantized (a compile-time constant)
+No kernel keeps a whole row in scratch: rows are walked in chunks of CH elements (one quant
+block) through cuda.local arrays, or reduced across a thread block through shared memory.
+Kernels that ggml-alloc may run in place (a and d the same memory) read each element before
+writing it from the same thread, with a barrier between a row's reads and its writes.
+"""
+import math
+
+import numpy as np
+from numba import cuda, float32, float64, int32
+
+from .runtime import SIM
+
+CH = 32                        # chunk: one quant block; the unit of row-walking
+EW_NT = 32 if SIM else 256     # threads per block of element-wise kernels
+ROW_NT = 32 if SIM else 128    # threads per block of row kernels (power of two)
+SORT_MAX = 2048                # longest row argsort sorts in shared memory
+SORT_NT = 32 if SIM else 256
+
+# op codes of k_unary / k_binary (the same as the CPU's)
+U_SCALE, U_CLAMP, U_FILL, U_SILU, U_GELU, U_SIGMOID = 0, 1, 2, 3, 4, 5
+B_ADD, B_MUL, B_DIV, B_SWIGLU = 0, 1, 2, 3
+
+
+# ---- per-type device helpers (bound with dec/enc/dot, BS = block size, TS = bytes per
+# block; element types use BS = TS = 1 because their last axis counts elements) -------------
+
+def chunk_dec(x, i3, i2, i1, k0, n, out):
+    lo = (k0 // BS) * TS  # noqa: F821
+    dec(x[i3:i3 + 1, i2:i2 + 1, i1:i1 + 1, lo:lo + ((n + BS - 1) // BS) * TS],  # noqa: F821
+        0, 0, 0, out, n)
+
+
+def chunk_enc(v, x, i3, i2, i1, k0, n):
+    lo = (k0 // BS) * TS  # noqa: F821
+    enc(v, x[i3:i3 + 1, i2:i2 + 1, i1:i1 + 1, lo:lo + ((n + BS - 1) // BS) * TS],  # noqa: F821
+        0, 0, 0, n)
+
+
+def chunk_dot(x, i3, i2, i1, k0, n, v):
+    lo = (k0 // BS) * TS  # noqa: F821
+    return dot(x[i3:i3 + 1, i2:i2 + 1, i1:i1 + 1, lo:lo + ((n + BS - 1) // BS) * TS],  # noqa
+               0, 0, 0, v, n)
+
+
+def block_load(x, i3, i2, i1, i0):
+    """One element of a quantized row: decode its block (the shared decoder) and pick it."""
+    buf = cuda.local.array(32, float32)
+    cdec(x, i3, i2, i1, i0 - i0 % 32, 32, buf)  # noqa: F821
+    return buf[i0 % 32]
+
+
+def no_store(x, i3, i2, i1, i0, v):
+    """Element stores into quantized rows do not exist (kernels encode whole chunks); bound
+    as st_r for quantized r so that the never-taken element branch still compiles."""
+    return
+
+
+# ---- reductions across a thread block (ROW_NT threads, shared scratch of ROW_NT) ------------
+
+@cuda.jit(device=True)
+def block_sum(red, tid, v):
+    red[tid] = v
+    cuda.syncthreads()
+    s = ROW_NT // 2
+    while s > 0:
+        if tid < s:
+            red[tid] += red[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    total = red[0]
+    cuda.syncthreads()  # everyone has read red[0] before the next reduction writes it
+    return total
+
+
+@cuda.jit(device=True)
+def block_max(red, tid, v):
+    red[tid] = v
+    cuda.syncthreads()
+    s = ROW_NT // 2
+    while s > 0:
+        if tid < s:
+            red[tid] = max(red[tid], red[tid + s])
+        cuda.syncthreads()
+        s //= 2
+    total = red[0]
+    cuda.syncthreads()
+    return total
+
+
+@cuda.jit(device=True)
+def flat_at(x, k):
+    """Element k of x in numpy order, whatever its shape (small parameter vectors)."""
+    n3, n2, n1, n0 = x.shape
+    return x[k // (n0 * n1 * n2), (k // (n0 * n1)) % n2, (k // n0) % n1, k % n0]
+
+
+# ---- element-wise ---------------------------------------------------------------------------
+
+def k_unary(a, d, op, p0, p1):
+    n3, n2, n1, n0 = d.shape
+    for k in range(cuda.grid(1), n3 * n2 * n1 * n0, cuda.gridsize(1)):
+        i0 = k % n0
+        r = k // n0
+        i1 = r % n1
+        r //= n1
+        i2 = r % n2
+        i3 = r // n2
+        y = p0
+        if op != U_FILL:
+            x = ld_a(a, i3, i2, i1, i0)  # noqa: F821
+            if op == U_SCALE:
+                y = x * p0 + p1
+            elif op == U_CLAMP:
+                y = min(max(x, p0), p1)
+            elif op == U_SILU:
+                y = silu(x)  # noqa: F821
+            elif op == U_GELU:
+                y = gelu(x)  # noqa: F821
+            else:
+                y = sigmoid(x)  # noqa: F821
+        st_d(d, i3, i2, i1, i0, np.float32(y))  # noqa: F821
+
+
+def k_binary(a, b, d, op):
+    n3, n2, n1, n0 = d.shape
+    b3, b2, b1, b0 = b.shape
+    for k in range(cuda.grid(1), n3 * n2 * n1 * n0, cuda.gridsize(1)):
+        i0 = k % n0
+        r = k // n0
+        i1 = r % n1
+        r //= n1
+        i2 = r % n2
+        i3 = r // n2
+        x = ld_a(a, i3, i2, i1, i0)  # noqa: F821
+        v = ld_b(b, i3 % b3, i2 % b2, i1 % b1, i0 % b0)  # noqa: F821
+        if op == B_ADD:
+            y = x + v
+        elif op == B_MUL:
+            y = x * v
+        elif op == B_DIV:
+            y = x / v
+        else:
+            y = silu(x) * v  # noqa: F821
+        st_d(d, i3, i2, i1, i0, np.float32(y))  # noqa: F821
+
+
+# ---- rows reduced by one thread block each ------------------------------------------------
+
+def k_norm(a, d, eps, rms):
+    red = cuda.shared.array(ROW_NT, float64)
+    tid = cuda.threadIdx.x
+    n3, n2, n1, n0 = d.shape
+    for r in range(cuda.blockIdx.x, n3 * n2 * n1, cuda.gridDim.x):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        mean = 0.0
+        if not rms:
+            s = 0.0
+            for i in range(tid, n0, ROW_NT):
+                s += ld_a(a, i3, i2, i1, i)  # noqa: F821
+            mean = block_sum(red, tid, s) / n0
+        ss = 0.0
+        for i in range(tid, n0, ROW_NT):
+            c = np.float64(ld_a(a, i3, i2, i1, i)) - mean  # noqa: F821
+            ss += c * c
+        ss = block_sum(red, tid, ss)
+        sc = 1.0 / math.sqrt(ss / n0 + eps)
+        for i in range(tid, n0, ROW_NT):
+            x = np.float64(ld_a(a, i3, i2, i1, i))  # noqa: F821
+            st_d(d, i3, i2, i1, i, np.float32((x - mean) * sc))  # noqa: F821
+
+
+def k_soft_max(a, m, sinks, d, scale, max_bias, h0, n_head, has_mask, has_sinks):
+    """Per row: w = a*scale + slope*mask (rounded to f32 as the CPU), max, sum in f64, write."""
+    red = cuda.shared.array(ROW_NT, float64)
+    tid = cuda.threadIdx.x
+    n3, n2, n1, n0 = d.shape
+    m3, m2 = m.shape[0], m.shape[1]
+    for r in range(cuda.blockIdx.x, n3 * n2 * n1, cuda.gridDim.x):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        slope = alibi_slope(h0 + i2, n_head, max_bias)  # noqa: F821
+        mx = -np.inf
+        for i in range(tid, n0, ROW_NT):
+            w = ld_a(a, i3, i2, i1, i) * scale  # noqa: F821
+            if has_mask:
+                w += slope * ld_m(m, i3 % m3, i2 % m2, i1, i)  # noqa: F821
+            mx = max(mx, np.float64(np.float32(w)))
+        mx = block_max(red, tid, mx)
+        sink = 0.0
+        if has_sinks:
+            sink = np.float64(flat_at(sinks, i2))
+            mx = max(mx, sink)
+        s = 0.0
+        for i in range(tid, n0, ROW_NT):
+            w = ld_a(a, i3, i2, i1, i) * scale  # noqa: F821
+            if has_mask:
+                w += slope * ld_m(m, i3 % m3, i2 % m2, i1, i)  # noqa: F821
+            s += math.exp(np.float64(np.float32(w)) - mx)
+        s = block_sum(red, tid, s)
+        if has_sinks:
+            s += math.exp(sink - mx)
+        inv = 1.0 / s
+        for i in range(tid, n0, ROW_NT):
+            w = ld_a(a, i3, i2, i1, i) * scale  # noqa: F821
+            if has_mask:
+                w += slope * ld_m(m, i3 % m3, i2 % m2, i1, i)  # noqa: F821
+            st_d(d, i3, i2, i1, i,  # noqa: F821
+                 np.float32(math.exp(np.float64(np.float32(w)) - mx) * inv))
+
+
+def k_sum_rows(a, d, n0):
+    """n0: elements per row (a quantized row's last axis counts bytes)."""
+    red = cuda.shared.array(ROW_NT, float64)
+    tid = cuda.threadIdx.x
+    n3, n2, n1 = a.shape[0], a.shape[1], a.shape[2]
+    for r in range(cuda.blockIdx.x, n3 * n2 * n1, cuda.gridDim.x):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        s = 0.0
+        for i in range(tid, n0, ROW_NT):
+            s += ld_a(a, i3, i2, i1, i)  # noqa: F821
+        s = block_sum(red, tid, s)
+        if tid == 0:
+            d[i3, i2, i1, 0] = s
+
+
+def k_argsort(a, d, n0, desc, k):
+    """The first k indices of each row's stable sort (descending when desc): a bitonic sort of
+    (key, index) pairs in shared memory, rows of at most SORT_MAX elements."""
+    keys = cuda.shared.array(SORT_MAX, float32)
+    ids = cuda.shared.array(SORT_MAX, int32)
+    tid = cuda.threadIdx.x
+    n3, n2, n1 = a.shape[0], a.shape[1], a.shape[2]
+    p = 1
+    while p < n0:
+        p *= 2
+    for r in range(cuda.blockIdx.x, n3 * n2 * n1, cuda.gridDim.x):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        for i in range(tid, p, SORT_NT):
+            if i < n0:
+                x = ld_a(a, i3, i2, i1, i)  # noqa: F821
+                keys[i] = -x if desc else x
+            else:
+                keys[i] = np.inf  # padding sorts last: key inf, index past every real one
+            ids[i] = i
+        cuda.syncthreads()
+        size = 2
+        while size <= p:
+            stride = size // 2
+            while stride > 0:
+                for i in range(tid, p, SORT_NT):
+                    j = i ^ stride
+                    if j > i:
+                        ki, kj = keys[i], keys[j]
+                        gt = ki > kj or (ki == kj and ids[i] > ids[j])
+                        if gt == ((i & size) == 0):
+                            keys[i], keys[j] = kj, ki
+                            t = ids[i]
+                            ids[i] = ids[j]
+                            ids[j] = t
+                cuda.syncthreads()
+                stride //= 2
+            size *= 2
+        for i in range(tid, k, SORT_NT):
+            d[i3, i2, i1, i] = ids[i]
+        cuda.syncthreads()
+
+
+# ---- rope -----------------------------------------------------------------------------------
+
+def k_rope(a, pos, ff, d, n_dims, neox, freq_base, freq_scale, ext_factor, attn_factor,
+           corr_lo, corr_hi, has_ff):
+    """One thread per rotated pair or copied element; a/d: (1?, T, n_head, head_dim)."""
+    n3, n2, n1, n0 = d.shape
+    half = n_dims // 2
+    w = half + (n0 - n_dims)
+    for k in range(cuda.grid(1), n3 * n2 * n1 * w, cuda.gridsize(1)):
+        it = k % w
+        r = k // w
+        i1 = r % n1
+        r //= n1
+        i2 = r % n2
+        i3 = r // n2
+        if it >= half:  # dims past n_dims are copied
+            j = n_dims + it - half
+            st_d(d, i3, i2, i1, j, ld_a(a, i3, i2, i1, j))  # noqa: F821
+            continue
+        i = it
+        p = np.float64(pos[0, 0, 0, i2])
+        theta_extrap = p * freq_base ** (-2.0 * i / n_dims)
+        if has_ff:
+            theta_extrap /= flat_at(ff, i)
+        theta_interp = freq_scale * theta_extrap
+        theta = theta_interp
+        mscale = attn_factor
+        if ext_factor != 0.0:
+            y = (i - corr_lo) / max(0.001, corr_hi - corr_lo)
+            ramp = (1.0 - min(1.0, max(0.0, y))) * ext_factor
+            theta = theta_interp * (1.0 - ramp) + theta_extrap * ramp
+            mscale *= 1.0 + 0.1 * math.log(1.0 / freq_scale)
+        c = math.cos(theta) * mscale
+        s = math.sin(theta) * mscale
+        j0 = i if neox else 2 * i
+        j1 = i + half if neox else 2 * i + 1
+        x0 = ld_a(a, i3, i2, i1, j0)  # noqa: F821
+        x1 = ld_a(a, i3, i2, i1, j1)  # noqa: F821
+        st_d(d, i3, i2, i1, j0, np.float32(x0 * c - x1 * s))  # noqa: F821
+        st_d(d, i3, i2, i1, j1, np.float32(x0 * s + x1 * c))  # noqa: F821
+
+
+# ---- rows and copies ------------------------------------------------------------------------
+
+def k_get_rows(a, idx, d):
+    """One thread per chunk of an output row: decode the chunk of the picked source row."""
+    vals = cuda.local.array(CH, float32)
+    n3, n2, n1, n0 = d.shape
+    nch = (n0 + CH - 1) // CH
+    for k in range(cuda.grid(1), n3 * n2 * n1 * nch, cuda.gridsize(1)):
+        c = k % nch
+        r = k // nch
+        i1 = r % n1
+        r //= n1
+        i2 = r % n2
+        i3 = r // n2
+        k0 = c * CH
+        n = min(CH, n0 - k0)
+        cdec_a(a, i3, i2, idx[0, i3, i2, i1], k0, n, vals)  # noqa: F821
+        for e in range(n):
+            d[i3, i2, i1, k0 + e] = vals[e]
+
+
+def k_set_rows(s, idx, d):
+    """One thread per chunk of a source row: encode it into the chunk of the picked row
+    (quantized destinations: exactly the shared encoder's bytes)."""
+    vals = cuda.local.array(CH, float32)
+    n3, n2, n1, n0 = s.shape
+    c2, c1 = idx.shape[1], idx.shape[2]
+    nch = (n0 + CH - 1) // CH
+    for k in range(cuda.grid(1), n3 * n2 * n1 * nch, cuda.gridsize(1)):
+        c = k % nch
+        r = k // nch
+        i1 = r % n1
+        r //= n1
+        i2 = r % n2
+        i3 = r // n2
+        k0 = c * CH
+        n = min(CH, n0 - k0)
+        for e in range(n):
+            vals[e] = ld_a(s, i3, i2, i1, k0 + e)  # noqa: F821
+        cenc_d(vals, d, i3, i2, idx[0, i3 % c2, i2 % c1, i1], k0, n)  # noqa: F821
+
+
+def k_copy_elem(a, d):
+    """Element-order copy converting between element types (one thread per element)."""
+    n3, n2, n1, n0 = a.shape
+    m3, m2, m1, m0 = d.shape
+    for k in range(cuda.grid(1), n3 * n2 * n1 * n0, cuda.gridsize(1)):
+        v = ld_a(a, k // (n0 * n1 * n2), (k // (n0 * n1)) % n2, (k // n0) % n1,  # noqa: F821
+                 k % n0)
+        st_d(d, k // (m0 * m1 * m2), (k // (m0 * m1)) % m2, (k // m0) % m1, k % m0,  # noqa
+             v)
+
+
+def k_copy_chunks(a, d, n0, m0):
+    """Element-order copy when either side is quantized: one thread per CH elements (a block
+    of the quantized side; element counts are then multiples of CH). n0, m0: elements per
+    row of a and d (a quantized array's last axis counts bytes)."""
+    vals = cuda.local.array(CH, float32)
+    n2, n1 = a.shape[1], a.shape[2]
+    m2, m1 = d.shape[1], d.shape[2]
+    total = a.shape[0] * n2 * n1 * n0
+    for q in range(cuda.grid(1), total // CH, cuda.gridsize(1)):
+        k0 = q * CH
+        if Q_a:  # noqa: F821
+            r = k0 // n0
+            cdec_a(a, r // (n1 * n2), (r // n1) % n2, r % n1, k0 % n0, CH, vals)  # noqa: F821
+        else:
+            for e in range(CH):
+                k = k0 + e
+                vals[e] = ld_a(a, k // (n0 * n1 * n2), (k // (n0 * n1)) % n2,  # noqa: F821
+                               (k // n0) % n1, k % n0)
+        if Q_d:  # noqa: F821
+            r = k0 // m0
+            cenc_d(vals, d, r // (m1 * m2), (r // m1) % m2, r % m1, k0 % m0, CH)  # noqa: F821
+        else:
+            for e in range(CH):
+                k = k0 + e
+                st_d(d, k // (m0 * m1 * m2), (k // (m0 * m1)) % m2, (k // m0) % m1,  # noqa
+                     k % m0, vals[e])
+
+
+# ---- raw (type-preserving) kernels: numba specializes them on the array dtypes -------------
+
+@cuda.jit
+def k_copy_raw(a, d):
+    """d's elements (or row bytes) = a's, in element order; shapes may differ."""
+    n3, n2, n1, n0 = a.shape
+    m3, m2, m1, m0 = d.shape
+    for k in range(cuda.grid(1), n3 * n2 * n1 * n0, cuda.gridsize(1)):
+        d[k // (m0 * m1 * m2), (k // (m0 * m1)) % m2, (k // m0) % m1, k % m0] = a[
+            k // (n0 * n1 * n2), (k // (n0 * n1)) % n2, (k // n0) % n1, k % n0]
+
+
+@cuda.jit
+def k_get_rows_raw(a, idx, d):
+    n3, n2, n1, n0 = d.shape
+    for k in range(cuda.grid(1), n3 * n2 * n1 * n0, cuda.gridsize(1)):
+        i0 = k % n0
+        r = k // n0
+        i1 = r % n1
+        r //= n1
+        i2 = r % n2
+        i3 = r // n2
+        d[i3, i2, i1, i0] = a[i3, i2, idx[0, i3, i2, i1], i0]
+
+
+@cuda.jit
+def k_concat(a, b, d, axis):
+    """axis in numpy order (3 - dim); quantized rows concatenate whole blocks as bytes."""
+    n3, n2, n1, n0 = d.shape
+    cut = a.shape[axis]
+    for k in range(cuda.grid(1), n3 * n2 * n1 * n0, cuda.gridsize(1)):
+        i0 = k % n0
+        r = k // n0
+        i1 = r % n1
+        r //= n1
+        i2 = r % n2
+        i3 = r // n2
+        c = i3 if axis == 0 else (i2 if axis == 1 else (i1 if axis == 2 else i0))
+        if c < cut:
+            d[i3, i2, i1, i0] = a[i3, i2, i1, i0]
+        elif axis == 0:
+            d[i3, i2, i1, i0] = b[i3 - cut, i2, i1, i0]
+        elif axis == 1:
+            d[i3, i2, i1, i0] = b[i3, i2 - cut, i1, i0]
+        elif axis == 2:
+            d[i3, i2, i1, i0] = b[i3, i2, i1 - cut, i0]
+        else:
+            d[i3, i2, i1, i0] = b[i3, i2, i1, i0 - cut]
+
+
+@cuda.jit
+def k_repeat(a, d):
+    n3, n2, n1, n0 = d.shape
+    a3, a2, a1, a0 = a.shape
+    for k in range(cuda.grid(1), n3 * n2 * n1 * n0, cuda.gridsize(1)):
+        i0 = k % n0
+        r = k // n0
+        i1 = r % n1
+        r //= n1
+        i2 = r % n2
+        i3 = r // n2
+        d[i3, i2, i1, i0] = a[i3 % a3, i2 % a2, i1 % a1, i0 % a0]
+
+
+@cuda.jit
+def k_fill_bytes(buf, value):
+    for k in range(cuda.grid(1), buf.shape[0], cuda.gridsize(1)):
+        buf[k] = value

@@ -1,0 +1,156 @@
+"""Running a model: load, reserve the compute buffer on the worst-case graph, then evaluate
+ubatches and generate tokens greedily, with memory figures in llama.cpp's wording.
+
+The worst case is what llama.cpp reserves: n_tokens = min(n_ctx, n_ubatch), n_kv = n_ctx and
+every token an output. Later graphs attend to the first n_kv cells (the used cells rounded up
+to KV_PAD) and are placed into the reserved offsets; a decode graph is reused while its n_kv
+holds, so a generated token costs one pass over bound kernel calls.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+from ggraph.alloc import GraphAllocator
+from ggraph.tensor import Context
+
+from .arch import model_class
+from .gguf_file import load_gguf
+from .llama import ModelGraph, batch_inputs
+from .tokenizer import Tokenizer
+
+MIB = 1 << 20
+KV_PAD = 256  # llama.cpp pads the attended cells to 256
+
+
+@dataclass
+class EngineConfig:
+    n_ctx: int = 4096
+    n_ubatch: int = 512
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: bool = False
+    amb_mib: int = 0
+    backend: str = "cpu"
+    strategy: str = "default"
+    n_threads: int | None = None
+
+
+@dataclass
+class Timings:
+    prompt_tokens: int = 0
+    prompt_s: float = 0.0
+    gen_tokens: int = 0
+    gen_s: float = 0.0
+
+    def line(self) -> str:
+        pp = self.prompt_tokens / self.prompt_s if self.prompt_s else 0.0
+        tg = self.gen_tokens / self.gen_s if self.gen_s else 0.0
+        return (f"prompt: {self.prompt_tokens} tokens in {self.prompt_s:.2f} s ({pp:.2f} "
+                f"tokens/s), generation: {self.gen_tokens} tokens in {self.gen_s:.2f} s "
+                f"({tg:.2f} tokens/s)")
+
+
+class Engine:
+    def __init__(self, path: str, config: EngineConfig | None = None,
+                 progress: bool = False) -> None:
+        from ggraph.backends import get_backend
+
+        cfg = self.cfg = config or EngineConfig()
+        self.file = load_gguf(path, progress=progress)
+        self.model = model_class(self.file.arch, path)(self.file)
+        hp = self.model.hp
+        if cfg.n_ctx <= 0 or cfg.n_ubatch <= 0:
+            raise ValueError("context and ubatch sizes must be positive")
+        if cfg.n_ctx > hp.n_ctx_train:
+            raise ValueError(f"context {cfg.n_ctx} is larger than the model's training context "
+                             f"{hp.n_ctx_train} ({path})")
+        self.tokenizer = Tokenizer(self.file.metadata, path)
+        self.ctx = Context("engine")
+        self.cache = self.model.new_cache(self.ctx, cfg.n_ctx, cfg.type_k, cfg.type_v,
+                                          cfg.flash_attn)
+        kw = {"n_threads": cfg.n_threads} if cfg.backend == "cpu" and cfg.n_threads else {}
+        self.backend = get_backend(cfg.backend, **kw)
+        self.allocator = GraphAllocator(alignment=self.backend.alignment,
+                                        strategy=cfg.strategy, name=cfg.backend.upper())
+        self.session = self.backend.session(allocator=self.allocator)
+        self.timings = Timings()
+        self._graphs: dict[tuple[int, int, int], ModelGraph] = {}
+        self.reserve_plan = self.reserve()
+
+    # -- memory -------------------------------------------------------------------------------
+    def build(self, n_tokens: int, n_kv: int, n_outputs: int) -> ModelGraph:
+        key = (n_tokens, n_kv, n_outputs)
+        mg = self._graphs.get(key)
+        if mg is None:
+            mg = self.model.build(self.ctx, self.cache, n_tokens, n_kv, n_outputs,
+                                  self.cfg.flash_attn, self.cfg.amb_mib)
+            self._graphs = {key: mg}  # keep only the latest: graphs are cheap to rebuild
+        return mg
+
+    def reserve(self) -> Any:
+        n = min(self.cfg.n_ctx, self.cfg.n_ubatch)
+        mg = self.model.build(self.ctx, self.cache, n, self.cfg.n_ctx, n, self.cfg.flash_attn,
+                              self.cfg.amb_mib)
+        self.worst_case = mg
+        return self.allocator.reserve(mg.graph)
+
+    def memory_lines(self) -> list[str]:
+        plan = self.reserve_plan
+        name = self.cfg.backend.upper()
+        lines = [f"{name}_Mapped model buffer size = {self.file.tensor_bytes / MIB:10.2f} MiB",
+                 self.cache.summary(),
+                 f"{name} compute buffer size = {plan.size / MIB:10.2f} MiB"]
+        if plan.baseline is not None and plan.baseline.size != plan.size:
+            lines[-1] += f" (ggml-alloc's plan: {plan.baseline.size / MIB:.2f} MiB)"
+        lines.append(f"graph nodes  = {self.worst_case.graph.n_nodes}")
+        return lines
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def eval(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:
+        """Append tokens to the sequence; logits of the last token (or of every token)."""
+        out = []
+        cfg = self.cfg
+        if self.cache.n_used + len(tokens) > cfg.n_ctx:
+            raise ValueError(f"{self.cache.n_used + len(tokens)} tokens exceed the context of "
+                             f"{cfg.n_ctx}")
+        for start in range(0, len(tokens), cfg.n_ubatch):
+            chunk = np.asarray(tokens[start:start + cfg.n_ubatch], np.int32)
+            if chunk.size and (chunk.min() < 0 or chunk.max() >= self.model.hp.n_vocab):
+                raise ValueError(f"token id out of range [0, {self.model.hp.n_vocab})")
+            n = len(chunk)
+            last = start + n == len(tokens)
+            rows = np.arange(n) if all_logits else (np.array([n - 1]) if last else
+                                                     np.array([n - 1]))
+            n_past = self.cache.n_used
+            n_kv = min(cfg.n_ctx, -(-(n_past + n) // KV_PAD) * KV_PAD)
+            mg = self.build(n, n_kv, len(rows))
+            self.session.run(mg.graph, batch_inputs(mg, self.cache, chunk, n_past, rows))
+            self.cache.n_used += n
+            logits = self.session.read(mg.logits).reshape(len(rows), -1)
+            if all_logits or last:
+                out.append(logits)
+        return np.concatenate(out) if all_logits else out[-1][-1]
+
+    def reset(self) -> None:
+        self.cache.n_used = 0
+
+    def generate(self, prompt: list[int], n_predict: int, stop_at_eos: bool = True
+                 ) -> Iterator[int]:
+        """Greedy decoding: yields each new token."""
+        t0 = time.perf_counter()
+        logits = self.eval(prompt)
+        self.timings.prompt_tokens += len(prompt)
+        self.timings.prompt_s += time.perf_counter() - t0
+        for _ in range(n_predict):
+            tok = int(np.argmax(logits))
+            yield tok
+            if stop_at_eos and tok == self.tokenizer.eos:
+                return
+            t0 = time.perf_counter()
+            logits = self.eval([tok])
+            self.timings.gen_tokens += 1
+            self.timings.gen_s += time.perf_counter() - t0
