@@ -43,9 +43,10 @@ def split_heads(n_head: int, n_head_kv: int, n_kv: int, n_tokens: int,
                 amb_mib: int) -> list[tuple[int, int]]:
     """Head groups [(first, count), ...] whose K*Q tensors each fit in `amb_mib` MiB.
 
-    A group holds whole K/V-head groups (n_head/n_head_kv query heads each) so GQA maps each
-    group onto a contiguous range of K/V heads. One group when the cap is off or not exceeded;
-    one K/V group per step when even that is above the cap.
+    n_step = ceil(kq_size / amb) as the facts page defines it, so a group holds at most
+    ceil(n_head / n_step) heads. Groups never straddle a K/V head (GQA): when a group is at
+    least one K/V group it is a whole number of K/V groups, otherwise each K/V group's query
+    heads are cut into pieces of that size. One group when the cap is off or not exceeded.
     """
     if n_head % n_head_kv:
         raise ValueError(f"n_head={n_head} is not a multiple of n_head_kv={n_head_kv}")
@@ -53,13 +54,14 @@ def split_heads(n_head: int, n_head_kv: int, n_kv: int, n_tokens: int,
     if amb_mib <= 0 or kq <= amb_mib:
         return [(0, n_head)]
     gqa = n_head // n_head_kv
-    n_step = math.ceil(kq / amb_mib)
-    per_step = math.ceil(n_head / n_step)
-    per_step = max(gqa, per_step // gqa * gqa)  # whole K/V groups, at least one
-    bytes_per_head = n_kv * n_tokens * 4
-    while per_step > gqa and per_step * bytes_per_head > amb_mib * MIB:
-        per_step -= gqa
-    return [(h, min(per_step, n_head - h)) for h in range(0, n_head, per_step)]
+    # the facts page's rule (ik_llama.cpp's): step count from the floored MiB size, so a
+    # group may pass the cap by less than one head (DeepSeek-R1: 7 heads, 2125 MiB at 2048)
+    per_step = -(-n_head // -(-kq // amb_mib))
+    if per_step >= gqa:
+        per_step -= per_step % gqa
+        return [(h, min(per_step, n_head - h)) for h in range(0, n_head, per_step)]
+    return [(g + h, min(per_step, gqa - h)) for g in range(0, n_head, gqa)
+            for h in range(0, gqa, per_step)]
 
 
 def build_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kq_mask: Tensor, *,
@@ -107,9 +109,10 @@ def build_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kq_mask: Tensor
     for step, (h0, nh) in enumerate(groups):
         qg = O.view_3d(qp, s.head_dim, s.n_tokens, nh, qp.nb[1], qp.nb[2], h0 * qp.nb[2],
                        name=f"q-{il}-s{step}")
-        kg = O.view_3d(k, s.head_dim, s.n_kv, nh // gqa, k.nb[1], k.nb[2],
+        n_kvh = max(1, nh // gqa)  # a group within one K/V head uses just that head
+        kg = O.view_3d(k, s.head_dim, s.n_kv, n_kvh, k.nb[1], k.nb[2],
                        (h0 // gqa) * k.nb[2], name=f"k-{il}-s{step}")
-        vg = O.view_3d(v, v.ne[0], v.ne[1], nh // gqa, v.nb[1], v.nb[2],
+        vg = O.view_3d(v, v.ne[0], v.ne[1], n_kvh, v.nb[1], v.nb[2],
                        (h0 // gqa) * v.nb[2], name=f"v-{il}-s{step}")
         kqv = _attend(qg, kg, vg, kq_mask, kq_scale, max_bias, h0, s.n_head, il, f"-s{step}")
         dst_offs = h0 * s.head_dim * esz - acc.view_offs  # relative to the previous copy

@@ -111,7 +111,8 @@ class LlamaModel:
     def graph_capacity(self, n_tokens: int, n_kv: int, amb_mib: int) -> int:
         hp = self.hp
         steps = len(split_heads(hp.n_head, hp.n_head_kv, n_kv, n_tokens, amb_mib))
-        return max(2048, hp.n_layer * (NODES_PER_LAYER + 8 * (steps - 1)) + 64)
+        # ik_llama.cpp's rule: 10 nodes per extra attention step per layer
+        return max(2048, hp.n_layer * (NODES_PER_LAYER + 10 * (steps - 1)) + 64)
 
     # -- graph --------------------------------------------------------------------------------
     def build(self, ctx: Context, cache: KVCache, n_tokens: int, n_kv: int, n_outputs: int,
