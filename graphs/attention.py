@@ -99,11 +99,12 @@ def build_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kq_mask: Tensor
         return O.cont(cur, s.head_dim * s.n_head, s.n_tokens, name=f"kqv_out-{il}")
 
     # Split attention: each group's [hd, n_tokens, heads] result is copied into its slice of
-    # one [hd, n_head, n_tokens] buffer. Each step's destination view hangs off the previous
-    # step's copy, so the copies are ordered and the buffer stays alive until the last one.
+    # one [hd, n_head, n_tokens] buffer. The buffer is a node (fill of q's shape, an O(n_embd)
+    # pass), not a leaf, so the allocator takes it when the first copy needs it and frees it
+    # after the output projection. Each step's destination view hangs off the previous step's
+    # copy, so the copies are ordered and the buffer stays alive until the last one.
     gqa = s.n_head // s.n_head_kv
-    out = q.ctx.new_tensor(GGMLType.F32, (s.head_dim, s.n_head, s.n_tokens),
-                           name=f"kqv_split-{il}")
+    out = O.fill(q, 0.0, name=f"kqv_split-{il}")
     acc: Tensor = out
     esz = 4
     for step, (h0, nh) in enumerate(groups):

@@ -37,6 +37,9 @@ class EngineConfig:
     backend: str = "cpu"
     strategy: str = "default"
     n_threads: int | None = None
+    # outputs in the worst-case graph: "all" tokens as llama.cpp reserves, or only the "last"
+    # (what generation needs; the logits of a 512-token ubatch alone are 96 MiB for SmolLM2)
+    reserve_outputs: str = "all"
 
 
 @dataclass
@@ -93,8 +96,12 @@ class Engine:
 
     def reserve(self) -> Any:
         n = min(self.cfg.n_ctx, self.cfg.n_ubatch)
-        mg = self.model.build(self.ctx, self.cache, n, self.cfg.n_ctx, n, self.cfg.flash_attn,
-                              self.cfg.amb_mib)
+        if self.cfg.reserve_outputs not in ("all", "last"):
+            raise ValueError(f"reserve_outputs must be 'all' or 'last', got "
+                             f"{self.cfg.reserve_outputs!r}")
+        n_out = n if self.cfg.reserve_outputs == "all" else 1
+        mg = self.model.build(self.ctx, self.cache, n, self.cfg.n_ctx, n_out,
+                              self.cfg.flash_attn, self.cfg.amb_mib)
         self.worst_case = mg
         return self.allocator.reserve(mg.graph)
 

