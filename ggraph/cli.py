@@ -32,6 +32,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # `ggraph report | head`: the reader left; say nothing more
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ValueError, KeyError, FileNotFoundError) as e:  # user errors: a message, no traceback
         print(f"ggraph {args.command}: error: {e}", file=sys.stderr)
         return 1

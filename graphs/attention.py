@@ -67,12 +67,16 @@ def split_heads(n_head: int, n_head_kv: int, n_kv: int, n_tokens: int,
 def build_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kq_mask: Tensor, *,
                     shape: AttentionShape, kq_scale: float, max_bias: float = 0.0,
                     flash: bool = False, amb_mib: int = 0, il: int = 0,
-                    v_trans: bool | None = None) -> Tensor:
+                    v_trans: bool | None = None, graph: Graph | None = None) -> Tensor:
     """Attention output [head_dim*n_head, n_tokens] for one layer.
 
     q: [head_dim, n_head, n_tokens] F32. k_cache: [head_dim*n_head_kv, >= n_kv] of the cache
     type. v_cache: the same, or transposed [>= n_kv, head_dim*n_head_kv] (v_trans, the
     default without flash attention). kq_mask: [n_kv, >= n_tokens] F16/F32.
+    graph: when given, each split-attention step is expanded into it as it is built (as
+    llama.cpp does), so steps run first to last and each group's result is copied out and freed
+    before the next group starts; without it the post-order would compute the groups last to
+    first and hold every group's result until the end.
     """
     s = shape
     v_trans = (not flash) if v_trans is None else v_trans
@@ -120,6 +124,8 @@ def build_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kq_mask: Tensor
         dst = O.view_3d(acc, s.head_dim, nh, s.n_tokens, s.head_dim * esz,
                         s.head_dim * s.n_head * esz, dst_offs, name=f"kqv_split-{il}-s{step}")
         acc = O.cpy(O.permute(kqv, 0, 2, 1, 3), dst)
+        if graph is not None:
+            graph.build_forward_expand(acc)
     return O.view_2d(acc, s.head_dim * s.n_head, s.n_tokens, s.head_dim * s.n_head * esz,
                      -acc.view_offs, name=f"kqv_out-{il}")
 

@@ -163,7 +163,7 @@ class LlamaModel:
                 v_store, cache.v[il].ne[0], cache.v[il].ne[1], cache.v[il].nb[1], 0)
             att = build_attention(q, k_store, v_cache, kq_mask, shape=shape, kq_scale=kq_scale,
                                   flash=flash_attn, amb_mib=amb_mib, il=il,
-                                  v_trans=cache.v_trans)
+                                  v_trans=cache.v_trans, graph=graph)
             cur = O.mul_mat(L["attn_output"], att, name=f"attn_out-{il}")
             if il == hp.n_layer - 1:  # only the requested rows go on
                 cur = O.get_rows(cur, out_ids)

@@ -1,0 +1,132 @@
+"""`ggraph report`: plan a graph's compute buffer and explain it.
+
+Builds the attention example (graphs/attention.py, reserved like llama.cpp: n_tokens = ubatch,
+n_kv = n_ctx, K/V caches pre-allocated) or any user graph (`--graph module:function`, a
+function returning a Graph), plans it with ggraph.alloc and prints the llama.cpp-style size
+line, the peak, and the tensor table; optionally writes JSON and a PNG memory map.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import sys
+from typing import Any
+
+from ggraph.alloc import ALIGNMENTS, AllocError, GraphAllocator
+from ggraph.graph import Graph
+from ggraph.tensor import Context
+from ggraph.types import GGMLType
+
+
+def attention_graph(n_head: int = 32, n_head_kv: int = 8, head_dim: int = 128,
+                    n_tokens: int = 512, n_kv: int = 4096, kv_type: str = "f16",
+                    amb: int = 0, fa: bool = False, max_bias: float = 0.0) -> Graph:
+    """One attention layer as llama.cpp reserves it: q and the mask are inputs, the K/V caches
+    live in their own buffer ("kv_cache"), the attention output is the graph output."""
+    from ggraph.graphs.attention import AttentionShape, build_attention, split_heads
+
+    ctx = Context("attention")
+    kvt = GGMLType.parse(kv_type)
+    shape = AttentionShape(head_dim, n_head, n_head_kv, n_tokens, n_kv)
+    q = ctx.new_tensor(GGMLType.F32, (head_dim, n_head, n_tokens), name="q").set_input()
+    k_cache = ctx.new_tensor(kvt, (head_dim * n_head_kv, n_kv), name="cache_k")
+    v_ne = (head_dim * n_head_kv, n_kv) if fa else (n_kv, head_dim * n_head_kv)
+    v_cache = ctx.new_tensor(kvt, v_ne, name="cache_v")
+    k_cache.buffer = v_cache.buffer = "kv_cache"
+    mask = ctx.new_tensor(GGMLType.F16 if fa else GGMLType.F32, (n_kv, n_tokens),
+                          name="kq_mask").set_input()
+    out = build_attention(q, k_cache, v_cache, mask, shape=shape,
+                          kq_scale=1.0 / math.sqrt(head_dim), max_bias=max_bias, flash=fa,
+                          amb_mib=amb)
+    out.set_output()
+    n_groups = len(split_heads(n_head, n_head_kv, n_kv, n_tokens, amb))
+    g = Graph(capacity=max(2048, 64 + 16 * n_groups))
+    return g.build_forward_expand(out)
+
+
+def _user_graph(spec: str) -> Graph:
+    mod_name, _, fn_name = spec.partition(":")
+    if not mod_name or not fn_name:
+        raise ValueError(f"--graph expects module:function, got {spec!r}")
+    try:
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"--graph {spec}: cannot load it ({e})") from None
+    g = fn()
+    if not isinstance(g, Graph):
+        raise ValueError(f"--graph {spec} returned {type(g).__name__}, not a Graph")
+    return g
+
+
+def _bytes(text: str) -> int:
+    """1048576, 512K, 64M, 1.5G (binary units)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        return int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a byte size: {text!r}") from None
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "report", help="plan a graph's compute buffer and explain it",
+        description="Plan the compute buffer of the attention example or of a user graph and "
+                    "print its size, peak and tensor table (ggml-alloc's rules, and the "
+                    "default strategy that is never worse).")
+    p.add_argument("--graph", metavar="MODULE:FUNCTION",
+                   help="plan the Graph returned by this function instead of the attention "
+                        "example")
+    a = p.add_argument_group("attention example")
+    a.add_argument("--n-head", type=int, default=32)
+    a.add_argument("--n-head-kv", type=int, default=8)
+    a.add_argument("--head-dim", type=int, default=128)
+    a.add_argument("--n-tokens", type=int, default=512, help="ubatch size (default 512)")
+    a.add_argument("--n-kv", type=int, default=4096, help="KV length, n_ctx (default 4096)")
+    a.add_argument("--kv-type", default="f16", help="KV cache type (default f16)")
+    a.add_argument("--amb", type=int, default=0, help="split attention cap in MiB (0: off)")
+    a.add_argument("--fa", action="store_true", help="flash attention")
+    a.add_argument("--max-bias", type=float, default=0.0, help="ALiBi max bias")
+    o = p.add_argument_group("planning and output")
+    o.add_argument("--strategy", choices=("default", "ggml"), default="default")
+    o.add_argument("--backend", choices=sorted(ALIGNMENTS), default="cpu",
+                   help="buffer type: cpu (alignment 32) or cuda (128)")
+    o.add_argument("--alignment", type=int, help="override the backend's alignment")
+    o.add_argument("--max-bytes", type=_bytes, help="buffer limit, e.g. 512M")
+    o.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    o.add_argument("--png", metavar="FILE", help="write the memory map as PNG")
+    o.add_argument("--top", type=int, default=40, help="table rows (largest tensors; 0: all)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ggraph import alloc_report as R
+
+    if args.graph:
+        graph = _user_graph(args.graph)
+    else:
+        graph = attention_graph(args.n_head, args.n_head_kv, args.head_dim, args.n_tokens,
+                                args.n_kv, args.kv_type, args.amb, args.fa, args.max_bias)
+    allocator = GraphAllocator(alignment=args.alignment or ALIGNMENTS[args.backend],
+                               strategy=args.strategy, max_bytes=args.max_bytes,
+                               name=args.backend.upper())
+    try:
+        plan = allocator.reserve(graph)
+    except AllocError as e:
+        if e.plan is not None:  # show what was planned before the failure
+            print(R.format_report(e.plan, top=args.top))
+            _write(R, e.plan, args)
+        raise
+    print(R.format_report(plan, top=args.top))
+    _write(R, plan, args)
+    return 0
+
+
+def _write(R: Any, plan: Any, args: argparse.Namespace) -> None:
+    if args.json:
+        R.write_json(plan, args.json)
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.png:
+        R.render_png(plan, args.png)
+        print(f"wrote {args.png}", file=sys.stderr)
