@@ -11,11 +11,10 @@ each head's ALiBi slope, and writes each group's result into its slice of one ou
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from ggraph.graph import Graph
 from ggraph.tensor import Tensor
-from ggraph.types import GGMLType
 from ggraph import ops as O
 
 MIB = 1 << 20

@@ -19,7 +19,7 @@ from ggraph.tensor import Context
 
 from .arch import model_class
 from .gguf_file import load_gguf
-from .llama import ModelGraph, batch_inputs
+from .llama import ModelGraph
 from .tokenizer import Tokenizer
 
 MIB = 1 << 20
@@ -135,7 +135,7 @@ class Engine:
             n_past = self.cache.n_used
             n_kv = min(cfg.n_ctx, -(-(n_past + n) // KV_PAD) * KV_PAD)
             mg = self.build(n, n_kv, len(rows))
-            self.session.run(mg.graph, batch_inputs(mg, self.cache, chunk, n_past, rows))
+            self.session.run(mg.graph, self.model.batch_inputs(mg, self.cache, chunk, n_past, rows))
             self.cache.n_used += n
             logits = self.session.read(mg.logits).reshape(len(rows), -1)
             if all_logits or last:

@@ -103,6 +103,10 @@ class LlamaModel:
         w["layers"] = layers
         return w
 
+    def batch_inputs(self, mg: ModelGraph, cache: KVCache, tokens: np.ndarray, n_past: int,
+                     out_rows: np.ndarray) -> dict[Tensor, np.ndarray]:
+        return batch_inputs(mg, cache, tokens, n_past, out_rows)
+
     def new_cache(self, ctx: Context, size: int, type_k: str = "f16", type_v: str = "f16",
                   flash_attn: bool = False) -> KVCache:
         return KVCache.create(ctx, self.hp.n_layer, self.hp.n_embd_gqa, self.hp.n_embd_gqa,

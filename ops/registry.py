@@ -7,7 +7,7 @@ accumulation), whether ggml-alloc may run it in place, and its conformance cases
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np

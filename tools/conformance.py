@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections import defaultdict
 
 from ggraph.conformance import Summary, cases_for, perf_case, run_case
