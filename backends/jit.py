@@ -48,7 +48,8 @@ class Target:
     `kernel` compiles templates called from Python (the CPU may pass parallel=True)."""
 
     def __init__(self, name: str, device: Callable[[Callable], Any],
-                 device_fast: Callable[[Callable], Any] | None = None) -> None:
+                 device_fast: Callable[[Callable], Any] | None = None,
+                 overrides: dict[str, Callable] | None = None) -> None:
         self.name = name
         self.device = device
         # dot products may reassociate their sums (vectorized reductions); never used where
@@ -59,6 +60,12 @@ class Target:
         self.globals = glb
         for n in NUMERIC:
             glb[n] = device(_copy(getattr(numeric, n), glb, ""))
+        # a target may replace a scalar function by a faster equivalent (tested equal); the
+        # shared version stays the definition every other target compiles
+        for n, f in (overrides or {}).items():
+            if n not in NUMERIC:
+                raise ValueError(f"override of unknown shared function {n!r}")
+            glb[n] = device(f)
         for n in CODEC_HELPERS:
             glb[n] = device(_copy(getattr(codecs, n), glb, ""))
         self._codecs: dict[GGMLType, Codec] = {}

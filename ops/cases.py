@@ -158,16 +158,19 @@ def _soft_max() -> Iterator[Case]:
 
 def _flash_attn() -> Iterator[Case]:
     for kt in KV:
-        for hd, T_, H, Hkv, nkv in ((64, 1, 4, 2, 96), (32, 5, 4, 4, 64), (64, 3, 8, 1, 33)):
+        for hd, T_, H, Hkv, nkv in ((64, 1, 4, 2, 96), (32, 5, 4, 4, 64), (64, 3, 8, 1, 33),
+                                    (32, 9, 4, 2, 1100)):  # 9 queries: CPU's blockwise path
             yield _case(OpKind.FLASH_ATTN_EXT, lambda B, kt=kt, hd=hd, t=T_, h=H, hk=Hkv,
                         n=nkv: A.flash_attn_ext(
                 B.inp(T.F32, hd, t, h), B.inp(kt, hd, n, hk), B.inp(kt, hd, n, hk),
                 B.mask(n, t), 1.0 / np.sqrt(hd)), TOL_MATMUL, flops=_fa_flops,
                 type_kv=kt, hs=hd, nh=H, nr=H // Hkv, kv=nkv, nb=T_)
     for extra in (dict(max_bias=8.0), dict(softcap=30.0), dict(max_bias=8.0, softcap=30.0)):
-        yield _case(OpKind.FLASH_ATTN_EXT, lambda B, e=extra: A.flash_attn_ext(
-            B.inp(T.F32, 32, 4, 4), B.inp(T.F16, 32, 40, 2), B.inp(T.F16, 32, 40, 2),
-            B.mask(40, 4), 0.2, **e), TOL_MATMUL, flops=_fa_flops, type_kv=T.F16, **extra)
+        for nq in (4, 12):
+            yield _case(OpKind.FLASH_ATTN_EXT, lambda B, e=extra, nq=nq: A.flash_attn_ext(
+                B.inp(T.F32, 32, nq, 4), B.inp(T.F16, 32, 40, 2), B.inp(T.F16, 32, 40, 2),
+                B.mask(40, nq), 0.2, **e), TOL_MATMUL, flops=_fa_flops, type_kv=T.F16, nb=nq,
+                **extra)
     for t in (1, 512):
         yield _case(OpKind.FLASH_ATTN_EXT, lambda B, t=t: A.flash_attn_ext(
             B.inp(T.F32, 64, t, 9), B.inp(T.F16, 64, 4096, 3), B.inp(T.F16, 64, 4096, 3),

@@ -17,13 +17,15 @@ import numba
 import numpy as np
 
 from ggraph.opkind import OpKind
-from ggraph.ops.attention import KV_TYPES
+from ggraph.ops.attention import KV_TYPES, alibi_slopes
 from ggraph.ops.matmul import WEIGHT_TYPES
 from ggraph.ops.rope import RopeMode, yarn_corr_dims
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType as T
 from ..base import Kernel, Session
 from ..jit import Target
+from . import fastmath
+from .attention import decode_heads, flash_attn_blocks
 from . import templates as K
 
 PARALLEL = os.environ.get("GGRAPH_NUMBA_PARALLEL", "1") != "0"
@@ -31,10 +33,12 @@ TARGET = Target(
     "cpu",
     numba.njit(cache=True),
     numba.njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"}),
+    overrides={"half_to_f32": fastmath.half_to_f32},
 )
 _KERNEL = numba.njit(cache=True, parallel=PARALLEL)
 _SERIAL = numba.njit(cache=True)
 PARALLEL_MIN_WORK = 1 << 16  # below this many element-operations threads cost more than they save
+BLOCK_MIN_QUERIES = 8  # flash attention: from this many queries the BLAS blockwise path wins
 BLAS_MIN_N = 16  # columns of b from which dequantize + BLAS beats the dot kernels
 DEQUANT_CHUNK = 1 << 22  # float32 elements dequantized at a time (16 MiB of scratch)
 
@@ -172,10 +176,14 @@ def _rope(node: Tensor, s: Session) -> None:
     )
 
 
-def _flash_attn(node: Tensor, s: Session) -> None:
+def _flash_attn(node: Tensor, s: Session):
     q, k, v, mask = node.src
     p = node.params
     scale = p.scale / p.softcap if p.softcap else p.scale
+    if q.ne[1] >= BLOCK_MIN_QUERIES:
+        return partial(_flash_attn_blocks, node, s.arr(q), s.arr(k), s.arr(v),
+                       s.arr(mask) if mask is not None else None, s.arr(node).reshape(node.shape),
+                       scale)
     mt = mask.type if mask is not None else T.F32
     kern = _compiled(K.k_flash_attn, _small(node), k=k.type, v=v.type, m=mt)
     return partial(
@@ -192,6 +200,19 @@ def _flash_attn(node: Tensor, s: Session) -> None:
         p.n_head or q.ne[2],
         mask is not None,
     )
+
+
+def _flash_attn_blocks(node, Q, Kr, Vr, Mr, D, scale) -> None:
+    _, k, v, mask = node.src
+    p = node.params
+    K_ = decode_heads(Kr, k, TARGET.codec(k.type).dec)
+    V_ = decode_heads(Vr, v, TARGET.codec(v.type).dec)
+    M_ = None
+    if mask is not None:
+        M_ = Mr.view(np.float16).astype(np.float32) if mask.type == T.F16 else Mr
+    slopes = alibi_slopes(q_heads := node.src[0].ne[2], p.max_bias, p.head_offset,
+                          p.n_head or q_heads).astype(np.float32)
+    flash_attn_blocks(Q, K_, V_, M_, D, scale, p.softcap, slopes)
 
 
 # -- matrix products ------------------------------------------------------------------------

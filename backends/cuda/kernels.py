@@ -11,6 +11,8 @@ heads above FA_DMAX or V heads above FA_DV_MAX, argsort/top_k of rows above SORT
 """
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -36,6 +38,12 @@ ELEM_FLOATS = (T.F32, T.F16, T.BF16)
 STORABLE = ELEM_FLOATS + (T.Q4_0, T.Q4_1, T.Q8_0)
 ROLE_FNS = ("ld", "st", "cdec", "cenc", "cdot", "dot")
 
+# numba's on-disk cache keys a kernel by its file and qualified name, not by the device
+# functions it calls: the tag of every binding carries a hash of the sources it compiles from,
+# so editing the shared math (or these templates) compiles afresh instead of reusing stale code
+_SRC = hashlib.sha1(b"".join(
+    p.read_bytes() for p in sorted((Path(__file__).parent.parent / "shared").glob("*.py")) +
+    [Path(K.__file__), Path(KM.__file__), Path(R.__file__)])).hexdigest()[:8]
 _NO_STORE = _DEVICE(K.no_store)
 _HELPERS: dict[T, dict[str, Any]] = {}
 
@@ -47,7 +55,7 @@ def _helpers(t: T) -> dict[str, Any]:
         c = TARGET.codec(t)
         q = t.is_quantized
         bs, ts = (t.block_size, t.type_size) if q else (1, 1)
-        tag = str(t)
+        tag = f"{t}_{_SRC}"
         h = {"cdec": TARGET.bind(K.chunk_dec, _DEVICE, tag, dec=c.dec, BS=bs, TS=ts),
              "cenc": TARGET.bind(K.chunk_enc, _DEVICE, tag, enc=c.enc, BS=bs, TS=ts),
              "cdot": TARGET.bind(K.chunk_dot, _DEVICE, tag, dot=c.dot, BS=bs, TS=ts),
@@ -68,7 +76,7 @@ def _compiled(template: Callable, **roles: T) -> Any:
         h = _helpers(t)
         names.update({f"{fn}_{role}": h[fn] for fn in ROLE_FNS})
         names[f"Q_{role}"] = h["Q"]
-    tag = "_".join(f"{r}{t}" for r, t in roles.items())
+    tag = "_".join(f"{r}{t}" for r, t in roles.items()) + f"_{_SRC}"
     return TARGET.bind(template, _KERNEL, tag, **names)
 
 

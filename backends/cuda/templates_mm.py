@@ -24,6 +24,9 @@ MM_TK = CH
 MM_TX = MM_TM // MM_RM
 MM_TY = MM_TN // MM_RN
 MM_NT = MM_TX * MM_TY
+MM_AS = (MM_TK, MM_TM + 1)   # shared tile shapes (+1 column against bank conflicts)
+MM_BS = (MM_TK, MM_TN + 1)
+MM_ACC = (MM_RM, MM_RN)
 # mat-vec: one warp (32 lanes) per output row, MV_WARPS rows per block
 MV_WARPS = 1 if SIM else 4
 MV_NT = 32 * MV_WARPS
@@ -31,13 +34,14 @@ MV_NT = 32 * MV_WARPS
 FA_NT = 32 if SIM else 128
 FA_DMAX = 1024                 # longest K head (q row in shared memory)
 FA_DV_MAX = CH * FA_NT         # longest V head: one CH-chunk of the output per thread
+FA_RED = FA_NT * CH            # partial outputs of every thread, summed at the end
 
 
 def k_mul_mat_tiled(a, b, d):
     """grid (ceil(M/TM), ceil(N/TN), B3*B2)."""
-    As = cuda.shared.array((MM_TK, MM_TM + 1), float32)  # As[k, m]; +1 against bank conflicts
-    Bs = cuda.shared.array((MM_TK, MM_TN + 1), float32)
-    acc = cuda.local.array((MM_RM, MM_RN), float32)
+    As = cuda.shared.array(MM_AS, float32)  # As[k, m]
+    Bs = cuda.shared.array(MM_BS, float32)
+    acc = cuda.local.array(MM_ACC, float32)
     vals = cuda.local.array(CH, float32)
     n3, n2, nn, nm = d.shape
     kk = b.shape[3]
@@ -173,7 +177,7 @@ def k_flash_attn(q, k, v, m, d, scale, max_bias, softcap, h0, n_head, has_mask):
     qs = cuda.shared.array(FA_DMAX, float32)
     ss = cuda.shared.array(FA_NT, float32)
     pp = cuda.shared.array(FA_NT, float32)
-    red = cuda.shared.array(FA_NT * CH, float32)
+    red = cuda.shared.array(FA_RED, float32)
     acc = cuda.local.array(CH, float32)
     vals = cuda.local.array(CH, float32)
     ns, nh, nt, dk = q.shape

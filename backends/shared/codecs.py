@@ -206,9 +206,9 @@ def dot_q4_0(x, i3, i2, i1, v, n):
         o = b * 18
         acc = np.float32(0.0)
         for j in range(16):
-            q = row[o + 2 + j]
-            acc += (np.float32(q & np.uint8(15)) - np.float32(8.0)) * v[b * 32 + j]
-            acc += (np.float32(q >> np.uint8(4)) - np.float32(8.0)) * v[b * 32 + j + 16]
+            q = np.int32(row[o + 2 + j])
+            acc += np.float32((q & 15) - 8) * v[b * 32 + j]
+            acc += np.float32((q >> 4) - 8) * v[b * 32 + j + 16]
         s += acc * _half_row(row, o)
     return s
 
@@ -221,10 +221,10 @@ def dot_q4_1(x, i3, i2, i1, v, n):
         acc = np.float32(0.0)
         vs = np.float32(0.0)
         for j in range(16):
-            q = row[o + 4 + j]
+            q = np.int32(row[o + 4 + j])
             v0 = v[b * 32 + j]
             v1 = v[b * 32 + j + 16]
-            acc += np.float32(q & np.uint8(15)) * v0 + np.float32(q >> np.uint8(4)) * v1
+            acc += np.float32(q & 15) * v0 + np.float32(q >> 4) * v1
             vs += v0 + v1
         s += acc * _half_row(row, o) + vs * _half_row(row, o + 2)
     return s
