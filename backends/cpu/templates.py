@@ -325,3 +325,16 @@ def k_flash_attn(q, k, v, m, d, scale, max_bias, softcap, h0, n_head, has_mask):
         inv = 1.0 / ssum if ssum > 0.0 else 0.0
         for i in range(dv):
             d[s, t, h, i] = acc[i] * inv
+
+
+def k_round_rows(b, out, n, proto):
+    """out = b's rows as ggml's dot products see them: encoded to the weights' vec-dot type
+    (Q8_0 for quantized weights, F16/BF16 for half weights) and decoded back."""
+    n3, n2, n1 = b.shape[0], b.shape[1], b.shape[2]
+    for r in prange(n3 * n2 * n1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        x = np.empty(n, np.float32)
+        dec_b(b, i3, i2, i1, x, n)  # noqa: F821
+        tmp = np.empty_like(proto)  # one stored row of the vec-dot type (bytes or uint16)
+        enc_r(x, tmp, 0, 0, 0, n)  # noqa: F821
+        dec_r(tmp, 0, 0, 0, out[i3, i2, i1], n)  # noqa: F821

@@ -31,6 +31,7 @@ from . import templates_mm as KM
 TARGET = R.TARGET
 _KERNEL = R.kernel_decorator()
 _DEVICE = R.device_decorator()
+Launch = Callable[[], None] | None
 MV_MAX_N = 8  # columns of b up to which mul_mat runs the mat-vec kernel (else tiled)
 
 FLOATS = (T.F32, T.F16)
@@ -80,6 +81,13 @@ def _compiled(template: Callable, **roles: T) -> Any:
     return TARGET.bind(template, _KERNEL, tag, **names)
 
 
+def _k(fn: Callable[[Tensor, Session], Launch],
+       accepts: Callable[[Tensor], bool] = lambda n: True, why_not: str = "") -> Kernel:
+    """A table entry in bind mode: fn(node, session) returns the node's launch with its device
+    arrays bound (None when there is nothing to run); a session replays it on later runs."""
+    return Kernel(fn, accepts, why_not, bind=True)
+
+
 def _types(node: Tensor, *roles_ok) -> bool:
     return all(s is None or s.type in ok for s, ok in zip(node.src, roles_ok))
 
@@ -88,14 +96,14 @@ def _rows(t: Tensor) -> int:
     return t.ne[1] * t.ne[2] * t.ne[3]
 
 
-def _ew(kernel: Any, work: int, *args: Any) -> None:
+def _ew(kernel: Any, work: int, *args: Any) -> Launch:
     """An element-wise (grid-stride) launch over `work` items."""
-    R.launch(kernel, R.blocks_for(work, K.EW_NT), K.EW_NT, *args)
+    return R.bound(kernel, R.blocks_for(work, K.EW_NT) if work else 0, K.EW_NT, *args)
 
 
-def _per_row(kernel: Any, nrows: int, nt: int, *args: Any) -> None:
+def _per_row(kernel: Any, nrows: int, nt: int, *args: Any) -> Launch:
     """One block per row (grid-stride over rows)."""
-    R.launch(kernel, max(1, min(nrows, R.MAX_BLOCKS)) if nrows else 0, nt, *args)
+    return R.bound(kernel, max(1, min(nrows, R.MAX_BLOCKS)) if nrows else 0, nt, *args)
 
 
 # -- element-wise ---------------------------------------------------------------------------
@@ -106,62 +114,62 @@ _BINARY = {OpKind.ADD: K.B_ADD, OpKind.MUL: K.B_MUL, OpKind.DIV: K.B_DIV,
            OpKind.SWIGLU: K.B_SWIGLU}
 
 
-def _unary(node: Tensor, s: Session) -> None:
+def _unary(node: Tensor, s: Session) -> Launch:
     a, p = node.src[0], node.params
     p0, p1 = {OpKind.SCALE: lambda: (p.s, p.b), OpKind.CLAMP: lambda: (p.min, p.max),
               OpKind.FILL: lambda: (p.value, 0.0)}.get(node.op, lambda: (0.0, 0.0))()
-    _ew(_compiled(K.k_unary, a=a.type, d=node.type), node.nelements, s.arr(a), s.arr(node),
-        _UNARY[node.op], np.float32(p0), np.float32(p1))
+    return _ew(_compiled(K.k_unary, a=a.type, d=node.type), node.nelements, s.arr(a),
+               s.arr(node), _UNARY[node.op], np.float32(p0), np.float32(p1))
 
 
-def _binary(node: Tensor, s: Session) -> None:
+def _binary(node: Tensor, s: Session) -> Launch:
     a, b = node.src
-    _ew(_compiled(K.k_binary, a=a.type, b=b.type, d=node.type), node.nelements, s.arr(a),
-        s.arr(b), s.arr(node), _BINARY[node.op])
+    return _ew(_compiled(K.k_binary, a=a.type, b=b.type, d=node.type), node.nelements,
+               s.arr(a), s.arr(b), s.arr(node), _BINARY[node.op])
 
 
-def _norm(node: Tensor, s: Session) -> None:
+def _norm(node: Tensor, s: Session) -> Launch:
     a = node.src[0]
-    _per_row(_compiled(K.k_norm, a=a.type, d=node.type), _rows(node), K.ROW_NT, s.arr(a),
-             s.arr(node), float(node.params.eps), node.op == OpKind.RMS_NORM)
+    return _per_row(_compiled(K.k_norm, a=a.type, d=node.type), _rows(node), K.ROW_NT,
+                    s.arr(a), s.arr(node), float(node.params.eps), node.op == OpKind.RMS_NORM)
 
 
 # -- softmax, rope, attention ---------------------------------------------------------------
 
-def _soft_max(node: Tensor, s: Session) -> None:
+def _soft_max(node: Tensor, s: Session) -> Launch:
     a, mask, sinks = node.src
     p = node.params
     k = _compiled(K.k_soft_max, a=a.type, m=mask.type if mask is not None else T.F32,
                   d=node.type)
-    _per_row(k, _rows(node), K.ROW_NT, s.arr(a),
-             s.arr(mask) if mask is not None else R.dummy(np.float32),
-             s.arr(sinks) if sinks is not None else R.dummy(np.float32), s.arr(node),
-             float(p.scale), float(p.max_bias), p.head_offset, p.n_head or a.ne[2],
-             mask is not None, sinks is not None)
+    return _per_row(k, _rows(node), K.ROW_NT, s.arr(a),
+                    s.arr(mask) if mask is not None else R.dummy(np.float32),
+                    s.arr(sinks) if sinks is not None else R.dummy(np.float32), s.arr(node),
+                    float(p.scale), float(p.max_bias), p.head_offset, p.n_head or a.ne[2],
+                    mask is not None, sinks is not None)
 
 
-def _rope(node: Tensor, s: Session) -> None:
+def _rope(node: Tensor, s: Session) -> Launch:
     a, pos, ff = node.src
     p = node.params
     lo, hi = (yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
               if p.ext_factor != 0.0 else (0.0, 0.0))
     work = _rows(node) * (p.n_dims // 2 + node.ne[0] - p.n_dims)
-    _ew(_compiled(K.k_rope, a=a.type, d=node.type), work, s.arr(a), s.arr(pos),
-        s.arr(ff) if ff is not None else R.dummy(np.float32), s.arr(node), p.n_dims,
-        p.mode == RopeMode.NEOX, float(p.freq_base), float(p.freq_scale),
-        float(p.ext_factor), float(p.attn_factor), float(lo), float(hi), ff is not None)
+    return _ew(_compiled(K.k_rope, a=a.type, d=node.type), work, s.arr(a), s.arr(pos),
+               s.arr(ff) if ff is not None else R.dummy(np.float32), s.arr(node), p.n_dims,
+               p.mode == RopeMode.NEOX, float(p.freq_base), float(p.freq_scale),
+               float(p.ext_factor), float(p.attn_factor), float(lo), float(hi), ff is not None)
 
 
-def _flash_attn(node: Tensor, s: Session) -> None:
+def _flash_attn(node: Tensor, s: Session) -> Launch:
     q, k, v, mask = node.src
     p = node.params
     scale = p.scale / p.softcap if p.softcap else p.scale
     kern = _compiled(KM.k_flash_attn, k=k.type, v=v.type,
                      m=mask.type if mask is not None else T.F32)
-    _per_row(kern, q.ne[1] * q.ne[2] * q.ne[3], KM.FA_NT, s.arr(q), s.arr(k), s.arr(v),
-             s.arr(mask) if mask is not None else R.dummy(np.float32), s.arr(node),
-             float(scale), float(p.max_bias), float(p.softcap), p.head_offset,
-             p.n_head or q.ne[2], mask is not None)
+    return _per_row(kern, q.ne[1] * q.ne[2] * q.ne[3], KM.FA_NT, s.arr(q), s.arr(k),
+                    s.arr(v), s.arr(mask) if mask is not None else R.dummy(np.float32),
+                    s.arr(node), float(scale), float(p.max_bias), float(p.softcap),
+                    p.head_offset, p.n_head or q.ne[2], mask is not None)
 
 
 def _fa_fits(n: Tensor) -> bool:
@@ -178,24 +186,23 @@ def _grid_z(node: Tensor, z: int) -> int:
     return z
 
 
-def _mul_mat(node: Tensor, s: Session) -> None:
+def _mul_mat(node: Tensor, s: Session) -> Launch:
     a, b = node.src
     A, B, D = s.arr(a), s.arr(b), s.arr(node)
     m, n = node.ne[0], node.ne[1]
     z = node.ne[2] * node.ne[3]
     if n <= MV_MAX_N:
-        R.launch(_compiled(KM.k_mul_mat_vec, a=a.type, b=b.type),
-                 R.blocks_for(-(-m // KM.MV_WARPS) * n * z, 1), KM.MV_NT, A, B, D)
-    else:
-        R.launch(_compiled(KM.k_mul_mat_tiled, a=a.type, b=b.type),
-                 (-(-m // KM.MM_TM), -(-n // KM.MM_TN), _grid_z(node, z)), KM.MM_NT, A, B, D)
+        return R.bound(_compiled(KM.k_mul_mat_vec, a=a.type, b=b.type),
+                       R.blocks_for(-(-m // KM.MV_WARPS) * n * z, 1), KM.MV_NT, A, B, D)
+    return R.bound(_compiled(KM.k_mul_mat_tiled, a=a.type, b=b.type),
+                   (-(-m // KM.MM_TM), -(-n // KM.MM_TN), _grid_z(node, z)), KM.MM_NT, A, B, D)
 
 
-def _mul_mat_id(node: Tensor, s: Session) -> None:
+def _mul_mat_id(node: Tensor, s: Session) -> Launch:
     as_, b, ids = node.src
     work = -(-node.ne[0] // KM.MV_WARPS) * node.ne[1] * node.ne[2]
-    R.launch(_compiled(KM.k_mul_mat_id, a=as_.type, b=b.type), R.blocks_for(work, 1),
-             KM.MV_NT, s.arr(as_), s.arr(b), s.arr(ids), s.arr(node))
+    return R.bound(_compiled(KM.k_mul_mat_id, a=as_.type, b=b.type), R.blocks_for(work, 1),
+                   KM.MV_NT, s.arr(as_), s.arr(b), s.arr(ids), s.arr(node))
 
 
 # -- rows, copies, layout --------------------------------------------------------------------
@@ -204,59 +211,58 @@ def _chunks(t: Tensor) -> int:
     return _rows(t) * -(-t.ne[0] // K.CH)
 
 
-def _get_rows(node: Tensor, s: Session) -> None:
+def _get_rows(node: Tensor, s: Session) -> Launch:
     a, idx = node.src
     if a.type == T.I32:
-        _ew(K.k_get_rows_raw, node.nelements, s.arr(a), s.arr(idx), s.arr(node))
-        return
-    _ew(_compiled(K.k_get_rows, a=a.type), _chunks(node), s.arr(a), s.arr(idx), s.arr(node))
+        return _ew(K.k_get_rows_raw, node.nelements, s.arr(a), s.arr(idx), s.arr(node))
+    return _ew(_compiled(K.k_get_rows, a=a.type), _chunks(node), s.arr(a), s.arr(idx),
+               s.arr(node))
 
 
-def _set_rows(node: Tensor, s: Session) -> None:
+def _set_rows(node: Tensor, s: Session) -> Launch:
     dst, src, idx = node.src
-    _ew(_compiled(K.k_set_rows, a=src.type, d=dst.type), _chunks(src), s.arr(src),
-        s.arr(idx), s.arr(node))
+    return _ew(_compiled(K.k_set_rows, a=src.type, d=dst.type), _chunks(src), s.arr(src),
+               s.arr(idx), s.arr(node))
 
 
-def _copy_into(a: Tensor, d: Tensor, s: Session) -> None:
+def _copy_into(a: Tensor, d: Tensor, s: Session) -> Launch:
     """a's elements, in ggml order, into d: raw copies for equal types (and int widths)."""
     A, D = s.arr(a), s.arr(d)
     if (a.type == d.type and (not a.type.is_quantized or a.ne[0] == d.ne[0])) or \
             (a.type.is_int and d.type.is_int):
-        _ew(K.k_copy_raw, int(np.prod(A.shape)), A, D)
-    elif a.type.is_quantized or d.type.is_quantized:
-        _ew(_compiled(K.k_copy_chunks, a=a.type, d=d.type), a.nelements // K.CH, A, D,
-            a.ne[0], d.ne[0])
-    else:
-        _ew(_compiled(K.k_copy_elem, a=a.type, d=d.type), a.nelements, A, D)
+        return _ew(K.k_copy_raw, int(np.prod(A.shape)), A, D)
+    if a.type.is_quantized or d.type.is_quantized:
+        return _ew(_compiled(K.k_copy_chunks, a=a.type, d=d.type), a.nelements // K.CH, A, D,
+                   a.ne[0], d.ne[0])
+    return _ew(_compiled(K.k_copy_elem, a=a.type, d=d.type), a.nelements, A, D)
 
 
-def _cpy(node: Tensor, s: Session) -> None:
-    _copy_into(node.src[0], node, s)
+def _cpy(node: Tensor, s: Session) -> Launch:
+    return _copy_into(node.src[0], node, s)
 
 
-def _cont(node: Tensor, s: Session) -> None:
-    _copy_into(node.src[0], node, s)
+def _cont(node: Tensor, s: Session) -> Launch:
+    return _copy_into(node.src[0], node, s)
 
 
-def _concat(node: Tensor, s: Session) -> None:
+def _concat(node: Tensor, s: Session) -> Launch:
     a, b = node.src
     D = s.arr(node)
-    _ew(K.k_concat, int(np.prod(D.shape)), s.arr(a), s.arr(b), D, 3 - node.params.dim)
+    return _ew(K.k_concat, int(np.prod(D.shape)), s.arr(a), s.arr(b), D, 3 - node.params.dim)
 
 
-def _repeat(node: Tensor, s: Session) -> None:
+def _repeat(node: Tensor, s: Session) -> Launch:
     D = s.arr(node)
-    _ew(K.k_repeat, int(np.prod(D.shape)), s.arr(node.src[0]), D)
+    return _ew(K.k_repeat, int(np.prod(D.shape)), s.arr(node.src[0]), D)
 
 
-def _sum_rows(node: Tensor, s: Session) -> None:
+def _sum_rows(node: Tensor, s: Session) -> Launch:
     a = node.src[0]
-    _per_row(_compiled(K.k_sum_rows, a=a.type), _rows(a), K.ROW_NT, s.arr(a), s.arr(node),
-             a.ne[0])
+    return _per_row(_compiled(K.k_sum_rows, a=a.type), _rows(a), K.ROW_NT, s.arr(a),
+                    s.arr(node), a.ne[0])
 
 
-def _argsort(node: Tensor, s: Session) -> None:
+def _argsort(node: Tensor, s: Session) -> Launch:
     from ggraph.ops.reduce import SortOrder
 
     a = node.src[0]
@@ -264,12 +270,13 @@ def _argsort(node: Tensor, s: Session) -> None:
         desc, k = True, node.params.k
     else:
         desc, k = node.params.order == SortOrder.DESC, a.ne[0]
-    _per_row(_compiled(K.k_argsort, a=a.type), _rows(a), K.SORT_NT, s.arr(a), s.arr(node),
-             a.ne[0], desc, k)
+    return _per_row(_compiled(K.k_argsort, a=a.type), _rows(a), K.SORT_NT, s.arr(a),
+                    s.arr(node), a.ne[0], desc, k)
 
 
-def _view(node: Tensor, s: Session) -> None:
+def _view(node: Tensor, s: Session) -> Launch:
     """Views compute nothing: their memory is their source's."""
+    return None
 
 
 _SORT_WHY = f"rows longer than {K.SORT_MAX} elements (the sort runs in shared memory)"
@@ -277,29 +284,27 @@ _FA_WHY = (f"K heads above {KM.FA_DMAX} or V heads above {KM.FA_DV_MAX} elements
            f"per-thread output chunks live in shared memory), or types the CPU refuses")
 
 KERNELS: dict[OpKind, Kernel] = {
-    **{op: Kernel(_view) for op in (OpKind.VIEW, OpKind.RESHAPE, OpKind.PERMUTE,
+    **{op: _k(_view) for op in (OpKind.VIEW, OpKind.RESHAPE, OpKind.PERMUTE,
                                     OpKind.TRANSPOSE)},
-    **{op: Kernel(_unary, lambda n: _types(n, FLOATS) and n.type in FLOATS,
+    **{op: _k(_unary, lambda n: _types(n, FLOATS) and n.type in FLOATS,
                   "F32/F16 only") for op in _UNARY},
-    **{op: Kernel(_binary, lambda n: _types(n, FLOATS, FLOATS), "F32/F16 only")
+    **{op: _k(_binary, lambda n: _types(n, FLOATS, FLOATS), "F32/F16 only")
        for op in _BINARY},
-    OpKind.RMS_NORM: Kernel(_norm, lambda n: _types(n, (T.F32,))),
-    OpKind.NORM: Kernel(_norm, lambda n: _types(n, (T.F32,))),
-    OpKind.SOFT_MAX: Kernel(_soft_max, lambda n: _types(n, (T.F32,), FLOATS, (T.F32,))),
-    OpKind.ROPE: Kernel(_rope, lambda n: _types(n, FLOATS, (T.I32,), (T.F32,))),
-    OpKind.FLASH_ATTN_EXT: Kernel(_flash_attn, lambda n: _types(
+    OpKind.RMS_NORM: _k(_norm, lambda n: _types(n, (T.F32,))),
+    OpKind.NORM: _k(_norm, lambda n: _types(n, (T.F32,))),
+    OpKind.SOFT_MAX: _k(_soft_max, lambda n: _types(n, (T.F32,), FLOATS, (T.F32,))),
+    OpKind.ROPE: _k(_rope, lambda n: _types(n, FLOATS, (T.I32,), (T.F32,))),
+    OpKind.FLASH_ATTN_EXT: _k(_flash_attn, lambda n: _types(
         n, (T.F32,), KV_TYPES, KV_TYPES, FLOATS) and _fa_fits(n), _FA_WHY),
-    OpKind.MUL_MAT: Kernel(_mul_mat, lambda n: _types(n, WEIGHT_TYPES, FLOATS)),
-    OpKind.MUL_MAT_ID: Kernel(_mul_mat_id, lambda n: _types(n, WEIGHT_TYPES, FLOATS,
-                                                            (T.I32,))),
-    OpKind.GET_ROWS: Kernel(_get_rows, lambda n: _types(n, STORABLE + (T.I32,), (T.I32,))),
-    OpKind.SET_ROWS: Kernel(_set_rows, lambda n: _types(n, STORABLE, (T.F32,),
-                                                        (T.I32, T.I64))),
-    OpKind.CPY: Kernel(_cpy),
-    OpKind.CONT: Kernel(_cont),
-    OpKind.CONCAT: Kernel(_concat),
-    OpKind.REPEAT: Kernel(_repeat),
-    OpKind.SUM_ROWS: Kernel(_sum_rows),
-    OpKind.ARGSORT: Kernel(_argsort, lambda n: n.src[0].ne[0] <= K.SORT_MAX, _SORT_WHY),
-    OpKind.TOP_K: Kernel(_argsort, lambda n: n.src[0].ne[0] <= K.SORT_MAX, _SORT_WHY),
+    OpKind.MUL_MAT: _k(_mul_mat, lambda n: _types(n, WEIGHT_TYPES, FLOATS)),
+    OpKind.MUL_MAT_ID: _k(_mul_mat_id, lambda n: _types(n, WEIGHT_TYPES, FLOATS, (T.I32,))),
+    OpKind.GET_ROWS: _k(_get_rows, lambda n: _types(n, STORABLE + (T.I32,), (T.I32,))),
+    OpKind.SET_ROWS: _k(_set_rows, lambda n: _types(n, STORABLE, (T.F32,), (T.I32, T.I64))),
+    OpKind.CPY: _k(_cpy),
+    OpKind.CONT: _k(_cont),
+    OpKind.CONCAT: _k(_concat),
+    OpKind.REPEAT: _k(_repeat),
+    OpKind.SUM_ROWS: _k(_sum_rows),
+    OpKind.ARGSORT: _k(_argsort, lambda n: n.src[0].ne[0] <= K.SORT_MAX, _SORT_WHY),
+    OpKind.TOP_K: _k(_argsort, lambda n: n.src[0].ne[0] <= K.SORT_MAX, _SORT_WHY),
 }

@@ -32,6 +32,10 @@ except ImportError:  # older numba-cuda keeps the flag in numba's own config
     SIM = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
 
 MODE = "sim" if SIM else "device"
+# Kernel geometry (threads per block, tile sizes): the simulator runs one Python thread per CUDA
+# thread and its barriers cost milliseconds, so it uses small blocks; the code is the same.
+# GGRAPH_CUDASIM_GEOMETRY=gpu runs the simulator with the GPU's sizes (slow; for checking them).
+SMALL = SIM and os.environ.get("GGRAPH_CUDASIM_GEOMETRY", "small") != "gpu"
 _PTX_CC: tuple[int, int] = (9, 0)
 _PTX_DONE: dict[tuple, str] = {}   # (kernel, signature) -> "ok" or the error text
 
@@ -130,11 +134,23 @@ def _compile_only(kernel: Any, args: tuple) -> None:
 
 # Grid caps: kernels loop grid-stride, so any cap is correct. The simulator starts one Python
 # thread per CUDA thread, so it gets few blocks (which also exercises the grid-stride loops).
-MAX_BLOCKS = 4 if SIM else 65535
+MAX_BLOCKS = 4 if SMALL else 65535
 
 
 def blocks_for(work: int, per_block: int) -> int:
     return max(1, min(MAX_BLOCKS, -(-work // per_block)))
+
+
+def bound(kernel: Any, grid: Any, block: int, *args: Any) -> Callable[[], None] | None:
+    """A zero-argument launch of kernel[grid, block](*args) to run (and rerun) later; None
+    for an empty grid. The configured kernel is made once, so a rerun only dispatches."""
+    dims = grid if isinstance(grid, tuple) else (grid,)
+    if any(g <= 0 for g in dims):
+        return None
+    if MODE == "ptx":
+        return lambda: _compile_only(kernel, args)
+    configured = kernel[grid, block]
+    return lambda: configured(*args)
 
 
 def launch(kernel: Any, grid: Any, block: int, *args: Any) -> None:

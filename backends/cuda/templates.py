@@ -19,13 +19,13 @@ import math
 import numpy as np
 from numba import cuda, float32, float64, int32
 
-from .runtime import SIM
+from .runtime import SMALL
 
 CH = 32                        # chunk: one quant block; the unit of row-walking
-EW_NT = 32 if SIM else 256     # threads per block of element-wise kernels
-ROW_NT = 32 if SIM else 128    # threads per block of row kernels (power of two)
+EW_NT = 32 if SMALL else 256     # threads per block of element-wise kernels
+ROW_NT = 8 if SMALL else 128    # threads per block of row kernels (power of two)
 SORT_MAX = 2048                # longest row argsort sorts in shared memory
-SORT_NT = 32 if SIM else 256
+SORT_NT = 8 if SMALL else 256
 
 # op codes of k_unary / k_binary (the same as the CPU's)
 U_SCALE, U_CLAMP, U_FILL, U_SILU, U_GELU, U_SIGMOID = 0, 1, 2, 3, 4, 5

@@ -11,15 +11,15 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .runtime import SIM
+from .runtime import SMALL
 from .templates import CH
 
 # tiled mul_mat: a block computes a TM x TN tile of d; each of its (TM/RM)*(TN/RN) threads
 # RM x RN outputs; K advances TK (= one quant block) at a time through shared memory
-MM_TM = 16 if SIM else 64
-MM_TN = 16 if SIM else 64
-MM_RM = 2 if SIM else 4
-MM_RN = 2 if SIM else 4
+MM_TM = 8 if SMALL else 64
+MM_TN = 8 if SMALL else 64
+MM_RM = 2 if SMALL else 4
+MM_RN = 2 if SMALL else 4
 MM_TK = CH
 MM_TX = MM_TM // MM_RM
 MM_TY = MM_TN // MM_RN
@@ -27,11 +27,12 @@ MM_NT = MM_TX * MM_TY
 MM_AS = (MM_TK, MM_TM + 1)   # shared tile shapes (+1 column against bank conflicts)
 MM_BS = (MM_TK, MM_TN + 1)
 MM_ACC = (MM_RM, MM_RN)
-# mat-vec: one warp (32 lanes) per output row, MV_WARPS rows per block
-MV_WARPS = 1 if SIM else 4
-MV_NT = 32 * MV_WARPS
+# mat-vec: MV_LANES threads (a warp on a GPU) per output row, MV_WARPS rows per block
+MV_LANES = 8 if SMALL else 32
+MV_WARPS = 1 if SMALL else 4
+MV_NT = MV_LANES * MV_WARPS
 # flash attention: one block of FA_NT threads per query row; q staged in shared memory
-FA_NT = 32 if SIM else 128
+FA_NT = 16 if SMALL else 128
 FA_DMAX = 1024                 # longest K head (q row in shared memory)
 FA_DV_MAX = CH * FA_NT         # longest V head: one CH-chunk of the output per thread
 FA_RED = FA_NT * CH            # partial outputs of every thread, summed at the end
@@ -93,18 +94,16 @@ def k_mul_mat_tiled(a, b, d):
 
 
 @cuda.jit(device=True)
-def warp_sum(red, tid, lane, s):
-    """Sum of s over each warp's 32 lanes (shared memory, every thread of the block calls)."""
+def lane_sum(red, tid, lane, s):
+    """Sum of s over the MV_LANES lanes of each row group, valid in lane 0 (every thread of
+    the block calls: it holds two barriers)."""
     red[tid] = s
     cuda.syncthreads()
-    off = 16
-    while off > 0:
-        if lane < off:
-            red[tid] += red[tid + off]
-        cuda.syncthreads()
-        off //= 2
-    total = red[tid]
-    cuda.syncthreads()  # read before the next item's partial sums overwrite red
+    total = s
+    if lane == 0:
+        for i in range(1, MV_LANES):
+            total += red[tid + i]
+    cuda.syncthreads()  # all reads done before the next item's partial sums overwrite red
     return total
 
 
@@ -118,22 +117,22 @@ def k_mul_mat_vec(a, b, d):
     kk = b.shape[3]
     r3, r2 = n3 // a.shape[0], n2 // a.shape[1]
     tid = cuda.threadIdx.x
-    lane = tid % 32
+    lane = tid % MV_LANES
     groups = (nm + MV_WARPS - 1) // MV_WARPS
     for o in range(cuda.blockIdx.x, groups * nn * n3 * n2, cuda.gridDim.x):
-        m = (o % groups) * MV_WARPS + tid // 32
+        m = (o % groups) * MV_WARPS + tid // MV_LANES
         n = (o // groups) % nn
         z = o // (groups * nn)
         i3, i2 = z // n2, z % n2
         s = np.float32(0.0)
         if m < nm:
-            for c in range(lane, (kk + CH - 1) // CH, 32):
+            for c in range(lane, (kk + CH - 1) // CH, MV_LANES):
                 k0 = c * CH
                 cn = min(CH, kk - k0)
                 for e in range(cn):
                     vb[e] = ld_b(b, i3, i2, n, k0 + e)  # noqa: F821
                 s += cdot_a(a, i3 // r3, i2 // r2, m, k0, cn, vb)  # noqa: F821
-        s = warp_sum(red, tid, lane, s)
+        s = lane_sum(red, tid, lane, s)
         if lane == 0 and m < nm:
             d[i3, i2, n, m] = s
 
@@ -146,22 +145,22 @@ def k_mul_mat_id(a, b, ids, d):
     _, nt, nu, nm = d.shape
     nb, kk = b.shape[2], b.shape[3]
     tid = cuda.threadIdx.x
-    lane = tid % 32
+    lane = tid % MV_LANES
     groups = (nm + MV_WARPS - 1) // MV_WARPS
     for o in range(cuda.blockIdx.x, groups * nu * nt, cuda.gridDim.x):
-        m = (o % groups) * MV_WARPS + tid // 32
+        m = (o % groups) * MV_WARPS + tid // MV_LANES
         e = (o // groups) % nu
         t = o // (groups * nu)
         ex = ids[0, 0, t, e]
         s = np.float32(0.0)
         if m < nm:
-            for c in range(lane, (kk + CH - 1) // CH, 32):
+            for c in range(lane, (kk + CH - 1) // CH, MV_LANES):
                 k0 = c * CH
                 cn = min(CH, kk - k0)
                 for q in range(cn):
                     vb[q] = ld_b(b, 0, t, e % nb, k0 + q)  # noqa: F821
                 s += cdot_a(a, 0, ex, m, k0, cn, vb)  # noqa: F821
-        s = warp_sum(red, tid, lane, s)
+        s = lane_sum(red, tid, lane, s)
         if lane == 0 and m < nm:
             d[0, t, e, m] = s
 

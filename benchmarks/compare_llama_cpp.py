@@ -1,0 +1,116 @@
+"""SmolLM2-135M-Instruct Q4_1 in ggraph and in llama.cpp (llama-cpp-python, built from source),
+same machine, same run: tokens, greedy continuations, per-position logits, and speed.
+
+- tokenization of each prompt by both;
+- the first 16 greedy tokens of each prompt (ggraph fed llama.cpp's prompt tokens);
+- NMSE of ggraph's logits against llama.cpp's at every prompt position;
+- prompt processing of 512 tokens and generation of 64 tokens, 2 threads each.
+
+    pip install llama-cpp-python   # builds llama.cpp from source (minutes)
+    python benchmarks/compare_llama_cpp.py [--threads 2] [--json benchmarks/results/llama_cpp.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+
+PROMPTS = ["The capital of France is",
+           "Once upon a time, in a small village,",
+           "def fibonacci(n):",
+           "The three primary colors are"]
+
+
+def nmse(ref: np.ndarray, got: np.ndarray) -> float:
+    ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+    return float(((ref - got) ** 2).sum() / (ref ** 2).sum())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-gen", type=int, default=16)
+    ap.add_argument("--json", default="benchmarks/results/llama_cpp.json")
+    ap.add_argument("--skip-speed", action="store_true")
+    args = ap.parse_args()
+    import llama_cpp
+    import numba
+
+    from ggraph.graphs.engine import Engine, EngineConfig
+    from ggraph.graphs.fetch import default_model
+
+    numba.set_num_threads(args.threads)
+    path = str(default_model())
+    llm = llama_cpp.Llama(model_path=path, n_ctx=2048, n_batch=512, n_ubatch=512,
+                          n_threads=args.threads, n_threads_batch=args.threads,
+                          logits_all=True, verbose=False)
+    eng = Engine(path, EngineConfig(n_ctx=2048, n_ubatch=512, n_threads=args.threads))
+    out: dict = {"llama_cpp_version": llama_cpp.__version__, "threads": args.threads,
+                 "prompts": []}
+    for prompt in PROMPTS:
+        toks_cpp = llm.tokenize(prompt.encode(), add_bos=False, special=False)
+        toks_gg = eng.tokenizer.encode(prompt)
+        llm.reset()
+        llm.eval(toks_cpp)
+        logits_cpp = np.array(llm.scores[: len(toks_cpp)])
+        gen_cpp = []
+        for _ in range(args.n_gen):
+            t = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            gen_cpp.append(t)
+            llm.eval([t])
+        eng.reset()
+        logits_gg = eng.eval(toks_cpp, all_logits=True)
+        eng.reset()
+        gen_gg = list(eng.generate(toks_cpp, args.n_gen, stop_at_eos=False))
+        err = [nmse(a, b) for a, b in zip(logits_cpp, logits_gg)]
+        same = sum(1 for a, b in zip(gen_cpp, gen_gg) if a == b)
+        first_diff = next((i for i, (a, b) in enumerate(zip(gen_cpp, gen_gg)) if a != b), None)
+        row = dict(prompt=prompt, tokens_equal=toks_cpp == toks_gg, tokens_llama_cpp=toks_cpp,
+                   tokens_ggraph=toks_gg, greedy_equal=gen_cpp == gen_gg,
+                   first_difference=first_diff, same_tokens=same,
+                   text_llama_cpp=eng.tokenizer.decode(gen_cpp),
+                   text_ggraph=eng.tokenizer.decode(gen_gg),
+                   logits_nmse_max=max(err), logits_nmse_mean=float(np.mean(err)))
+        out["prompts"].append(row)
+        print(f"{prompt!r}: tokens {'equal' if row['tokens_equal'] else 'DIFFER'}, greedy "
+              f"{args.n_gen} {'equal' if row['greedy_equal'] else f'differ at {first_diff}'}, "
+              f"logits NMSE max {max(err):.2e} mean {np.mean(err):.2e}")
+        print(f"   llama.cpp: {row['text_llama_cpp']!r}\n   ggraph:    {row['text_ggraph']!r}")
+    if not args.skip_speed:
+        rng = np.random.default_rng(0)
+        pp = [int(x) for x in rng.integers(100, 40000, 512)]
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(pp)
+        pp_cpp = 512 / (time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for i in range(64):
+            llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+        tg_cpp = 64 / (time.perf_counter() - t0)
+        eng.reset()
+        eng.eval(pp[:8])  # compile the ubatch shapes outside the timing
+        eng.reset()
+        t0 = time.perf_counter()
+        eng.eval(pp)
+        pp_gg = 512 / (time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        tok = 0
+        for i in range(64):
+            tok = int(np.argmax(eng.eval([tok])))
+        tg_gg = 64 / (time.perf_counter() - t0)
+        out["speed"] = dict(pp512_llama_cpp=pp_cpp, pp512_ggraph=pp_gg,
+                            tg64_llama_cpp=tg_cpp, tg64_ggraph=tg_gg)
+        print(f"{'':14}{'llama.cpp':>12}{'ggraph':>12}{'ratio':>8}")
+        print(f"{'pp512 tok/s':14}{pp_cpp:12.1f}{pp_gg:12.1f}{pp_gg / pp_cpp:8.2f}")
+        print(f"{'tg64 tok/s':14}{tg_cpp:12.1f}{tg_gg:12.1f}{tg_gg / tg_cpp:8.2f}")
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
