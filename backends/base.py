@@ -192,17 +192,4 @@ class Session:
         return list(order) if order is not None else graph.nodes
 
     def _feed(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray]) -> None:
-        by_name = {k: v for k, v in inputs.items() if isinstance(k, str)}
-        by_id = {id(k): v for k, v in inputs.items() if not isinstance(k, str)}
-        for leaf in graph.leafs:
-            v = by_id.get(id(leaf))
-            if v is None and leaf.name in by_name:
-                v = by_name[leaf.name]
-            if v is not None:
-                v = np.asarray(v)
-                if v.size != leaf.nelements:
-                    raise ValueError(f"input for {leaf.describe()} has shape {v.shape}, "
-                                     f"expected {leaf.nelements} elements")
-                self.write(leaf, v.reshape(leaf.shape))
-            elif leaf.is_input and leaf.data is None:
-                raise ValueError(f"graph input {leaf.describe()} was given no value")
+        buffers.feed_inputs(graph, inputs, self.write)

@@ -93,3 +93,23 @@ def encode(t: Tensor, values: np.ndarray) -> np.ndarray:
                          f"shape {values.shape}")
     enc = encode_rows(t.type, values.reshape(t.shape))
     return np.frombuffer(np.ascontiguousarray(enc).tobytes(), dtype=np.uint8).copy()
+
+
+def feed_inputs(graph, inputs, write) -> None:
+    """Write each leaf's value from `inputs` (keys: tensors or names) with `write(leaf, values)`;
+    a graph input (INPUT flag, no host data) without a value, or a value of the wrong size, is
+    an error naming the tensor. Shared by every executor so they agree on what an input is."""
+    by_name = {k: v for k, v in inputs.items() if isinstance(k, str)}
+    by_id = {id(k): v for k, v in inputs.items() if not isinstance(k, str)}
+    for leaf in graph.leafs:
+        v = by_id.get(id(leaf))
+        if v is None and leaf.name in by_name:
+            v = by_name[leaf.name]
+        if v is not None:
+            v = np.asarray(v)
+            if v.size != leaf.nelements:
+                raise ValueError(f"input for {leaf.describe()} has shape {v.shape} "
+                                 f"({v.size} elements), expected {leaf.nelements}")
+            write(leaf, v.reshape(leaf.shape))
+        elif leaf.is_input and leaf.data is None:
+            raise ValueError(f"graph input {leaf.describe()} was given no value")

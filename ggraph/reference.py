@@ -22,9 +22,7 @@ class ReferenceExecutor:
 
     def __init__(self, inputs: Mapping[Tensor | str, np.ndarray] | None = None) -> None:
         self._mem: dict[int, np.ndarray] = {}
-        self._inputs: dict[int | str, np.ndarray] = {}
-        for k, v in (inputs or {}).items():
-            self._inputs[k if isinstance(k, str) else id(k)] = np.asarray(v)
+        self._inputs = dict(inputs or {})
 
     # -- memory ---------------------------------------------------------------------------
     def _buffer(self, t: Tensor) -> np.ndarray:
@@ -53,24 +51,9 @@ class ReferenceExecutor:
         raw[index] = buffers.encode_rows(t.type, values)
 
     # -- running --------------------------------------------------------------------------
-    def _feed(self, leaf: Tensor) -> None:
-        value = self._inputs.get(id(leaf))
-        if value is None and leaf.name:
-            value = self._inputs.get(leaf.name)
-        if value is not None:
-            if value.size != leaf.nelements:
-                raise ValueError(f"input for {leaf.describe()} has shape {value.shape} "
-                                 f"({value.size} elements), expected {leaf.nelements}")
-            self.write(leaf, value.reshape(leaf.shape))
-        elif leaf.is_input and leaf.data is None:
-            raise ValueError(f"graph input {leaf.describe()} was given no value")
-
     def run(self, graph: Graph) -> "ReferenceExecutor":
-        for leaf in graph.leafs:
-            self._feed(leaf)
+        buffers.feed_inputs(graph, self._inputs, self.write)
         for node in graph.nodes:
-            if node.op is not None and not node.src and node.is_input:
-                self._feed(node)
             opdef = get_op(node.op)
             if opdef.reference is None:  # a view: nothing to compute
                 continue
