@@ -88,7 +88,9 @@ def test_flash_attention_matches_plain(tiny):
     a = Engine(tiny, EngineConfig(n_ctx=256, n_ubatch=32))
     b = Engine(tiny, EngineConfig(n_ctx=256, n_ubatch=32, flash_attn=True))
     toks = a.tokenizer.encode("flash or not")
-    assert nmse(a.eval(toks, all_logits=True), b.eval(toks, all_logits=True)) < 1e-6
+    # like ggml, the mul_mat path multiplies F16-rounded queries and probabilities by the F16
+    # cache; flash attention reads the cache with float32 queries: mul_mat's tolerance
+    assert nmse(a.eval(toks, all_logits=True), b.eval(toks, all_logits=True)) < 5e-4
 
 
 def test_quantized_v_cache_needs_flash_attention(tiny):
