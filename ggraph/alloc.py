@@ -22,22 +22,19 @@ Two strategies:
 """
 from __future__ import annotations
 
-import bisect
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from ggraph.graph import Graph, GraphCapacityError, GraphCycleError
 from ggraph.ops.registry import get_op
 from ggraph.tensor import Flag, Tensor, fmt_ne
+from ggraph.alloc_fit import _HUGE, _NEVER, _Fit, _fit_offline, _fit_online
+from ggraph.alloc_order import _dependencies, greedy_order, subtree_order
 
 ALIGNMENTS = {"cpu": 32, "cuda": 128}   # ggml CPU TENSOR_ALIGNMENT, CUDA buffer alignment
 STRATEGIES = ("default", "ggml")
 MIB = 1 << 20
-_HUGE = sys.maxsize // 2                # the open tail block of ggml's single chunk
-_NEVER = sys.maxsize                    # free event of a block that is never freed
 
 
 # -- errors --------------------------------------------------------------------------------
@@ -387,219 +384,6 @@ def _trace(nodes: Sequence[Tensor], leafs: Sequence[Tensor], sizes: dict[int, in
                 elif ps[2]:
                     free(p)
     return tr
-
-
-# -- placement ---------------------------------------------------------------------------------
-
-class _Fit:
-    def __init__(self, offsets: list[int], size: int, peak_block: int) -> None:
-        self.offsets, self.size, self.peak_block = offsets, size, peak_block
-
-
-def _free_bytes(free: list[list[int]], off: int, size: int) -> None:
-    # ggml_dyn_tallocr_free_bytes: merge with a neighbour, else insert keeping offset order
-    for i, blk in enumerate(free):
-        if blk[0] + blk[1] == off:
-            blk[1] += size
-            if i + 1 < len(free) and blk[0] + blk[1] == free[i + 1][0]:
-                blk[1] += free[i + 1][1]
-                del free[i + 1]
-            return
-        if off + size == blk[0]:
-            blk[0] = off
-            blk[1] += size
-            if i > 0 and free[i - 1][0] + free[i - 1][1] == blk[0]:
-                free[i - 1][1] += blk[1]
-                del free[i]
-            return
-    pos = 0
-    while pos < len(free) and free[pos][0] < off:
-        pos += 1
-    free.insert(pos, [off, size])
-
-
-def _fit_online(tr: _Trace) -> _Fit:
-    """ggml_dyn_tallocr over one chunk, event by event."""
-    free: list[list[int]] = [[0, _HUGE]]
-    offs = [0] * len(tr.bsize)
-    bsz = list(tr.bsize)
-    max_size, peak = 0, -1
-    for kind, b, keep in tr.events:
-        if kind == 0:
-            size = bsz[b]
-            best, best_size = -1, _HUGE
-            last = len(free) - 1
-            for i in range(last):
-                bs = free[i][1]
-                if size <= bs <= best_size:          # ties go to the later block, as in ggml
-                    best, best_size = i, bs
-            if best < 0:
-                best = last
-            blk = free[best]
-            off = offs[b] = blk[0]
-            blk[0] += size
-            blk[1] -= size
-            if blk[1] == 0:
-                del free[best]
-            if off + size > max_size:
-                max_size, peak = off + size, b
-        elif kind == 1:
-            _free_bytes(free, offs[b], bsz[b])
-        else:
-            _free_bytes(free, offs[b] + keep, bsz[b] - keep)
-            bsz[b] = keep
-    return _Fit(offs, max_size, peak)
-
-
-def _fit_offline(tr: _Trace) -> _Fit:
-    """Largest block first, into the lowest gap left by the placed blocks live at the same
-    time (on random graphs the lowest gap did as well as the tightest). Lifetimes are event
-    intervals [alloc, free); a shrunk block keeps its full size. Vectorized with numpy:
-    graphs hold thousands of blocks, and long-lived ones overlap most others."""
-    n = len(tr.bsize)
-    start = np.zeros(n, np.int64)
-    stop = np.full(n, _NEVER, np.int64)
-    for e, (kind, b, _) in enumerate(tr.events):
-        if kind == 0:
-            start[b] = e
-        elif kind == 1:
-            stop[b] = e
-    size = np.array(tr.bsize, np.int64)
-    order = sorted(range(n), key=lambda b: (-tr.bsize[b], int(start[b]) - int(stop[b]), b))
-    p_start, p_stop = np.empty(n, np.int64), np.empty(n, np.int64)
-    p_off, p_end = np.empty(n, np.int64), np.empty(n, np.int64)
-    offs = [0] * n
-    for k, b in enumerate(order):
-        sz, s0, s1 = int(size[b]), start[b], stop[b]
-        off = 0
-        if k and sz:
-            live = (p_start[:k] < s1) & (p_stop[:k] > s0) & (p_end[:k] > p_off[:k])
-            if live.any():
-                lo, hi = p_off[:k][live], p_end[:k][live]
-                idx = np.argsort(lo, kind="stable")
-                lo, hi = lo[idx], np.maximum.accumulate(hi[idx])
-                gap_at = np.concatenate(([0], hi[:-1]))
-                room = lo - gap_at
-                fits = np.flatnonzero(room >= sz)
-                off = int(gap_at[fits[0]]) if len(fits) else int(hi[-1])
-        offs[b] = off
-        p_start[k], p_stop[k], p_off[k], p_end[k] = s0, s1, off, off + sz
-    ends = [offs[b] + tr.bsize[b] for b in range(n)]
-    top = max(ends, default=0)
-    peak = min((b for b in range(n) if ends[b] == top), key=lambda b: int(start[b]),
-               default=-1)
-    return _Fit(offs, top, peak)
-
-
-# -- node order ------------------------------------------------------------------------------
-
-def _dependencies(nodes: Sequence[Tensor]) -> tuple[list[list[int]], list[set[int]]]:
-    """Predecessors of each node and the memory roots it touches.
-
-    Writes through views (cpy, set_rows) have no edge to later readers of the same memory, so
-    every access to a root that is written through a view keeps its original relative order."""
-    pos = {id(t): i for i, t in enumerate(nodes)}
-    preds: list[list[int]] = [[] for _ in nodes]
-    roots: list[set[int]] = [set() for _ in nodes]
-    written = {id(t.view_src) for t in nodes
-               if t.view_src is not None and t.op is not None and not t.op.is_view}
-    last_access: dict[int, int] = {}
-    for i, t in enumerate(nodes):
-        r, pr = roots[i], preds[i]
-        if t.view_src is not None:
-            r.add(id(t.view_src))
-        for s in t.src:
-            if s is not None:
-                j = pos.get(id(s))
-                if j is not None and j not in pr:
-                    pr.append(j)
-                r.add(id(s.owner))
-        for m in r:
-            if m in written:
-                j = last_access.get(m)
-                if j is not None and j not in pr:
-                    pr.append(j)
-                last_access[m] = i
-    return preds, roots
-
-
-def greedy_order(nodes: Sequence[Tensor], sizes: dict[int, int], window: int = 24) -> list[int]:
-    """Dependency-preserving order that runs the ready node adding the fewest bytes (its
-    result minus the sources it frees), ties by original position."""
-    preds, roots = _dependencies(nodes)
-    users: dict[int, int] = {}
-    for r in roots:
-        for m in r:
-            users[m] = users.get(m, 0) + 1
-    freeable = {id(t): sizes[id(t)] for t in nodes if id(t) in sizes and not t.is_output}
-    succ: list[list[int]] = [[] for _ in nodes]
-    indeg = [len(p) for p in preds]
-    for i, p in enumerate(preds):
-        for j in p:
-            succ[j].append(i)
-    ready = [i for i in range(len(nodes)) if indeg[i] == 0]
-    out: list[int] = []
-    while ready:
-        best, best_score = 0, None
-        for k in range(min(window, len(ready))):
-            i = ready[k]
-            score = sizes.get(id(nodes[i]), 0)
-            for m in roots[i]:
-                if users[m] == 1:
-                    score -= freeable.get(m, 0)
-            if best_score is None or score < best_score:
-                best, best_score = k, score
-        i = ready.pop(best)
-        out.append(i)
-        for m in roots[i]:
-            users[m] -= 1
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                bisect.insort(ready, j)
-    return out
-
-
-def subtree_order(nodes: Sequence[Tensor], sizes: dict[int, int]) -> list[int]:
-    """Post-order that computes the source needing the most memory first (Sethi-Ullman):
-    results of the other sources are then held for the shortest time. Needs are estimated
-    as if the graph were a tree."""
-    preds, _ = _dependencies(nodes)
-    n = len(nodes)
-    res = [sizes.get(id(t), 0) for t in nodes]
-    need = [0] * n
-    keyed: list[list[int]] = [[] for _ in range(n)]
-    for i in range(n):             # preds come earlier, so one pass in order suffices
-        ps = sorted(preds[i], key=lambda j: (res[j] - need[j], -j))
-        keyed[i] = ps
-        held, peak = 0, 0
-        for j in ps:
-            peak = max(peak, held + need[j])
-            held += res[j]
-        need[i] = max(peak, held + res[i])
-    has_user = [False] * n
-    for p in preds:
-        for j in p:
-            has_user[j] = True
-    out: list[int] = []
-    done = [False] * n
-    for r in [i for i in range(n) if not has_user[i]] + list(range(n)):
-        if done[r]:
-            continue
-        stack = [(r, 0)]
-        while stack:
-            i, k = stack[-1]
-            if k < len(keyed[i]):
-                stack[-1] = (i, k + 1)
-                j = keyed[i][k]
-                if not done[j]:
-                    done[j] = True  # marked on entry: a DAG, so never re-entered
-                    stack.append((j, 0))
-                continue
-            stack.pop()
-            done[i] = True
-            out.append(i)
-    return out
 
 
 # -- planning ------------------------------------------------------------------------------------
