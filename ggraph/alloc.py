@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from ggraph.graph import Graph, GraphCapacityError, GraphCycleError
 from ggraph.ops.registry import get_op
 from ggraph.tensor import Flag, Tensor, fmt_ne
-from ggraph.alloc_fit import _HUGE, _NEVER, _Fit, _fit_offline, _fit_online
-from ggraph.alloc_order import _dependencies, greedy_order, subtree_order
+from ggraph.alloc_fit import _Fit, _fit_offline, _fit_online
+from ggraph.alloc_order import greedy_order, subtree_order
 
 ALIGNMENTS = {"cpu": 32, "cuda": 128}   # ggml CPU TENSOR_ALIGNMENT, CUDA buffer alignment
 STRATEGIES = ("default", "ggml")
