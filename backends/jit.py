@@ -17,7 +17,7 @@ from .shared import codecs, numeric
 
 NUMERIC = ("half_to_f32", "f32_to_half", "bf16_to_f32", "f32_to_bf16", "roundf", "silu",
            "gelu", "sigmoid", "alibi_slope")
-CODEC_HELPERS = ("_half_at", "_put_half", "_finite_or_zero", "_trunc_u8", "_half_row")
+CODEC_HELPERS = ("_half_at", "_put_half", "_finite_or_zero", "_trunc_u8", "_half_row", "_opaque")
 ELEM_CODECS = {GGMLType.F32: ("load_f32", "store_f32", "load1_f32"),
                GGMLType.F16: ("load_f16", "store_f16", "load1_f16"),
                GGMLType.BF16: ("load_bf16", "store_bf16", "load1_bf16"),

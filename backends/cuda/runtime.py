@@ -143,14 +143,14 @@ def blocks_for(work: int, per_block: int) -> int:
 
 def bound(kernel: Any, grid: Any, block: int, *args: Any) -> Callable[[], None] | None:
     """A zero-argument launch of kernel[grid, block](*args) to run (and rerun) later; None
-    for an empty grid. The configured kernel is made once, so a rerun only dispatches."""
+    for an empty grid. The launch is configured at call time: the simulator keeps one
+    configuration per kernel object, which another node using the same kernel would change."""
     dims = grid if isinstance(grid, tuple) else (grid,)
     if any(g <= 0 for g in dims):
         return None
     if MODE == "ptx":
         return lambda: _compile_only(kernel, args)
-    configured = kernel[grid, block]
-    return lambda: configured(*args)
+    return lambda: kernel[grid, block](*args)
 
 
 def launch(kernel: Any, grid: Any, block: int, *args: Any) -> None:

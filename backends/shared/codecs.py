@@ -202,28 +202,31 @@ def _half_row(row, o):
 def dot_q4_0(x, i3, i2, i1, v, n):
     row = x[i3, i2, i1]
     s = np.float32(0.0)
+    qh = _opaque(16, n)
     for b in range(n // 32):
-        o = b * 18
+        o = b * 18 + 2
+        vo = b * 32
         acc = np.float32(0.0)
-        for j in range(16):
-            q = np.int32(row[o + 2 + j])
-            acc += np.float32((q & 15) - 8) * v[b * 32 + j]
-            acc += np.float32((q >> 4) - 8) * v[b * 32 + j + 16]
-        s += acc * _half_row(row, o)
+        for j in range(qh):
+            q = np.int32(row[o + j])
+            acc += np.float32((q & 15) - 8) * v[vo + j] + np.float32((q >> 4) - 8) * v[vo + j + qh]
+        s += acc * _half_row(row, o - 2)
     return s
 
 
 def dot_q4_1(x, i3, i2, i1, v, n):
     row = x[i3, i2, i1]
     s = np.float32(0.0)
+    qh = _opaque(16, n)
     for b in range(n // 32):
         o = b * 20
+        vo = b * 32
         acc = np.float32(0.0)
         vs = np.float32(0.0)
-        for j in range(16):
+        for j in range(qh):
             q = np.int32(row[o + 4 + j])
-            v0 = v[b * 32 + j]
-            v1 = v[b * 32 + j + 16]
+            v0 = v[vo + j]
+            v1 = v[vo + j + qh]
             acc += np.float32(q & 15) * v0 + np.float32(q >> 4) * v1
             vs += v0 + v1
         s += acc * _half_row(row, o) + vs * _half_row(row, o + 2)
@@ -233,10 +236,19 @@ def dot_q4_1(x, i3, i2, i1, v, n):
 def dot_q8_0(x, i3, i2, i1, v, n):
     row = x[i3, i2, i1]
     s = np.float32(0.0)
+    qk = _opaque(32, n)
     for b in range(n // 32):
-        o = b * 34
+        o = b * 34 + 2
+        vo = b * 32
         acc = np.float32(0.0)
-        for j in range(32):
-            acc += np.float32(np.int8(row[o + 2 + j])) * v[b * 32 + j]
-        s += acc * _half_row(row, o)
+        for j in range(qk):
+            acc += np.float32(np.int8(row[o + j])) * v[vo + j]
+        s += acc * _half_row(row, o - 2)
     return s
+
+
+def _opaque(k, n):
+    """k, as a value the compiler cannot see: a block's inner loop with a constant trip count is
+    unrolled and the block loop around it vectorized with gathers (4-5x slower); a loop of
+    unknown length is vectorized itself, over contiguous bytes. n is never 0 here."""
+    return k if n > 0 else k // 2
