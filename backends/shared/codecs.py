@@ -82,33 +82,38 @@ def _put_half(x, i3, i2, i1, o, v):
 
 
 def dec_q4_0(x, i3, i2, i1, out, n):
+    row = x[i3, i2, i1]
+    qh = _opaque(16, n)
     for b in range(n // 32):
         o = b * 18
-        d = _half_at(x, i3, i2, i1, o)
-        for j in range(16):
-            q = np.int32(x[i3, i2, i1, o + 2 + j])
+        d = _half_row(row, o)
+        for j in range(qh):
+            q = np.int32(row[o + 2 + j])
             out[b * 32 + j] = np.float32((q & 0xF) - 8) * d
-            out[b * 32 + j + 16] = np.float32((q >> 4) - 8) * d
+            out[b * 32 + j + qh] = np.float32((q >> 4) - 8) * d
 
 
 def dec_q4_1(x, i3, i2, i1, out, n):
+    row = x[i3, i2, i1]
+    qh = _opaque(16, n)
     for b in range(n // 32):
         o = b * 20
-        d = _half_at(x, i3, i2, i1, o)
-        m = _half_at(x, i3, i2, i1, o + 2)
-        for j in range(16):
-            q = np.int32(x[i3, i2, i1, o + 4 + j])
+        d = _half_row(row, o)
+        m = _half_row(row, o + 2)
+        for j in range(qh):
+            q = np.int32(row[o + 4 + j])
             out[b * 32 + j] = np.float32(q & 0xF) * d + m
-            out[b * 32 + j + 16] = np.float32(q >> 4) * d + m
+            out[b * 32 + j + qh] = np.float32(q >> 4) * d + m
 
 
 def dec_q8_0(x, i3, i2, i1, out, n):
+    row = x[i3, i2, i1]
+    qk = _opaque(32, n)
     for b in range(n // 32):
         o = b * 34
-        d = _half_at(x, i3, i2, i1, o)
-        for j in range(32):
-            q = np.int32(x[i3, i2, i1, o + 2 + j])
-            out[b * 32 + j] = np.float32(q - 256 if q > 127 else q) * d
+        d = _half_row(row, o)
+        for j in range(qk):
+            out[b * 32 + j] = np.float32(np.int8(row[o + 2 + j])) * d
 
 
 def enc_q4_0(v, x, i3, i2, i1, n):
