@@ -59,7 +59,7 @@ def register_arch(name: str) -> Callable[[type], type]:
 
 
 def model_class(arch: str, path: str = "") -> Callable[..., Any]:
-    from . import llama  # noqa: F401 - importing registers the architectures
+    from . import deepseek2, llama  # noqa: F401 - importing registers the architectures
 
     cls = ARCHITECTURES.get(arch)
     if cls is None:

@@ -72,3 +72,160 @@ class LlamaHParams:
     @property
     def freq_scale(self) -> float:
         return 1.0 / self.rope_scaling_factor if self.rope_scaling_factor else 1.0
+
+
+import math  # used by DeepSeek2HParams only (appended class)
+
+
+@dataclass(frozen=True)
+class DeepSeek2HParams:
+    """DeepSeek-V2/V3/R1 (`deepseek2`): MLA attention, dense leading layers, then MoE.
+
+    Two GGUF layouts exist. MLA files (today's converter) write the compressed widths under
+    `key_length` (kv_lora + n_rot) and `value_length` (kv_lora) with `head_count_kv` 1, and the
+    per-head widths under `key_length_mla` / `value_length_mla`, with attn_k_b/attn_v_b tensors;
+    legacy files write the per-head widths under `key_length` / `value_length` and hold
+    attn_kv_b. `head_k` / `head_v` are the per-head widths in both cases.
+    `rope_yarn_log_mul` is the GGUF value, which the converter stores as 0.1 * mscale_all_dim
+    (DeepSeek-V3: 0.1), so `mscale = 1 + rope_yarn_log_mul * ln(factor)`.
+    """
+    n_layer: int = key("{arch}.block_count")
+    n_embd: int = key("{arch}.embedding_length")
+    n_ctx_train: int = key("{arch}.context_length")
+    n_head: int = key("{arch}.attention.head_count")
+    kv_lora_rank: int = key("{arch}.attention.kv_lora_rank")
+    n_rot: int = key("{arch}.rope.dimension_count")
+    n_ff: int = key("{arch}.feed_forward_length", 0)            # dense leading layers
+    n_head_kv: int = key("{arch}.attention.head_count_kv", 0)
+    key_length: int = key("{arch}.attention.key_length", 0)
+    value_length: int = key("{arch}.attention.value_length", 0)
+    key_length_mla: int = key("{arch}.attention.key_length_mla", 0)
+    value_length_mla: int = key("{arch}.attention.value_length_mla", 0)
+    q_lora_rank: int = key("{arch}.attention.q_lora_rank", 0)  # 0: Lite (one attn_q matrix)
+    rms_eps: float = key("{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    rope_freq_base: float = key("{arch}.rope.freq_base", 10000.0)
+    rope_scaling_type: str = key("{arch}.rope.scaling.type", "linear")  # llama.cpp's default
+    rope_scaling_factor: float = key("{arch}.rope.scaling.factor", 0.0)
+    rope_scaling_orig_ctx: int = key("{arch}.rope.scaling.original_context_length", 0)
+    rope_yarn_log_mul: float = key("{arch}.rope.scaling.yarn_log_multiplier", 0.0)
+    rope_attn_factor: float = key("{arch}.rope.scaling.attn_factor", 1.0)
+    yarn_beta_fast: float = key("{arch}.rope.scaling.yarn_beta_fast", 32.0)
+    yarn_beta_slow: float = key("{arch}.rope.scaling.yarn_beta_slow", 1.0)
+    n_layer_dense_lead: int = key("{arch}.leading_dense_block_count", 0)
+    n_expert: int = key("{arch}.expert_count", 0)
+    n_expert_used: int = key("{arch}.expert_used_count", 0)
+    n_expert_shared: int = key("{arch}.expert_shared_count", 0)
+    n_ff_exp: int = key("{arch}.expert_feed_forward_length", 0)
+    expert_weights_scale: float = key("{arch}.expert_weights_scale", 0.0)
+    expert_weights_norm: bool = key("{arch}.expert_weights_norm", False)
+    expert_gating_func: int = key("{arch}.expert_gating_func", 0)  # 1 softmax, 2 sigmoid
+    n_expert_groups: int = key("{arch}.expert_group_count", 0)
+    n_group_used: int = key("{arch}.expert_group_used_count", 0)
+    n_vocab: int = key("{arch}.vocab_size", 0)
+
+    def __post_init__(self) -> None:
+        if self.key_length == 0:                 # llama.cpp: n_embd / n_head when absent
+            object.__setattr__(self, "key_length", self.n_embd // self.n_head)
+        if self.value_length == 0:
+            object.__setattr__(self, "value_length", self.n_embd // self.n_head)
+        if self.expert_gating_func == 0:         # V2/V2.5 files predate the key: softmax
+            object.__setattr__(self, "expert_gating_func", 1)
+        if bool(self.key_length_mla) != bool(self.value_length_mla):
+            raise GGUFError("attention.key_length_mla and attention.value_length_mla must be "
+                            "given together")
+        problems = []
+        if self.n_rot <= 0 or self.n_rot % 2:
+            problems.append(f"rope.dimension_count={self.n_rot} must be positive and even")
+        if self.head_k - self.n_rot < 1:
+            problems.append(f"the per-head key width {self.head_k} leaves no non-rotary part "
+                            f"next to rope.dimension_count={self.n_rot}")
+        if self.is_mla and self.key_length != self.kv_lora_rank + self.n_rot:
+            problems.append(f"attention.key_length={self.key_length} should be kv_lora_rank + "
+                            f"rope.dimension_count = {self.kv_lora_rank + self.n_rot} in an "
+                            f"MLA file")
+        if self.n_layer_dense_lead < self.n_layer:
+            if self.n_expert <= 0 or not 0 < self.n_expert_used <= self.n_expert:
+                problems.append(f"expert_count={self.n_expert} and expert_used_count="
+                                f"{self.n_expert_used} must satisfy 0 < used <= count")
+            if self.n_ff_exp <= 0:
+                problems.append("expert_feed_forward_length is missing")
+            if self.expert_gating_func not in (1, 2):
+                problems.append(f"expert_gating_func={self.expert_gating_func} is not 1 "
+                                f"(softmax) or 2 (sigmoid)")
+            if self.n_expert_groups > 1 and (self.n_expert % self.n_expert_groups or
+                                            not 0 < self.n_group_used < self.n_expert_groups):
+                problems.append(f"expert_group_count={self.n_expert_groups} must divide "
+                                f"expert_count={self.n_expert} and exceed "
+                                f"expert_group_used_count={self.n_group_used} > 0")
+        if self.n_layer_dense_lead > 0 and self.n_ff <= 0:
+            problems.append("feed_forward_length is missing for the dense leading layers")
+        if self.rope_scaling_type not in ("none", "linear", "yarn"):
+            problems.append(f"rope.scaling.type={self.rope_scaling_type!r} is not none, linear "
+                            f"or yarn")
+        if problems:
+            raise GGUFError("deepseek2 hyperparameters: " + "; ".join(problems))
+
+    # -- attention geometry -------------------------------------------------------------------
+    @property
+    def is_mla(self) -> bool:
+        """The file was converted for MLA (k_b/v_b tensors, compressed key widths)."""
+        return self.key_length_mla != 0
+
+    @property
+    def head_k(self) -> int:
+        """Per-head query/key width: nope + rope (192 for V3)."""
+        return self.key_length_mla if self.is_mla else self.key_length
+
+    @property
+    def head_v(self) -> int:
+        """Per-head value width after decompression (128 for V3)."""
+        return self.value_length_mla if self.is_mla else self.value_length
+
+    @property
+    def n_nope(self) -> int:
+        return self.head_k - self.n_rot
+
+    @property
+    def mla_row(self) -> int:
+        """Values cached per token and layer: the latent and the shared roped key (576)."""
+        return self.kv_lora_rank + self.n_rot
+
+    # -- rope and the attention scale, as llama.cpp derives them --------------------------------
+    @property
+    def freq_scale(self) -> float:
+        if self.rope_scaling_type == "none" or not self.rope_scaling_factor:
+            return 1.0
+        return 1.0 / self.rope_scaling_factor
+
+    @property
+    def ext_factor(self) -> float:
+        return 1.0 if self.rope_scaling_type == "yarn" else 0.0
+
+    @property
+    def yarn_orig_ctx(self) -> int:
+        return self.rope_scaling_orig_ctx or self.n_ctx_train
+
+    @property
+    def rope_attn_factor_arg(self) -> float:
+        """The attn_factor passed to rope_ext, as llama_context sets it. With YaRN, ggml scales
+        cos/sin by g = 1 + 0.1 ln(1/freq_scale); llama.cpp divides that back out, and keeps
+        get_mscale(factor) = g only for files without a log multiplier."""
+        if self.ext_factor == 0.0:
+            return self.rope_attn_factor
+        f = 1.0 / self.freq_scale
+        g = 1.0 + 0.1 * math.log(f)
+        base = 1.0 if self.rope_yarn_log_mul != 0.0 or f <= 1.0 else g
+        return base / g * self.rope_attn_factor
+
+    @property
+    def mscale(self) -> float:
+        """The deepseek2 builder's mscale: the original attn_factor (the rope argument times g)
+        times 1 + rope_yarn_log_mul * ln(factor)."""
+        ln_f = math.log(1.0 / self.freq_scale)
+        attn_factor_org = self.rope_attn_factor_arg * (1.0 + 0.1 * ln_f)
+        return attn_factor_org * (1.0 + self.rope_yarn_log_mul * ln_f)
+
+    @property
+    def kq_scale(self) -> float:
+        """mscale^2 / sqrt(head_k): 0.13524 for DeepSeek-V3 (facts page section 7)."""
+        return self.mscale * self.mscale / math.sqrt(self.head_k)

@@ -1,0 +1,300 @@
+"""Models without weights, for planning: named presets and GGUF headers.
+
+A preset is a DeepSeek2HParams with the published hyperparameters. `preset_model` turns it
+into the GGUF keys and a tensor table of metadata-only weights (no data, `buffer = "model"`),
+so the same DeepSeek2Model builds the same graph it would build from a file. `header_model`
+does the same from a GGUF file's header (no tensor data is read, any tensor type is fine).
+Weight tensors in these graphs carry placeholder types (Q8_0 where rows fit its blocks, else
+F32): the compute buffer does not depend on weight types, and weight memory is reported
+separately, from a bytes-per-weight figure (a ggml type's size, or any number for the
+formats ggraph cannot compute with, e.g. Q2_K's 84 bytes per 256 weights).
+
+`plan_deepseek2` builds the worst-case graph as llama.cpp reserves it (n_tokens =
+min(ctx, ubatch), n_kv = ctx, every token an output) and plans its compute buffer.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ggraph.alloc import Plan, plan_graph
+from ggraph.tensor import Context, Tensor
+from ggraph.types import GGMLType
+
+from .arch import tensor_name
+from .gguf_file import GGUFError, GGUFModel
+from .hparams import DeepSeek2HParams
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+# bytes per weight of ggml's formats (block bytes / block size), for weight-memory figures
+BYTES_PER_WEIGHT: dict[str, float] = {
+    "f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q6_k": 210 / 256,
+    "q5_k": 176 / 256, "q5_0": 22 / 32, "q4_k": 144 / 256, "q4_0": 18 / 32, "q4_1": 20 / 32,
+    "q3_k": 110 / 256, "q2_k": 84 / 256, "iq2_xxs": 66 / 256, "iq1_s": 50 / 256,
+}
+
+DEEPSEEK_V3 = DeepSeek2HParams(
+    n_layer=61, n_embd=7168, n_ctx_train=163840, n_head=128, n_head_kv=1, kv_lora_rank=512,
+    n_rot=64, n_ff=18432, key_length=576, value_length=512, key_length_mla=192,
+    value_length_mla=128, q_lora_rank=1536, rms_eps=1e-6, rope_freq_base=10000.0,
+    rope_scaling_type="yarn", rope_scaling_factor=40.0, rope_scaling_orig_ctx=4096,
+    rope_yarn_log_mul=0.1, n_layer_dense_lead=3, n_expert=256, n_expert_used=8,
+    n_expert_shared=1, n_ff_exp=2048, expert_weights_scale=2.5, expert_weights_norm=True,
+    expert_gating_func=2, n_expert_groups=8, n_group_used=4, n_vocab=129280)
+
+DEEPSEEK_V2_LITE = DeepSeek2HParams(
+    n_layer=27, n_embd=2048, n_ctx_train=163840, n_head=16, n_head_kv=1, kv_lora_rank=512,
+    n_rot=64, n_ff=10944, key_length=576, value_length=512, key_length_mla=192,
+    value_length_mla=128, q_lora_rank=0, rms_eps=1e-6, rope_freq_base=10000.0,
+    rope_scaling_type="yarn", rope_scaling_factor=40.0, rope_scaling_orig_ctx=4096,
+    rope_yarn_log_mul=0.0707, n_layer_dense_lead=1, n_expert=64, n_expert_used=6,
+    n_expert_shared=2, n_ff_exp=1408, expert_weights_scale=1.0, expert_weights_norm=False,
+    expert_gating_func=1, n_vocab=102400)
+
+# name -> (hyperparameters, default weight format for the weight-memory figure)
+PRESETS: dict[str, tuple[DeepSeek2HParams, str]] = {
+    "deepseek-v3": (DEEPSEEK_V3, "q2_k"),
+    "deepseek-r1": (DEEPSEEK_V3, "q2_k"),        # the same architecture and sizes
+    "deepseek-v2-lite": (DEEPSEEK_V2_LITE, "q8_0"),
+}
+
+
+def bytes_per_weight(spec: str | float) -> float:
+    """A number, or a format name from BYTES_PER_WEIGHT (case-insensitive)."""
+    if isinstance(spec, (int, float)):
+        return float(spec)
+    try:
+        return float(spec)
+    except ValueError:
+        pass
+    v = BYTES_PER_WEIGHT.get(spec.strip().lower())
+    if v is None:
+        raise ValueError(f"unknown weight format {spec!r}; give bytes per weight as a number "
+                         f"or one of {', '.join(BYTES_PER_WEIGHT)}")
+    return v
+
+
+# -- tensor tables ---------------------------------------------------------------------------
+
+def deepseek2_tensor_shapes(hp: DeepSeek2HParams, kv_b: str = "split",
+                            tied_output: bool = False) -> dict[str, tuple[int, ...]]:
+    """Every weight's name and ne, as the converter writes them (kv_b: split or legacy)."""
+    e, H, r = hp.n_embd, hp.n_head, hp.kv_lora_rank
+    out: dict[str, tuple[int, ...]] = {tensor_name("tok_embd"): (e, hp.n_vocab),
+                                       tensor_name("output_norm"): (e,)}
+    if not tied_output:
+        out[tensor_name("output")] = (e, hp.n_vocab)
+    for il in range(hp.n_layer):
+        def put(logical: str, *ne: int, il: int = il) -> None:
+            out[tensor_name(logical, il)] = ne
+        put("attn_norm", e)
+        if hp.q_lora_rank:
+            put("attn_q_a", e, hp.q_lora_rank)
+            put("attn_q_a_norm", hp.q_lora_rank)
+            put("attn_q_b", hp.q_lora_rank, H * hp.head_k)
+        else:
+            put("attn_q", e, H * hp.head_k)
+        put("attn_kv_a_mqa", e, hp.mla_row)
+        put("attn_kv_a_norm", r)
+        if kv_b == "legacy":
+            put("attn_kv_b", r, H * (hp.n_nope + hp.head_v))
+        else:
+            put("attn_k_b", hp.n_nope, r, H)
+            put("attn_v_b", r, hp.head_v, H)
+        put("attn_output", H * hp.head_v, e)
+        put("ffn_norm", e)
+        if il < hp.n_layer_dense_lead:
+            put("ffn_gate", e, hp.n_ff)
+            put("ffn_up", e, hp.n_ff)
+            put("ffn_down", hp.n_ff, e)
+            continue
+        put("ffn_gate_inp", e, hp.n_expert)
+        put("exp_probs_b", hp.n_expert)
+        put("ffn_gate_exps", e, hp.n_ff_exp, hp.n_expert)
+        put("ffn_up_exps", e, hp.n_ff_exp, hp.n_expert)
+        put("ffn_down_exps", hp.n_ff_exp, e, hp.n_expert)
+        if hp.n_expert_shared:
+            sh = hp.n_ff_exp * hp.n_expert_shared
+            put("ffn_gate_shexp", e, sh)
+            put("ffn_up_shexp", e, sh)
+            put("ffn_down_shexp", sh, e)
+    return out
+
+
+def hparams_metadata(hp: DeepSeek2HParams, arch: str = "deepseek2") -> dict[str, Any]:
+    """The GGUF keys of `hp`, through the same table the loader reads."""
+    meta: dict[str, Any] = {"general.architecture": arch}
+    for f in fields(hp):
+        k = f.metadata.get("gguf")
+        if k is not None:
+            meta[k.format(arch=arch)] = getattr(hp, f.name)
+    return meta
+
+
+def _placeholder(ctx: Context, name: str, ne: tuple[int, ...]) -> Tensor:
+    t_type = GGMLType.Q8_0 if ne[0] % 32 == 0 and len(ne) > 1 else GGMLType.F32
+    t = ctx.new_tensor(t_type, ne, name=name)
+    t.buffer = "model"            # pre-allocated elsewhere: never planned, never touched
+    return t
+
+
+def preset_model(name: str, weights: str | float | None = None) -> tuple[Any, int]:
+    """(DeepSeek2Model over metadata-only weights, weight bytes) for a named preset; weights
+    is a format name or bytes per weight for matrices (vectors count as F32)."""
+    from .deepseek2 import DeepSeek2Model
+
+    key = name.strip().lower()
+    if key not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    hp, default_fmt = PRESETS[key]
+    bpw = bytes_per_weight(default_fmt if weights is None else weights)
+    ctx = Context(f"preset:{key}")
+    shapes = deepseek2_tensor_shapes(hp)
+    tensors = {n: _placeholder(ctx, n, ne) for n, ne in shapes.items()}
+    total = 0
+    for ne in shapes.values():
+        n = 1
+        for x in ne:
+            n *= x
+        total += int(n * bpw) if len(ne) > 1 else 4 * n
+    gguf = GGUFModel(f"preset:{key}", hparams_metadata(hp), tensors, ctx, 0, 0, total)
+    return DeepSeek2Model(gguf), total
+
+
+def header_model(path: str | os.PathLike) -> tuple[Any, int]:
+    """(DeepSeek2Model over metadata-only weights, weight bytes) from a GGUF header; nothing
+    of the tensor data is read, and tensors of types ggraph cannot compute with are fine."""
+    import gguf
+
+    from .arch import model_class
+    from .gguf_file import _field_value
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise GGUFError(f"{path}: no such file")
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except Exception as e:  # noqa: BLE001 - the reader fails with numpy/struct errors
+        raise GGUFError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+    metadata = {k: _field_value(f) for k, f in reader.fields.items()}
+    ctx = Context(os.path.basename(path))
+    tensors: dict[str, Tensor] = {}
+    total = 0
+    for rt in reader.tensors:
+        ne = tuple(int(x) for x in rt.shape) or (1,)
+        tensors[rt.name] = _placeholder(ctx, rt.name, ne)
+        total += int(rt.n_bytes)
+    model = GGUFModel(path, metadata, tensors, ctx, os.path.getsize(path), 0, total)
+    from . import deepseek2  # noqa: F401 - registers the architecture
+    cls = model_class(model.arch, path)
+    if not hasattr(cls, "mla_shape"):
+        raise GGUFError(f"{path}: architecture {model.arch!r} has no MLA planner; ggraph plan "
+                        f"covers deepseek2")
+    return cls(model), total
+
+
+# -- planning ---------------------------------------------------------------------------------
+
+@dataclass
+class PathInfo:
+    name: str
+    iterations: int                 # head groups actually built per layer
+    largest: str                    # what the largest per-step tensor is
+    largest_bytes: int
+    formula_steps: int | None = None   # the facts page's n_step (absorbed)
+    ik_iterations: int | None = None   # ik_llama.cpp's divisor search (decompress)
+    max_heads: int = 0
+    unavailable: str | None = None
+
+
+@dataclass
+class PlanResult:
+    source: str
+    hp: DeepSeek2HParams
+    n_ctx: int
+    n_ubatch: int
+    n_tokens: int
+    n_kv: int
+    amb_mib: int
+    type_k: GGMLType
+    flash: bool
+    path: str
+    kv_bytes: int
+    kv_by_type: dict[str, int]
+    weight_bytes: int
+    paths: list[PathInfo]
+    plan: Plan
+    n_nodes: int
+    capacity: int
+    strategy: str
+    build_s: float
+    plan_s: float
+    notes: list[str] = field(default_factory=list)
+
+
+def path_infos(model: Any, n_tokens: int, n_kv: int, amb_mib: int,
+               cache_type: GGMLType) -> list[PathInfo]:
+    from .mla import (
+        PATHS,
+        absorbed_n_step,
+        decompress_supported,
+        ik_decompress_niter,
+        largest_tensor,
+        path_groups,
+    )
+
+    s = model.mla_shape(n_tokens, n_kv)
+    out = []
+    for p in PATHS:
+        groups = path_groups(p, s, amb_mib, cache_type)
+        what, size = largest_tensor(p, s, amb_mib, cache_type)
+        info = PathInfo(p, len(groups), what, size, max_heads=max(n for _, n in groups))
+        if p == "absorbed":
+            info.formula_steps = absorbed_n_step(s, amb_mib)
+            if cache_type.is_quantized:
+                info.unavailable = f"a quantized cache ({cache_type}) needs flash attention"
+        elif p == "decompress-fa":
+            info.ik_iterations = ik_decompress_niter(s, amb_mib)
+            info.unavailable = decompress_supported(cache_type, s)
+        out.append(info)
+    return out
+
+
+def plan_deepseek2(model: Any, source: str, n_ctx: int, n_ubatch: int = 512, amb_mib: int = 0,
+                   type_k: str = "f16", flash: bool = False, path: str | None = None,
+                   strategy: str = "ggml", weight_bytes: int = 0,
+                   alignment: int = 32) -> PlanResult:
+    """Plan the worst-case graph of `model` (metadata-only weights welcome)."""
+    hp = model.hp
+    if n_ctx <= 0 or n_ubatch <= 0:
+        raise ValueError("context and ubatch sizes must be positive")
+    if n_ctx > hp.n_ctx_train:
+        raise ValueError(f"context {n_ctx} is larger than the model's training context "
+                         f"{hp.n_ctx_train} ({source})")
+    tk = GGMLType.parse(type_k)
+    n_tokens = min(n_ctx, n_ubatch)
+    t0 = time.perf_counter()
+    ctx = Context("plan")
+    cache = model.new_cache(ctx, n_ctx, tk, flash_attn=flash)
+    mg = model.build(ctx, cache, n_tokens, n_ctx, n_tokens, flash, amb_mib, path=path)
+    t1 = time.perf_counter()
+    plan = plan_graph(mg.graph, alignment=alignment, strategy=strategy, name="CPU")
+    t2 = time.perf_counter()
+    from .deepseek2 import mla_cache_bytes
+
+    kv_by_type = {t: mla_cache_bytes(hp.n_layer, hp.mla_row, n_ctx, t)
+                  for t in ("f16", "q8_0", "q4_0")
+                  if hp.mla_row % GGMLType.parse(t).block_size == 0}
+    notes = []
+    if path is None and flash and mg.path == "absorbed-fa" and n_tokens >= \
+            model.decompress_min_tokens:
+        notes.append("flash attention without the decompress path: " +
+                     str(path_infos(model, n_tokens, n_ctx, amb_mib, tk)[2].unavailable))
+    return PlanResult(source, hp, n_ctx, n_ubatch, n_tokens, n_ctx, amb_mib, tk, flash, mg.path,
+                      cache.nbytes, kv_by_type, weight_bytes,
+                      path_infos(model, n_tokens, n_ctx, amb_mib, tk), plan, mg.graph.n_nodes,
+                      mg.graph.capacity, strategy, t1 - t0, t2 - t1, notes)
