@@ -341,13 +341,13 @@ class DeepSeek2Model:
             x = O.mul(O.rms_norm(ffn_inp, eps, name=f"ffn_rms-{il}"), L["ffn_norm"],
                       name=f"ffn_norm-{il}")
             if il < hp.n_layer_dense_lead:
-                ff = build_ffn(x, L["ffn_up"], L["ffn_gate"], L["ffn_down"], f"ffn-{il}")
+                ff = build_ffn(x, L["ffn_up"], L["ffn_gate"], L["ffn_down"], il)
             else:
                 ff = build_moe_ffn(x, L["ffn_gate_inp"], L["ffn_up_exps"], L["ffn_gate_exps"],
                                    L["ffn_down_exps"], L["exp_probs_b"], moe, il, graph)
                 if hp.n_expert_shared:
                     sh = build_ffn(x, L["ffn_up_shexp"], L["ffn_gate_shexp"],
-                                   L["ffn_down_shexp"], f"ffn_shexp-{il}")
+                                   L["ffn_down_shexp"], il, "_shexp")
                     ff = O.add(ff, sh, name=f"ffn_out-{il}")
             cur = O.add(ff, ffn_inp, name=f"l_out-{il}")
             graph.build_forward_expand(cur)

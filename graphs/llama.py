@@ -23,6 +23,7 @@ from .attention import AttentionShape, build_attention, split_heads
 from .gguf_file import GGUFError, GGUFModel
 from .hparams import LlamaHParams, read_hparams
 from .kv_cache import KVCache
+from .moe import build_ffn
 
 NODES_PER_LAYER = 40  # generous bound used to size the graph (split attention adds more)
 
@@ -175,10 +176,7 @@ class LlamaModel:
             ffn_inp = O.add(cur, inp_sa, name=f"ffn_inp-{il}")
             x = O.mul(O.rms_norm(ffn_inp, hp.rms_eps, name=f"norm-{il}"), L["ffn_norm"],
                       name=f"ffn_norm-{il}")
-            up = O.mul_mat(L["ffn_up"], x, name=f"ffn_up-{il}")
-            gate = O.mul_mat(L["ffn_gate"], x, name=f"ffn_gate-{il}")
-            x = O.mul_mat(L["ffn_down"], O.swiglu(gate, up, name=f"ffn_swiglu-{il}"),
-                          name=f"ffn_out-{il}")
+            x = build_ffn(x, L["ffn_up"], L["ffn_gate"], L["ffn_down"], il)
             cur = O.add(x, ffn_inp, name=f"l_out-{il}")
         cur = O.mul(O.rms_norm(cur, hp.rms_eps, name="norm"), w["output_norm"],
                     name="result_norm")

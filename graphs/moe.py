@@ -32,11 +32,14 @@ class MoEConfig:
     n_group_used: int = 0
 
 
-def build_ffn(x: Tensor, up: Tensor, gate: Tensor, down: Tensor, name: str) -> Tensor:
-    """down(silu(gate x) * up x): the dense layers and the shared expert."""
-    u = O.mul_mat(up, x, name=f"{name}_up")
-    g = O.mul_mat(gate, x, name=f"{name}_gate")
-    return O.mul_mat(down, O.swiglu(g, u, name=f"{name}_swiglu"), name=f"{name}_out")
+def build_ffn(x: Tensor, up: Tensor, gate: Tensor, down: Tensor, il: int,
+              suffix: str = "") -> Tensor:
+    """down(silu(gate x) * up x): llama's FFN, DeepSeek2's dense layers and shared expert.
+    Nodes are named llama.cpp's way, `ffn_up{suffix}-{il}` ..."""
+    u = O.mul_mat(up, x, name=f"ffn_up{suffix}-{il}")
+    g = O.mul_mat(gate, x, name=f"ffn_gate{suffix}-{il}")
+    return O.mul_mat(down, O.swiglu(g, u, name=f"ffn_swiglu{suffix}-{il}"),
+                     name=f"ffn_out{suffix}-{il}")
 
 
 def build_moe_ffn(x: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exps: Tensor,
