@@ -122,8 +122,15 @@ def run_case(case: Case, backend: Any, reference: Any = None) -> Result:
     unsupported = [n for n in graph.nodes if not backend.supports(n)]
     if unsupported:
         return Result(case, "not supported", detail=unsupported[0].describe())
-    expected = (reference.run(graph, out) if reference is not None
-                else run_reference(graph).read(out))
+    if reference is not None and hasattr(reference, "supports"):
+        ok, why = reference.supports(graph)
+        if not ok:
+            return Result(case, "not supported", detail=f"by the reference: {why}")
+    try:
+        expected = (reference.run(graph, out) if reference is not None
+                    else run_reference(graph).read(out))
+    except NotImplementedError as e:  # a reference that cannot express this case
+        return Result(case, "not supported", detail=f"by the reference: {e}")
     leaf_data = {id(t): t.data.copy() for t in graph.leafs if t.data is not None}
     alloc = CanaryAllocator(backend.alignment)
     session = backend.session(allocator=alloc)

@@ -1,8 +1,9 @@
 """Element-wise ops: add, mul, div (b broadcast by modulo), scale, clamp, fill, silu, gelu,
 sigmoid and swiglu (silu(gate) * up).
 
-The binary ops, scale, fill and the unary activations may run in place (ggml-alloc's list);
-clamp and swiglu may not.
+The binary ops, scale, clamp, fill and the unary activations may run in place (ggml-alloc's
+list in the libggml that llama-cpp-python 0.3.36 ships; older ggml left clamp out); swiglu may
+not.
 """
 from __future__ import annotations
 
@@ -134,7 +135,8 @@ register(OpDef(OpKind.DIV, "/", _binary_ref(np.divide), inplace=True))
 register(OpDef(OpKind.SCALE, "scale",
                lambda n, ex: _x(n, ex) * n.params.s + n.params.b, ScaleParams, inplace=True))
 register(OpDef(OpKind.CLAMP, "clamp",
-               lambda n, ex: np.clip(_x(n, ex), n.params.min, n.params.max), ClampParams))
+               lambda n, ex: np.clip(_x(n, ex), n.params.min, n.params.max), ClampParams,
+               inplace=True))
 register(OpDef(OpKind.FILL, "fill",
                lambda n, ex: np.full(n.shape, n.params.value), FillParams, inplace=True))
 register(OpDef(OpKind.SILU, "silu", lambda n, ex: _silu(_x(n, ex)), inplace=True))
