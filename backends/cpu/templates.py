@@ -257,9 +257,13 @@ def k_mul_mat(a, b, d):
         bs = np.empty((nn, kk), np.float32)
         for n in range(nn):
             dec_b(b, i3, i2, n, bs[n], kk)  # noqa: F821
-        for m in prange(nm):
-            for n in range(nn):
-                d[i3, i2, n, m] = dot_a(a, i3 // r3, i2 // r2, m, bs[n], kk)  # noqa: F821
+        chunk = 64
+        for c in prange((nm + chunk - 1) // chunk):
+            for m in range(c * chunk, min(nm, (c + 1) * chunk)):
+                if kk < 0:  # never true; an exit LLVM cannot drop keeps it from vectorizing
+                    break   # this loop across rows (gathers): each row's dot vectorizes instead
+                for n in range(nn):
+                    d[i3, i2, n, m] = dot_a(a, i3 // r3, i2 // r2, m, bs[n], kk)  # noqa: F821
 
 
 def k_dequant_rows(a, i3, i2, m0, out):
@@ -280,6 +284,8 @@ def k_mul_mat_id(a, b, ids, d):
         dec_b(b, 0, t, e % nb, x, kk)  # noqa: F821
         ex = ids[0, 0, t, e]
         for m in range(nm):
+            if kk < 0:  # never true: keeps LLVM from vectorizing across rows (see k_mul_mat)
+                break
             d[0, t, e, m] = dot_a(a, 0, ex, m, x, kk)  # noqa: F821
 
 

@@ -1,6 +1,7 @@
-"""The CUDA kernel table: one entry per OpKind with the CPU table's `accepts` rules, each a thin
-wrapper that takes the node's device arrays from the Session, picks launch geometry and calls a
-template (templates.py, templates_mm.py) compiled for the node's types.
+"""The CUDA kernel table: one entry per OpKind with the CPU table's `accepts` rules, each a
+binder that takes the node's device arrays from the Session once, picks the launch geometry and
+returns the launch of a template (templates.py, templates_mm.py) compiled for the node's types;
+a session replays the bound launches when the same graph runs again (decode steps).
 
 Per-type device helpers (`_helpers`) are built once per type from the shared codecs compiled
 for CUDA: element load/store, chunk decode/encode/dot (a chunk is CH elements of a row: one

@@ -21,10 +21,10 @@ from numba import cuda, float32, float64, int32
 
 from .runtime import SMALL
 
-CH = 32                        # chunk: one quant block; the unit of row-walking
+CH = 32                          # chunk: one quant block; the unit of row-walking
 EW_NT = 32 if SMALL else 256     # threads per block of element-wise kernels
-ROW_NT = 8 if SMALL else 128    # threads per block of row kernels (power of two)
-SORT_MAX = 2048                # longest row argsort sorts in shared memory
+ROW_NT = 8 if SMALL else 128     # threads per block of row kernels (power of two)
+SORT_MAX = 2048                  # longest row argsort sorts in shared memory
 SORT_NT = 8 if SMALL else 256
 
 # op codes of k_unary / k_binary (the same as the CPU's)
