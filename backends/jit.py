@@ -15,7 +15,7 @@ from typing import Any, Callable
 from ggraph.types import GGMLType
 from .shared import codecs, numeric
 
-NUMERIC = ("half_to_f32", "f32_to_half", "bf16_to_f32", "f32_to_bf16", "roundf", "silu",
+NUMERIC = ("rint", "half_to_f32", "f32_to_half", "bf16_to_f32", "f32_to_bf16", "roundf", "silu",
            "gelu", "sigmoid", "alibi_slope")
 CODEC_HELPERS = ("_half_at", "_put_half", "_finite_or_zero", "_trunc_u8", "_half_row", "_opaque")
 ELEM_CODECS = {GGMLType.F32: ("load_f32", "store_f32", "load1_f32"),

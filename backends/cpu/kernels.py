@@ -10,8 +10,10 @@ numba dot kernels that read quantized blocks directly (memory-bound, no dequanti
 
 from __future__ import annotations
 
+import hashlib
 import os
 from functools import partial
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -45,6 +47,13 @@ BLOCK_MIN_QUERIES = 8  # flash attention: from this many queries the BLAS blockw
 BLAS_MIN_N = 16  # columns of b from which dequantize + BLAS beats the dot kernels
 DEQUANT_CHUNK = 1 << 22  # float32 elements dequantized at a time (16 MiB of scratch)
 
+# numba's cache checks only the template's file; a kernel inlines the shared math too, so the
+# cache key carries a hash of every source it is built from
+SOURCE_HASH = hashlib.sha1(b"".join(
+    (Path(__file__).parent.parent / f).read_bytes() for f in (
+        "shared/numeric.py", "shared/codecs.py", "cpu/templates.py", "cpu/fastmath.py",
+        "jit.py"))).hexdigest()[:10]
+
 FLOATS = (T.F32, T.F16)
 ELEM_FLOATS = (T.F32, T.F16, T.BF16)
 STORABLE = ELEM_FLOATS + (T.Q4_0, T.Q4_1, T.Q8_0)
@@ -64,7 +73,8 @@ def _compiled(template, serial: bool = False, **types: T):
     for role, t in types.items():
         c = TARGET.codec(t)
         names.update({f"dec_{role}": c.dec, f"enc_{role}": c.enc, f"dot_{role}": c.dot})
-    tag = "_".join(f"{r}{t}" for r, t in types.items()) + ("_serial" if serial else "")
+    tag = "_".join(f"{r}{t}" for r, t in types.items()) + ("_serial" if serial else "") + \
+        f"_{SOURCE_HASH}"
     return TARGET.bind(template, _SERIAL if serial else _KERNEL, tag, **names)
 
 

@@ -37,9 +37,9 @@ def f32_to_half(x):
     if a >= 65520.0:
         return np.uint16(s | 0x7C00)
     if a < 6.103515625e-05:                                  # below 2^-14: subnormal
-        return np.uint16(s | np.int32(np.rint(a * 16777216.0)))
+        return np.uint16(s | np.int32(rint(a * 16777216.0)))
     mant, e = math.frexp(a)                                  # a = mant * 2^e, mant in [0.5, 1)
-    frac = np.int32(np.rint((mant * 2.0 - 1.0) * 1024.0))    # may carry into the exponent
+    frac = np.int32(rint((mant * 2.0 - 1.0) * 1024.0))    # may carry into the exponent
     return np.uint16(s | (((e - 1 + 15) << 10) + frac))
 
 
@@ -53,7 +53,7 @@ def bf16_to_f32(h):
     elif e == 255:
         v = np.inf if m == 0 else np.nan
     else:
-        v = math.ldexp(np.float64(128 + m), e - 134)
+        v = math.ldexp(np.float64(128 + m), int(e) - 134)
     return np.float32(-v if s else v)
 
 
@@ -70,10 +70,19 @@ def f32_to_bf16(x):
     if a == np.inf:
         return np.uint16(s | 0x7F80)
     if a < 1.1754943508222875e-38:                           # f32 subnormal range
-        return np.uint16(s | np.int32(np.rint(math.ldexp(a, 133))))
+        return np.uint16(s | np.int32(rint(math.ldexp(a, 133))))
     mant, e = math.frexp(a)
-    frac = np.int32(np.rint((mant * 2.0 - 1.0) * 128.0))
+    frac = np.int32(rint((mant * 2.0 - 1.0) * 128.0))
     return np.uint16(s | (((e - 1 + 127) << 7) + frac))
+
+
+def rint(x):
+    """Round half to even (np.rint, which numba-cuda cannot compile)."""
+    f = math.floor(x)
+    r = x - f
+    if r > 0.5 or (r == 0.5 and f - 2.0 * math.floor(f * 0.5) != 0.0):  # tie: to the even
+        return f + 1.0
+    return f
 
 
 def roundf(x):
