@@ -253,25 +253,28 @@ def _copies() -> Iterator[Case]:
         yield _case(OpKind.CPY, lambda B, s=src: V.cpy(
             B.strided(s, 32, 6), B.cache(T.F16, 32, 6)), TOL_DEFAULT, type_src=src,
             type_dst=T.F16, src="strided")
-    for t in (T.F32, T.F16, T.I32):
-        yield _case(OpKind.CONT, lambda B, t=t: V.cont(V.transpose(
-            B.inp(t, 8, 5, 3) if t != T.I32 else B.idx(T.I32, 100, 8, 5, 3))), 0.0, type=t,
-            src="transposed")
-    yield _case(OpKind.CONT, lambda B: V.cont(V.permute(B.inp(T.Q8_0, 64, 5, 3), 0, 2, 1, 3)),
-                0.0, type=T.Q8_0, src="permuted")
-    for t in (T.F32, T.F16, T.I32):
+    for t in (T.F32, T.F16, T.BF16, T.I32, T.I64):
+        yield _case(OpKind.CONT, lambda B, t=t: V.cont(V.transpose(_any(B, t, 8, 5, 3))), 0.0,
+                    type=t, src="transposed")
+    for t in (T.Q8_0, T.Q4_0, T.Q4_1):
+        yield _case(OpKind.CONT, lambda B, t=t: V.cont(V.permute(B.inp(t, 64, 5, 3), 0, 2, 1, 3)),
+                    0.0, type=t, src="permuted")
+    for t in (T.I32, T.I64):
+        yield _case(OpKind.CPY, lambda B, t=t: V.cpy(_any(B, t, 16, 6), B.cache(t, 96)), 0.0,
+                    type_src=t, type_dst=t)
+    for t in (T.F32, T.F16, T.BF16, T.I32, T.I64):
         for dim in range(4):
             yield _case(OpKind.CONCAT, lambda B, t=t, d=dim: R.concat(
                 _any(B, t, 6, 5, 4, 3), _any(B, t, *[(2 if i == d else x) for i, x in
                                                      enumerate((6, 5, 4, 3))]), d),
                 0.0, type=t, dim=dim)
-    for t in (T.F32, T.F16):
+    for t in (T.F32, T.F16, T.BF16, T.I32, T.I64):
         yield _case(OpKind.REPEAT, lambda B, t=t: R.repeat(
-            B.inp(t, 8, 1, 3), B.inp(t, 16, 4, 3, 2)), 0.0, type=t)
+            _any(B, t, 8, 1, 3), _any(B, t, 16, 4, 3, 2)), 0.0, type=t)
 
 
 def _any(B: CaseBuilder, t: T, *ne: int) -> Tensor:
-    return B.idx(T.I32, 1000, *ne) if t == T.I32 else B.inp(t, *ne)
+    return B.idx(t, 1000, *ne) if t.is_int else B.inp(t, *ne)
 
 
 def _reduce() -> Iterator[Case]:

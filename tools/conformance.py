@@ -106,12 +106,17 @@ def _support(backend, ops) -> dict:
             row[t] = "no: " + (k.why_not if k and k.why_not else "no kernel")
     width = max(len(k) for k in table) + 2
     print(" " * width + "".join(f"{c:>7}" for c in TYPE_COLUMNS))
+    views = {k.value for k in OpKind if k.is_view}
     for op, row in table.items():
+        if op in views:
+            print(f"{op:<{width}}  (a view computes nothing: every type; checked through cont)")
+            continue
         cells = "".join(f"{'ok' if row.get(c) == 'yes' else ('NO' if c in row else '-'):>7}"
                         for c in TYPE_COLUMNS)
         print(f"{op:<{width}}{cells}")
-    print("  ok: supported; NO: refused by the backend (reason in --json); "
-          "-: not an accepted type of the op (its shape rule refuses it)")
+    print("  ok: supported and checked; NO: refused by the backend (reason below); -: the op's "
+          "shape rule refuses this type (e.g. norms, softmax and sorting take f32 rows, element-"
+          "wise ops f32/f16, blocks cannot be concatenated or repeated)")
     reasons = {f"{op}/{t}": v for op, row in table.items() for t, v in row.items()
                if v != "yes"}
     for k, v in reasons.items():
