@@ -97,3 +97,16 @@ def test_unsupported_is_reported_not_failed():
 
     case = next(c for c in ALL_CASES if c.op == OpKind.SOFT_MAX)
     assert run_case(case, NoSoftmax()).status == "not supported"
+
+
+def test_out_of_range_index_is_an_error_not_a_crash():
+    import ggraph
+    from ggraph import ops as O
+
+    ctx = ggraph.Context()
+    a = ctx.new_tensor("f32", (8, 4), "a").set_data(np.ones((4, 8)))
+    idx = ctx.new_tensor("i32", (2,), "idx").set_input()
+    out = O.get_rows(a, idx)
+    s = CPUBackend().session()
+    with pytest.raises(IndexError, match="row 7 is outside"):
+        s.run(ggraph.build_graph(out), {idx: np.array([1, 7])})

@@ -294,36 +294,41 @@ def _mul_mat_id(node: Tensor, s: Session):
     B, prep = _activations(as_, b, s.arr(b), node)
     run = partial(_compiled(K.k_mul_mat_id, _small(node), a=as_.type,
                             b=T.F32 if prep else b.type), s.arr(as_), B, s.arr(ids), s.arr(node))
+    run = partial(_checked, node, s.arr(ids), as_.ne[2], "expert id", run)
     return run if prep is None else partial(_both, prep, run)
+
+
+def _checked(node: Tensor, idx: np.ndarray, n: int, what: str, run) -> None:
+    """Indices come from data (tokens, cache cells, routing); the kernels do not bounds-check
+    (numba), so an index outside [0, n) is an error naming the node instead of a crash."""
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        bad = idx[(idx < 0) | (idx >= n)].flat[0]
+        raise IndexError(f"{node.op} {node.describe()}: {what} {bad} is outside [0, {n})")
+    run()
 
 
 # -- rows, copies, layout --------------------------------------------------------------------
 
 
-def _get_rows(node: Tensor, s: Session) -> None:
+def _get_rows(node: Tensor, s: Session):
     a, idx = node.src
     if a.type == T.I32:
-        return partial(_SERIAL_GET_ROWS_INT, s.arr(a), s.arr(idx), s.arr(node))
-    return partial(
-        _compiled(K.k_get_rows, _small(node), a=a.type, d=node.type),
-        s.arr(a),
-        s.arr(idx),
-        s.arr(node),
-    )
+        run = partial(_SERIAL_GET_ROWS_INT, s.arr(a), s.arr(idx), s.arr(node))
+    else:
+        run = partial(_compiled(K.k_get_rows, _small(node), a=a.type, d=node.type), s.arr(a),
+                      s.arr(idx), s.arr(node))
+    return partial(_checked, node, s.arr(idx), a.ne[1], "row", run)
 
 
 _SERIAL_GET_ROWS_INT = _SERIAL(K.k_get_rows_int)
 _COPY_INT = _SERIAL(K.k_copy_int)
 
 
-def _set_rows(node: Tensor, s: Session) -> None:
+def _set_rows(node: Tensor, s: Session):
     dst, src, idx = node.src
-    return partial(
-        _compiled(K.k_set_rows, _small(node), a=src.type, d=dst.type),
-        s.arr(src),
-        s.arr(idx),
-        s.arr(node),
-    )
+    run = partial(_compiled(K.k_set_rows, _small(node), a=src.type, d=dst.type), s.arr(src),
+                  s.arr(idx), s.arr(node))
+    return partial(_checked, node, s.arr(idx), dst.ne[1], "row", run)
 
 
 def _copy_into(a: Tensor, d: Tensor, s: Session) -> None:

@@ -247,23 +247,28 @@ def k_argsort(a, d, desc, k):
 
 
 def k_mul_mat(a, b, d):
-    """d[i3, i2, n, m] = row m of a's slice . row n of b's slice (block-repeat broadcast)."""
+    """d[i3, i2, n, m] = row m of a's slice . row n of b's slice (block-repeat broadcast).
+
+    One parallel loop over (slice, chunk of rows), so many small slices (attention heads at
+    decode) cost one fork-join, not one per head."""
     n3, n2, nn, nm = d.shape
     a3, a2 = a.shape[0], a.shape[1]
     kk = b.shape[3]
     r3, r2 = n3 // a3, n2 // a2
+    bs = np.empty((n3, n2, nn, kk), np.float32)
     for s in range(n3 * n2):
-        i3, i2 = s // n2, s % n2
-        bs = np.empty((nn, kk), np.float32)
         for n in range(nn):
-            dec_b(b, i3, i2, n, bs[n], kk)  # noqa: F821
-        chunk = 64
-        for c in prange((nm + chunk - 1) // chunk):
-            for m in range(c * chunk, min(nm, (c + 1) * chunk)):
-                if kk < 0:  # never true; an exit LLVM cannot drop keeps it from vectorizing
-                    break   # this loop across rows (gathers): each row's dot vectorizes instead
-                for n in range(nn):
-                    d[i3, i2, n, m] = dot_a(a, i3 // r3, i2 // r2, m, bs[n], kk)  # noqa: F821
+            dec_b(b, s // n2, s % n2, n, bs[s // n2, s % n2, n], kk)  # noqa: F821
+    chunk = 64
+    n_chunk = (nm + chunk - 1) // chunk
+    for w in prange(n3 * n2 * n_chunk):
+        s, c = w // n_chunk, w % n_chunk
+        i3, i2 = s // n2, s % n2
+        for m in range(c * chunk, min(nm, (c + 1) * chunk)):
+            if kk < 0:  # never true; an exit LLVM cannot drop keeps it from vectorizing this
+                break   # loop across rows (gathers): each row's dot vectorizes instead
+            for n in range(nn):
+                d[i3, i2, n, m] = dot_a(a, i3 // r3, i2 // r2, m, bs[i3, i2, n], kk)  # noqa
 
 
 def k_dequant_rows(a, i3, i2, m0, out):
