@@ -8,6 +8,7 @@ get zeroed static memory that a Session keeps between runs.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -61,6 +62,10 @@ class Backend:
     def view(self, buf: Any, offset: int, t: Tensor) -> Any:
         """The kernel's view of `t` at `offset` in `buf` (F16 as uint16 bits)."""
         return buffers.raw_view(buf, offset, t, half_bits=True)
+
+    def run_context(self) -> Any:
+        """Entered around each graph run (the CPU backend quiets BLAS threads there)."""
+        return contextlib.nullcontext()
 
     def session(self, **kw: Any) -> "Session":
         return Session(self, **kw)
@@ -170,8 +175,9 @@ class Session:
             self._calls = self._bind(graph)  # views into the arena: valid until the next plan
             self._graph = graph
         self._feed(graph, inputs or {})
-        for call in self._calls:
-            call()
+        with self.backend.run_context():
+            for call in self._calls:
+                call()
         return self
 
     def _bind(self, graph: Graph) -> list[Callable[[], None]]:

@@ -87,11 +87,13 @@ class Engine:
     # -- memory -------------------------------------------------------------------------------
     def build(self, n_tokens: int, n_kv: int, n_outputs: int) -> ModelGraph:
         key = (n_tokens, n_kv, n_outputs)
-        mg = self._graphs.get(key)
+        mg = self._graphs.pop(key, None)
         if mg is None:
             mg = self.model.build(self.ctx, self.cache, n_tokens, n_kv, n_outputs,
                                   self.cfg.flash_attn, self.cfg.amb_mib)
-            self._graphs = {key: mg}  # keep only the latest: graphs are cheap to rebuild
+        self._graphs[key] = mg  # most recent last; a few kept (prompt and decode alternate)
+        while len(self._graphs) > 4:
+            self._graphs.pop(next(iter(self._graphs)))
         return mg
 
     def reserve(self) -> Any:
