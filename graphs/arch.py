@@ -48,6 +48,40 @@ def tensor_name(logical: str, il: int | None = None) -> str:
     return TENSOR_NAMES[logical].format(il=il)
 
 
+def expect_tensor(gguf: Any, logical: str, ne: tuple[int, ...], il: int | None = None,
+                  optional: bool = False) -> Any:
+    """The weight `logical` (of layer il) with exactly ne; missing or mis-shaped is an error
+    naming the file and the tensor (None for a missing optional one)."""
+    name = tensor_name(logical, il)
+    t = gguf.tensors.get(name)
+    if t is None:
+        if optional:
+            return None
+        raise GGUFError(f"{gguf.path}: tensor {name!r} is missing")
+    want = tuple(ne) + (1,) * (4 - len(ne))
+    if t.ne != want:
+        raise GGUFError(f"{gguf.path}: tensor {name!r} has ne={list(t.ne[:len(ne)])}, "
+                        f"expected {list(ne)} for this model's hyperparameters")
+    return t
+
+
+def io_weights(gguf: Any, n_embd: int, n_vocab: int) -> dict[str, Any]:
+    """Token embedding, output norm and output matrix (tied to the embedding when the file
+    has no output.weight)."""
+    w = {"tok_embd": expect_tensor(gguf, "tok_embd", (n_embd, n_vocab)),
+         "output_norm": expect_tensor(gguf, "output_norm", (n_embd,)),
+         "output": expect_tensor(gguf, "output", (n_embd, n_vocab), optional=True)}
+    if w["output"] is None:
+        w["output"] = w["tok_embd"]
+    return w
+
+
+def vocab_size(gguf: Any) -> int:
+    """n_vocab when the architecture's key is absent: the tokenizer's list, else the embedding."""
+    tokens = gguf.metadata.get("tokenizer.ggml.tokens")
+    return len(tokens) if tokens else gguf.tensor(tensor_name("tok_embd")).ne[1]
+
+
 ARCHITECTURES: dict[str, Callable[..., Any]] = {}
 
 

@@ -27,7 +27,7 @@ from ggraph.ops.rope import RopeMode
 from ggraph.tensor import Context, Tensor
 from ggraph.types import GGMLType
 
-from .arch import register_arch, tensor_name
+from .arch import expect_tensor, io_weights, register_arch, tensor_name, vocab_size
 from .gguf_file import GGUFError, GGUFModel
 from .hparams import DeepSeek2HParams, read_hparams
 from .kv_cache import CACHE_TYPES, MIB, KVCache
@@ -110,37 +110,19 @@ class DeepSeek2Model:
         self.hp: DeepSeek2HParams = read_hparams(DeepSeek2HParams, gguf.metadata, gguf.arch,
                                                  gguf.path, **overrides)
         if self.hp.n_vocab == 0:
-            tokens = gguf.metadata.get("tokenizer.ggml.tokens")
-            object.__setattr__(self.hp, "n_vocab", len(tokens) if tokens else
-                               gguf.tensor(tensor_name("tok_embd")).ne[1])
+            object.__setattr__(self.hp, "n_vocab", vocab_size(gguf))
         self._derived_ctx = Context(f"{gguf.path} (derived)")
         self.w = self._weights()
 
     # -- weights ----------------------------------------------------------------------------
     def _get(self, logical: str, ne: tuple[int, ...], il: int | None = None,
              optional: bool = False) -> Tensor | None:
-        name = tensor_name(logical, il)
-        t = self.gguf.tensors.get(name)
-        if t is None:
-            if optional:
-                return None
-            raise GGUFError(f"{self.path}: tensor {name!r} is missing")
-        want = tuple(ne) + (1,) * (4 - len(ne))
-        if t.ne != want:
-            raise GGUFError(f"{self.path}: tensor {name!r} has ne={list(t.ne[:len(ne)])}, "
-                            f"expected {list(ne)} for this model's hyperparameters")
-        return t
+        return expect_tensor(self.gguf, logical, ne, il, optional)
 
     def _weights(self) -> dict[str, Any]:
         hp = self.hp
         e, H = hp.n_embd, hp.n_head
-        w: dict[str, Any] = {
-            "tok_embd": self._get("tok_embd", (e, hp.n_vocab)),
-            "output_norm": self._get("output_norm", (e,)),
-            "output": self._get("output", (e, hp.n_vocab), optional=True),
-        }
-        if w["output"] is None:  # tied embeddings
-            w["output"] = w["tok_embd"]
+        w: dict[str, Any] = io_weights(self.gguf, e, hp.n_vocab)
         layers = []
         for il in range(hp.n_layer):
             L: dict[str, Any] = {

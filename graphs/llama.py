@@ -18,9 +18,9 @@ from ggraph.ops.rope import RopeMode
 from ggraph.tensor import Context, Tensor
 from ggraph.types import GGMLType
 
-from .arch import register_arch, tensor_name
+from .arch import expect_tensor, io_weights, register_arch, vocab_size
 from .attention import AttentionShape, build_attention, split_heads
-from .gguf_file import GGUFError, GGUFModel
+from .gguf_file import GGUFModel
 from .hparams import LlamaHParams, read_hparams
 from .kv_cache import KVCache
 from .moe import build_ffn
@@ -58,36 +58,17 @@ class LlamaModel:
                                              **overrides)
         hp = self.hp
         if hp.n_vocab == 0:
-            tokens = gguf.metadata.get("tokenizer.ggml.tokens")
-            object.__setattr__(hp, "n_vocab", len(tokens) if tokens else
-                               gguf.tensor("token_embd.weight").ne[1])
+            object.__setattr__(hp, "n_vocab", vocab_size(gguf))
         self.w = self._weights()
 
     # -- weights ------------------------------------------------------------------------------
-    def _expect(self, logical: str, ne: tuple[int, ...], il: int | None = None,
-                optional: bool = False) -> Tensor | None:
-        name = tensor_name(logical, il)
-        t = self.gguf.tensors.get(name)
-        if t is None:
-            if optional:
-                return None
-            raise GGUFError(f"{self.gguf.path}: tensor {name!r} is missing")
-        want = tuple(ne) + (1,) * (4 - len(ne))
-        if t.ne != want:
-            raise GGUFError(f"{self.gguf.path}: tensor {name!r} has ne={list(t.ne[:len(ne)])}, "
-                            f"expected {list(ne)} for this model's hyperparameters")
-        return t
+    def _expect(self, logical: str, ne: tuple[int, ...], il: int | None = None) -> Tensor:
+        return expect_tensor(self.gguf, logical, ne, il)
 
     def _weights(self) -> dict[str, object]:
         hp = self.hp
         e, hd = hp.n_embd, hp.head_dim
-        w: dict[str, object] = {
-            "tok_embd": self._expect("tok_embd", (e, hp.n_vocab)),
-            "output_norm": self._expect("output_norm", (e,)),
-            "output": self._expect("output", (e, hp.n_vocab), optional=True),
-        }
-        if w["output"] is None:  # tied embeddings
-            w["output"] = w["tok_embd"]
+        w: dict[str, object] = io_weights(self.gguf, e, hp.n_vocab)
         layers = []
         for il in range(hp.n_layer):
             layers.append({
