@@ -16,7 +16,7 @@ from ggraph.types import GGMLType
 from .shared import codecs, numeric
 
 NUMERIC = ("rint", "half_to_f32", "f32_to_half", "bf16_to_f32", "f32_to_bf16", "roundf", "silu",
-           "gelu", "sigmoid", "alibi_slope")
+           "gelu", "sigmoid", "alibi_slope", "rope_cos_sin")
 CODEC_HELPERS = ("_half_at", "_put_half", "_finite_or_zero", "_trunc_u8", "_half_row", "_opaque")
 ELEM_CODECS = {GGMLType.F32: ("load_f32", "store_f32", "load1_f32"),
                GGMLType.F16: ("load_f16", "store_f16", "load1_f16"),

@@ -296,19 +296,9 @@ def k_rope(a, pos, ff, d, n_dims, neox, freq_base, freq_scale, ext_factor, attn_
             continue
         i = it
         p = np.float64(pos[0, 0, 0, i2])
-        theta_extrap = p * freq_base ** (-2.0 * i / n_dims)
-        if has_ff:
-            theta_extrap /= flat_at(ff, i)
-        theta_interp = freq_scale * theta_extrap
-        theta = theta_interp
-        mscale = attn_factor
-        if ext_factor != 0.0:
-            y = (i - corr_lo) / max(0.001, corr_hi - corr_lo)
-            ramp = (1.0 - min(1.0, max(0.0, y))) * ext_factor
-            theta = theta_interp * (1.0 - ramp) + theta_extrap * ramp
-            mscale *= 1.0 + 0.1 * math.log(1.0 / freq_scale)
-        c = math.cos(theta) * mscale
-        s = math.sin(theta) * mscale
+        c, s = rope_cos_sin(p, i, n_dims, freq_base, freq_scale, ext_factor,  # noqa: F821
+                            attn_factor, corr_lo, corr_hi,
+                            np.float64(flat_at(ff, i)) if has_ff else 1.0)  # noqa: F821
         j0 = i if neox else 2 * i
         j1 = i + half if neox else 2 * i + 1
         x0 = ld_a(a, i3, i2, i1, j0)  # noqa: F821

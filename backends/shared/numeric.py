@@ -118,3 +118,19 @@ def alibi_slope(h, n_head, max_bias):
     if h < n_log2:
         return np.float32(m0 ** (h + 1))
     return np.float32(m1 ** (2 * (h - n_log2) + 1))
+
+
+def rope_cos_sin(p, i, n_dims, freq_base, freq_scale, ext_factor, attn_factor, corr_lo,
+                 corr_hi, ff):
+    """cos and sin of rotated pair i at position p (ggml's rope_yarn): linear scaling, the
+    YaRN ramp between corr_lo and corr_hi with its magnitude correction, freq factor ff."""
+    theta_extrap = p * freq_base ** (-2.0 * i / n_dims) / ff
+    theta_interp = freq_scale * theta_extrap
+    theta = theta_interp
+    mscale = attn_factor
+    if ext_factor != 0.0:
+        y = (i - corr_lo) / max(0.001, corr_hi - corr_lo)
+        ramp = (1.0 - min(1.0, max(0.0, y))) * ext_factor
+        theta = theta_interp * (1.0 - ramp) + theta_extrap * ramp
+        mscale *= 1.0 + 0.1 * math.log(1.0 / freq_scale)
+    return math.cos(theta) * mscale, math.sin(theta) * mscale
