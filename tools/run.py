@@ -55,10 +55,12 @@ def main(args: argparse.Namespace) -> int:
         return 1
     text = eng.tokenizer.chat(args.prompt) if args.chat else args.prompt
     prompt = eng.tokenizer.encode(text)
-    print(args.prompt, end="", flush=True)
+    print(args.prompt, end="\n" if args.chat else "", flush=True)
     out: list[int] = []
     shown = ""
     for tok in eng.generate(prompt, args.n_predict):
+        if tok == eng.tokenizer.eos:
+            break
         out.append(tok)
         full = eng.tokenizer.decode(out)
         if not full.endswith("\ufffd"):  # wait for whole UTF-8 characters
