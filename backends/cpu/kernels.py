@@ -19,11 +19,11 @@ import numba
 import numpy as np
 
 from ggraph.opkind import OpKind
-from ggraph.ops.attention import KV_TYPES, alibi_slopes
-from ggraph.ops.matmul import WEIGHT_TYPES
+from ggraph.ops.attention import alibi_slopes
 from ggraph.ops.rope import RopeMode, yarn_corr_dims
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType as T
+from ..accepts import BINARY_OPS, UNARY_OPS, VIEW_OPS, rule
 from ..base import Kernel, Session
 from ..jit import Target
 from . import fastmath
@@ -54,9 +54,6 @@ SOURCE_HASH = hashlib.sha1(b"".join(
         "shared/numeric.py", "shared/codecs.py", "cpu/templates.py", "cpu/fastmath.py",
         "jit.py"))).hexdigest()[:10]
 
-FLOATS = (T.F32, T.F16)
-ELEM_FLOATS = (T.F32, T.F16, T.BF16)
-STORABLE = ELEM_FLOATS + (T.Q4_0, T.Q4_1, T.Q8_0)
 
 
 def _small(node: Tensor) -> bool:
@@ -77,9 +74,6 @@ def _compiled(template, serial: bool = False, **types: T):
         f"_{SOURCE_HASH}"
     return TARGET.bind(template, _SERIAL if serial else _KERNEL, tag, **names)
 
-
-def _types(node: Tensor, *roles_ok) -> bool:
-    return all(s is None or s.type in ok for s, ok in zip(node.src, roles_ok))
 
 
 # -- element-wise ---------------------------------------------------------------------------
@@ -411,28 +405,14 @@ def _k(fn, accepts=lambda node: True, why_not: str = "") -> Kernel:
 
 
 KERNELS: dict[OpKind, Kernel] = {
-    **{op: _k(_view) for op in (OpKind.VIEW, OpKind.RESHAPE, OpKind.PERMUTE, OpKind.TRANSPOSE)},
-    **{
-        op: _k(_unary, lambda n: _types(n, FLOATS) and n.type in FLOATS, "F32/F16 only")
-        for op in _UNARY
-    },
-    **{op: _k(_binary, lambda n: _types(n, FLOATS, FLOATS), "F32/F16 only") for op in _BINARY},
-    OpKind.RMS_NORM: _k(_norm, lambda n: _types(n, (T.F32,))),
-    OpKind.NORM: _k(_norm, lambda n: _types(n, (T.F32,))),
-    OpKind.SOFT_MAX: _k(_soft_max, lambda n: _types(n, (T.F32,), FLOATS, (T.F32,))),
-    OpKind.ROPE: _k(_rope, lambda n: _types(n, FLOATS, (T.I32,), (T.F32,))),
-    OpKind.FLASH_ATTN_EXT: _k(
-        _flash_attn, lambda n: _types(n, (T.F32,), KV_TYPES, KV_TYPES, FLOATS)
-    ),
-    OpKind.MUL_MAT: _k(_mul_mat, lambda n: _types(n, WEIGHT_TYPES, FLOATS)),
-    OpKind.MUL_MAT_ID: _k(_mul_mat_id, lambda n: _types(n, WEIGHT_TYPES, FLOATS, (T.I32,))),
-    OpKind.GET_ROWS: _k(_get_rows, lambda n: _types(n, STORABLE + (T.I32,), (T.I32,))),
-    OpKind.SET_ROWS: _k(_set_rows, lambda n: _types(n, STORABLE, (T.F32,), (T.I32, T.I64))),
-    OpKind.CPY: _k(_cpy),
-    OpKind.CONT: _k(_cont),
-    OpKind.CONCAT: _k(_concat),
-    OpKind.REPEAT: _k(_repeat),
-    OpKind.SUM_ROWS: _k(_sum_rows),
-    OpKind.ARGSORT: _k(_argsort),
-    OpKind.TOP_K: _k(_argsort),
+    **{op: _k(_view, *rule(op)) for op in VIEW_OPS},
+    **{op: _k(_unary, *rule(op)) for op in UNARY_OPS},
+    **{op: _k(_binary, *rule(op)) for op in BINARY_OPS},
+    **{op: _k(fn, *rule(op)) for op, fn in (
+        (OpKind.RMS_NORM, _norm), (OpKind.NORM, _norm), (OpKind.SOFT_MAX, _soft_max),
+        (OpKind.ROPE, _rope), (OpKind.FLASH_ATTN_EXT, _flash_attn), (OpKind.MUL_MAT, _mul_mat),
+        (OpKind.MUL_MAT_ID, _mul_mat_id), (OpKind.GET_ROWS, _get_rows),
+        (OpKind.SET_ROWS, _set_rows), (OpKind.CPY, _cpy), (OpKind.CONT, _cont),
+        (OpKind.CONCAT, _concat), (OpKind.REPEAT, _repeat), (OpKind.SUM_ROWS, _sum_rows),
+        (OpKind.ARGSORT, _argsort), (OpKind.TOP_K, _argsort))},
 }

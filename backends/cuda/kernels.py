@@ -19,11 +19,10 @@ from typing import Any, Callable
 import numpy as np
 
 from ggraph.opkind import OpKind
-from ggraph.ops.attention import KV_TYPES
-from ggraph.ops.matmul import WEIGHT_TYPES
 from ggraph.ops.rope import RopeMode, yarn_corr_dims
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType as T
+from ..accepts import BINARY_OPS, UNARY_OPS, VIEW_OPS, rule
 from ..base import Kernel, Session
 from . import runtime as R
 from . import templates as K
@@ -35,9 +34,6 @@ _DEVICE = R.device_decorator()
 Launch = Callable[[], None] | None
 MV_MAX_N = 8  # columns of b up to which mul_mat runs the mat-vec kernel (else tiled)
 
-FLOATS = (T.F32, T.F16)
-ELEM_FLOATS = (T.F32, T.F16, T.BF16)
-STORABLE = ELEM_FLOATS + (T.Q4_0, T.Q4_1, T.Q8_0)
 ROLE_FNS = ("ld", "st", "cdec", "cenc", "cdot", "dot")
 
 # numba's on-disk cache keys a kernel by its file and qualified name, not by the device
@@ -87,10 +83,6 @@ def _k(fn: Callable[[Tensor, Session], Launch],
     """A table entry in bind mode: fn(node, session) returns the node's launch with its device
     arrays bound (None when there is nothing to run); a session replays it on later runs."""
     return Kernel(fn, accepts, why_not, bind=True)
-
-
-def _types(node: Tensor, *roles_ok) -> bool:
-    return all(s is None or s.type in ok for s, ok in zip(node.src, roles_ok))
 
 
 def _rows(t: Tensor) -> int:
@@ -285,27 +277,17 @@ _FA_WHY = (f"K heads above {KM.FA_DMAX} or V heads above {KM.FA_DV_MAX} elements
            f"per-thread output chunks live in shared memory), or types the CPU refuses")
 
 KERNELS: dict[OpKind, Kernel] = {
-    **{op: _k(_view) for op in (OpKind.VIEW, OpKind.RESHAPE, OpKind.PERMUTE,
-                                    OpKind.TRANSPOSE)},
-    **{op: _k(_unary, lambda n: _types(n, FLOATS) and n.type in FLOATS,
-                  "F32/F16 only") for op in _UNARY},
-    **{op: _k(_binary, lambda n: _types(n, FLOATS, FLOATS), "F32/F16 only")
-       for op in _BINARY},
-    OpKind.RMS_NORM: _k(_norm, lambda n: _types(n, (T.F32,))),
-    OpKind.NORM: _k(_norm, lambda n: _types(n, (T.F32,))),
-    OpKind.SOFT_MAX: _k(_soft_max, lambda n: _types(n, (T.F32,), FLOATS, (T.F32,))),
-    OpKind.ROPE: _k(_rope, lambda n: _types(n, FLOATS, (T.I32,), (T.F32,))),
-    OpKind.FLASH_ATTN_EXT: _k(_flash_attn, lambda n: _types(
-        n, (T.F32,), KV_TYPES, KV_TYPES, FLOATS) and _fa_fits(n), _FA_WHY),
-    OpKind.MUL_MAT: _k(_mul_mat, lambda n: _types(n, WEIGHT_TYPES, FLOATS)),
-    OpKind.MUL_MAT_ID: _k(_mul_mat_id, lambda n: _types(n, WEIGHT_TYPES, FLOATS, (T.I32,))),
-    OpKind.GET_ROWS: _k(_get_rows, lambda n: _types(n, STORABLE + (T.I32,), (T.I32,))),
-    OpKind.SET_ROWS: _k(_set_rows, lambda n: _types(n, STORABLE, (T.F32,), (T.I32, T.I64))),
-    OpKind.CPY: _k(_cpy),
-    OpKind.CONT: _k(_cont),
-    OpKind.CONCAT: _k(_concat),
-    OpKind.REPEAT: _k(_repeat),
-    OpKind.SUM_ROWS: _k(_sum_rows),
-    OpKind.ARGSORT: _k(_argsort, lambda n: n.src[0].ne[0] <= K.SORT_MAX, _SORT_WHY),
-    OpKind.TOP_K: _k(_argsort, lambda n: n.src[0].ne[0] <= K.SORT_MAX, _SORT_WHY),
+    **{op: _k(_view, *rule(op)) for op in VIEW_OPS},
+    **{op: _k(_unary, *rule(op)) for op in UNARY_OPS},
+    **{op: _k(_binary, *rule(op)) for op in BINARY_OPS},
+    **{op: _k(fn, *rule(op)) for op, fn in (
+        (OpKind.RMS_NORM, _norm), (OpKind.NORM, _norm), (OpKind.SOFT_MAX, _soft_max),
+        (OpKind.ROPE, _rope), (OpKind.MUL_MAT, _mul_mat), (OpKind.MUL_MAT_ID, _mul_mat_id),
+        (OpKind.GET_ROWS, _get_rows), (OpKind.SET_ROWS, _set_rows), (OpKind.CPY, _cpy),
+        (OpKind.CONT, _cont), (OpKind.CONCAT, _concat), (OpKind.REPEAT, _repeat),
+        (OpKind.SUM_ROWS, _sum_rows))},
+    # CUDA's own limits on top of the shared type rules: shared-memory sizes
+    OpKind.FLASH_ATTN_EXT: _k(_flash_attn, *rule(OpKind.FLASH_ATTN_EXT, _fa_fits, _FA_WHY)),
+    **{op: _k(_argsort, *rule(op, lambda n: n.src[0].ne[0] <= K.SORT_MAX, _SORT_WHY))
+       for op in (OpKind.ARGSORT, OpKind.TOP_K)},
 }
