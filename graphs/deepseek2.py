@@ -31,7 +31,7 @@ from .arch import expect_tensor, io_weights, register_arch, tensor_name, vocab_s
 from .gguf_file import GGUFError, GGUFModel
 from .hparams import DeepSeek2HParams, read_hparams
 from .kv_cache import CACHE_TYPES, MIB, KVCache
-from .llama import ModelGraph
+from .llama import ModelGraph, causal_inputs
 from .mla import (
     DECOMPRESS_MIN_TOKENS,
     PATHS,
@@ -343,15 +343,7 @@ class DeepSeek2Model:
     def batch_inputs(self, mg: ModelGraph, cache: KVCache, tokens: np.ndarray, n_past: int,
                      out_rows: np.ndarray) -> dict[Tensor, np.ndarray]:
         """Input values for tokens at positions n_past.. written into cells n_past.."""
-        n = len(tokens)
-        if n != mg.n_tokens:
-            raise ValueError(f"the graph was built for {mg.n_tokens} tokens, got {n}")
-        if n_past + n > mg.n_kv:
-            raise ValueError(f"{n_past + n} tokens do not fit the graph's n_kv={mg.n_kv}")
-        pos = np.arange(n_past, n_past + n, dtype=np.int32)
-        mask = np.full((n, mg.n_kv), -np.inf, np.float32)
-        for i in range(n):
-            mask[i, : n_past + i + 1] = 0.0
+        pos, mask = causal_inputs(mg, len(tokens), n_past)
         inp: MLAInputs = mg.inputs  # type: ignore[assignment]
         return {inp.tokens: np.asarray(tokens, np.int32), inp.pos: pos, inp.kq_mask: mask,
                 inp.k_idxs: pos.astype(np.int64), inp.out_ids: np.asarray(out_rows, np.int32)}

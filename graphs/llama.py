@@ -166,10 +166,9 @@ class LlamaModel:
         return ModelGraph(graph, inputs, logits, n_tokens, n_kv, n_outputs)
 
 
-def batch_inputs(mg: ModelGraph, cache: KVCache, tokens: np.ndarray, n_past: int,
-                 out_rows: np.ndarray) -> dict[Tensor, np.ndarray]:
-    """Input values for tokens at positions n_past.. written into cells n_past.."""
-    n = len(tokens)
+def causal_inputs(mg: ModelGraph, n: int, n_past: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions n_past.. and the causal mask over the graph's n_kv cells for n new tokens of
+    one sequence (every architecture with a single-sequence KV cache uses these)."""
     if n != mg.n_tokens:
         raise ValueError(f"the graph was built for {mg.n_tokens} tokens, got {n}")
     if n_past + n > mg.n_kv:
@@ -178,6 +177,13 @@ def batch_inputs(mg: ModelGraph, cache: KVCache, tokens: np.ndarray, n_past: int
     mask = np.full((n, mg.n_kv), -np.inf, np.float32)
     for i in range(n):
         mask[i, : n_past + i + 1] = 0.0
+    return pos, mask
+
+
+def batch_inputs(mg: ModelGraph, cache: KVCache, tokens: np.ndarray, n_past: int,
+                 out_rows: np.ndarray) -> dict[Tensor, np.ndarray]:
+    """Input values for tokens at positions n_past.. written into cells n_past.."""
+    pos, mask = causal_inputs(mg, len(tokens), n_past)
     cells = pos.astype(np.int64)
     inp = mg.inputs
     if cache.v_trans:
