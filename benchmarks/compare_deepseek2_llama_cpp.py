@@ -24,14 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from ggraph.conformance import nmse
+
 N_TOKENS = 24
 N_GEN = 8
 N_CTX = 256
-
-
-def nmse(ref: np.ndarray, got: np.ndarray) -> float:
-    ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
-    return float(((ref - got) ** 2).sum() / (ref ** 2).sum())
 
 
 GGML_TYPES = {"f32": 0, "f16": 1}  # ggml type ids for llama.cpp's cache types

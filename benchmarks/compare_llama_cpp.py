@@ -18,15 +18,12 @@ import time
 
 import numpy as np
 
+from ggraph.conformance import nmse
+
 PROMPTS = ["The capital of France is",
            "Once upon a time, in a small village,",
            "def fibonacci(n):",
            "The three primary colors are"]
-
-
-def nmse(ref: np.ndarray, got: np.ndarray) -> float:
-    ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
-    return float(((ref - got) ** 2).sum() / (ref ** 2).sum())
 
 
 def main() -> None:
