@@ -91,6 +91,13 @@ class Backend:
     def synchronize(self) -> None:
         """Wait for queued work (nothing to wait for on the CPU)."""
 
+    def read_bytes(self, buf: Any, offset: int, n: int) -> np.ndarray:
+        """n raw bytes of `buf` from `offset`, on the host."""
+        return np.array(np.asarray(buf)[offset:offset + n])
+
+    def write_bytes(self, buf: Any, offset: int, data: np.ndarray) -> None:
+        buf[offset:offset + data.nbytes] = data
+
 
 class Session:
     """Runs graphs on one backend: holds the compute arena, static (cache) buffers and the
@@ -110,6 +117,10 @@ class Session:
         self._calls: list[Callable[[], None]] | None = None
 
     # -- memory ---------------------------------------------------------------------------
+    def storage(self, t: Tensor) -> tuple[Any, int]:
+        """(buffer, byte offset) holding t: its host data, static memory, or the arena."""
+        return self._storage(t)
+
     def _storage(self, t: Tensor) -> tuple[Any, int]:
         root = t.owner
         if root.data is not None:
@@ -181,9 +192,14 @@ class Session:
         return self
 
     def _bind(self, graph: Graph) -> list[Callable[[], None]]:
+        return self.bind(self.plan_order(graph))
+
+    def bind(self, nodes: list[Tensor]) -> list[Callable[[], None]]:
+        """Zero-argument calls running `nodes` (of the prepared graph) in order; views add
+        none. The scheduler binds each split of a device's graph separately."""
         kernels = self.backend.kernels
         calls = []
-        for node in self.plan_order(graph):
+        for node in nodes:
             k = kernels[node.op]
             if k.bind:
                 c = k.fn(node, self)

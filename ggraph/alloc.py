@@ -413,7 +413,7 @@ def _live_peak(tr: _Trace) -> int:
 
 
 def _candidates(graph: Graph, sizes: dict[int, int], alignment: int,
-                strategy: str) -> list[_Candidate]:
+                strategy: str, keep_order: bool = False) -> list[_Candidate]:
     ident = list(range(len(graph.nodes)))
     out: list[_Candidate] = []
 
@@ -434,6 +434,8 @@ def _candidates(graph: Graph, sizes: dict[int, int], alignment: int,
     if strategy == "ggml":
         return out
     run(ident, True, " + view in-place")
+    if keep_order:
+        return out
     seen = [ident]
     for tag, perm in ((" + greedy order", greedy_order(graph.nodes, sizes)),
                       (" + subtree order", subtree_order(graph.nodes, sizes))):
@@ -497,13 +499,18 @@ def _peak_step(placements: dict[int, Placement], n: int) -> int:
 
 
 def plan_graph(graph: Graph, alignment: int = 32, strategy: str = "default",
-               max_bytes: int | None = None, name: str = "CPU") -> Plan:
-    """Plan `graph` (pure: offsets only). Raises AllocError subclasses; see module doc."""
+               max_bytes: int | None = None, name: str = "CPU", keep_order: bool = False
+               ) -> Plan:
+    """Plan `graph` (pure: offsets only). Raises AllocError subclasses; see module doc.
+
+    keep_order: run the nodes in the graph's order (no reordered candidates). The scheduler
+    needs it: a device's graph is one piece of a larger run, and copies to and from other
+    devices happen between its nodes at fixed points."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown allocation strategy {strategy!r}; expected one of "
                          f"{', '.join(STRATEGIES)}")
     sizes = check_graph(graph)
-    cands = _candidates(graph, sizes, alignment, strategy)
+    cands = _candidates(graph, sizes, alignment, strategy, keep_order)
     best = min(cands, key=lambda c: c.fit.size)     # the first (ggml) wins ties
     plan = _build_plan(graph, best, sizes, name, alignment, strategy)
     plan.candidates = {c.label: c.fit.size for c in cands}
@@ -556,7 +563,8 @@ class GraphAllocator:
     alloc() places later graphs of the same topology at the reserved offsets."""
 
     def __init__(self, alignment: int = 32, strategy: str = "default",
-                 max_bytes: int | None = None, name: str = "CPU") -> None:
+                 max_bytes: int | None = None, name: str = "CPU",
+                 keep_order: bool = False) -> None:
         if alignment <= 0 or alignment & (alignment - 1):
             raise ValueError(f"alignment must be a positive power of two, got {alignment}")
         if strategy not in STRATEGIES:
@@ -566,6 +574,7 @@ class GraphAllocator:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.alignment, self.strategy, self.max_bytes, self.name = \
             alignment, strategy, max_bytes, name
+        self.keep_order = keep_order
         self.reserved: Plan | None = None
 
     @classmethod
@@ -583,7 +592,8 @@ class GraphAllocator:
 
     def plan(self, graph: Graph) -> Plan:
         """Plan without keeping anything."""
-        return plan_graph(graph, self.alignment, self.strategy, self.max_bytes, self.name)
+        return plan_graph(graph, self.alignment, self.strategy, self.max_bytes, self.name,
+                          self.keep_order)
 
     def reserve(self, graph: Graph) -> Plan:
         """Plan the worst-case graph and keep its offsets for later alloc() calls."""

@@ -76,5 +76,11 @@ class CUDABackend(Backend):
         buffers.write(host, 0, t, values)
         R.from_host(buf, offset, host)
 
+    def read_bytes(self, buf: Any, offset: int, n: int) -> np.ndarray:
+        return np.array(R.to_host(buf, offset, offset + n))
+
+    def write_bytes(self, buf: Any, offset: int, data: np.ndarray) -> None:
+        R.from_host(buf, offset, np.ascontiguousarray(data))
+
     def synchronize(self) -> None:
         R.synchronize()
