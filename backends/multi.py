@@ -1,0 +1,156 @@
+"""Running one graph across several backends: a Session per device, driven split by split.
+
+`MultiSession` is what `Backend.session()` is for one device: `run(graph, inputs)`,
+`read(t)`, `write(t, values)`. It schedules the graph with ggraph.sched (cached per graph),
+plans each device's graph with that device's allocator (reserve() sizes each compute buffer
+on a worst-case graph, as ggml_backend_sched_reserve does), binds each split's kernel calls,
+and runs: copy the split's inputs in from the devices holding them, then the split's calls.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ggraph import buffers
+from ggraph.alloc import GraphAllocator, Plan
+from ggraph.graph import Graph
+from ggraph.sched import Schedule, schedule_graph
+from ggraph.tensor import Tensor
+
+from .base import Backend, Session
+
+
+@dataclass
+class _Bound:
+    """A scheduled graph with every device planned and every split's calls bound."""
+    sch: Schedule
+    steps: list[tuple[list[tuple[Tensor, Tensor, int]], int, list[Callable[[], None]]]]
+
+
+class MultiSession:
+    """Sessions over `backends` (priority order; the host, which must be a CPU backend, last)
+    with weights and caches placed by `placement` (tensor -> device index)."""
+
+    def __init__(self, backends: Sequence[Backend], placement: Mapping[Tensor, int] | None = None,
+                 names: Sequence[str] | None = None, strategy: str = "default") -> None:
+        if not backends:
+            raise ValueError("MultiSession needs at least one backend")
+        self.backends = list(backends)
+        self.names = list(names) if names is not None else _default_names(self.backends)
+        if len(self.names) != len(self.backends):
+            raise ValueError(f"{len(self.names)} names for {len(self.backends)} backends")
+        self.host = len(self.backends) - 1
+        self.placement: dict[int, int] = {}
+        self._placed: list[Tensor] = []          # keeps placed tensors (and their ids) alive
+        for t, d in (placement or {}).items():
+            self.place(t, d)
+        self.sessions = [b.session(allocator=GraphAllocator(
+            alignment=b.alignment, strategy=strategy, name=n, keep_order=True))
+            for b, n in zip(self.backends, self.names)]
+        self._schedules: dict[int, tuple[Graph, Schedule]] = {}
+        self._bound: _Bound | None = None
+        self._bound_graph: Graph | None = None
+
+    def place(self, t: Tensor, device: int) -> None:
+        if not 0 <= device < len(self.backends):
+            raise ValueError(f"tensor {t.describe()} placed on device {device}; there are "
+                             f"{len(self.backends)} ({', '.join(self.names)})")
+        self.placement[id(t)] = device
+        self._placed.append(t)
+
+    # -- planning -----------------------------------------------------------------------------
+    def schedule(self, graph: Graph) -> Schedule:
+        hit = self._schedules.get(id(graph))
+        if hit is not None and hit[0] is graph:
+            return hit[1]
+        sch = schedule_graph(graph, self.names, [b.supports for b in self.backends],
+                             self.placement, self.host)
+        self._schedules[id(graph)] = (graph, sch)
+        while len(self._schedules) > 4:
+            self._schedules.pop(next(iter(self._schedules)))
+        return sch
+
+    def reserve(self, graph: Graph) -> list[Plan]:
+        """Size every device's compute buffer on this (worst-case) graph."""
+        sch = self.schedule(graph)
+        return [s.allocator.reserve(g) for s, g in zip(self.sessions, sch.device_graphs)]
+
+    @property
+    def buffer_sizes(self) -> list[int]:
+        return [s.allocator.buffer_size for s in self.sessions]
+
+    def _prepare(self, graph: Graph) -> _Bound:
+        sch = self.schedule(graph)
+        for s, g in zip(self.sessions, sch.device_graphs):
+            s.prepare(g)
+        steps = []
+        for split in sch.splits:
+            d = split.device
+            copies = [(sch.local(t, sch.device_of(t)), sch.copies[(id(t), d)], sch.device_of(t))
+                      for t in split.inputs]
+            calls = self.sessions[d].bind([sch.clones[id(n)] for n in split.nodes])
+            steps.append((copies, d, calls))
+        return _Bound(sch, steps)
+
+    # -- running ------------------------------------------------------------------------------
+    def run(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None = None
+            ) -> "MultiSession":
+        if graph is not self._bound_graph or self._bound is None:
+            self._bound = self._prepare(graph)
+            self._bound_graph = graph
+        buffers.feed_inputs(graph, inputs or {}, self.write)
+        for copies, d, calls in self._bound.steps:
+            dst = self.sessions[d]
+            for src_t, copy_t, sd in copies:
+                self._copy(self.sessions[sd], src_t, dst, copy_t)
+            with dst.backend.run_context():
+                for call in calls:
+                    call()
+        for s in self.sessions:
+            s.synchronize()
+        return self
+
+    def _copy(self, src: Session, t: Tensor, dst: Session, c: Tensor) -> None:
+        sbuf, soff = src.storage(t)
+        src.synchronize()
+        data = src.backend.read_bytes(sbuf, soff, t.nbytes)
+        dbuf, doff = dst.storage(c)
+        dst.backend.write_bytes(dbuf, doff, data)
+
+    # -- values -------------------------------------------------------------------------------
+    def _where(self, t: Tensor) -> tuple[Session, Tensor]:
+        sch = self._bound.sch if self._bound is not None else None
+        if sch is None or (t.op is not None and id(t) not in sch.clones):
+            if t.op is not None:
+                raise ValueError(f"tensor {t.describe()} is not a node of the graph last run")
+            return self.sessions[self.placement.get(id(t.owner), self.host)], t
+        d = sch.device_of(t)
+        return self.sessions[d], sch.local(t, d)
+
+    def read(self, t: Tensor) -> np.ndarray:
+        s, local = self._where(t)
+        s.synchronize()
+        return s.read(local)
+
+    def write(self, t: Tensor, values: np.ndarray) -> None:
+        s, local = self._where(t)
+        s.write(local, values)
+
+    def synchronize(self) -> None:
+        for s in self.sessions:
+            s.synchronize()
+
+
+def _default_names(backends: Sequence[Backend]) -> list[str]:
+    """CUDA0, CUDA1, ... for devices and CPU for the host (llama.cpp's names); CPU backends
+    standing in for devices are CPU1, CPU2, ..."""
+    counts: dict[str, int] = {}
+    out = []
+    for b in backends[:-1]:
+        k = b.name.upper()
+        i = counts.get(k, 1 if k == "CPU" else 0)
+        counts[k] = i + 1
+        out.append(f"{k}{i}")
+    return out + [backends[-1].name.upper()]
