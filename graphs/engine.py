@@ -20,6 +20,7 @@ from ggraph.tensor import Context
 from .arch import model_class
 from .gguf_file import load_gguf
 from .llama import ModelGraph
+from .placement import LayerMap, layer_map, parse_devices, place_tensors
 from .tokenizer import Tokenizer
 
 MIB = 1 << 20
@@ -40,6 +41,12 @@ class EngineConfig:
     # outputs in the worst-case graph: "all" tokens as llama.cpp reserves, or only the "last"
     # (what generation needs; the logits of a 512-token ubatch alone are 96 MiB for SmolLM2)
     reserve_outputs: str = "all"
+    # several devices (graphs/placement.py): offload devices such as "cuda" or "cuda,cuda"
+    # ("cpu" stands in for a device with a second CPU backend); the host CPU is always added.
+    # Layers are placed with llama.cpp's -ngl / --tensor-split rules.
+    devices: str = ""
+    n_gpu_layers: int = -1
+    tensor_split: tuple[float, ...] | None = None
 
 
 @dataclass
@@ -76,13 +83,40 @@ class Engine:
         self.cache = self.model.new_cache(self.ctx, cfg.n_ctx, cfg.type_k, cfg.type_v,
                                           cfg.flash_attn)
         kw = {"n_threads": cfg.n_threads} if cfg.backend == "cpu" and cfg.n_threads else {}
-        self.backend = get_backend(cfg.backend, **kw)
-        self.allocator = GraphAllocator(alignment=self.backend.alignment,
-                                        strategy=cfg.strategy, name=cfg.backend.upper())
-        self.session = self.backend.session(allocator=self.allocator)
+        self.layers: LayerMap | None = None
+        if cfg.devices:
+            self._multi_device(cfg)
+        else:
+            self.backend = get_backend(cfg.backend, **kw)
+            self.allocator = GraphAllocator(alignment=self.backend.alignment,
+                                            strategy=cfg.strategy, name=cfg.backend.upper())
+            self.session = self.backend.session(allocator=self.allocator)
         self.timings = Timings()
         self._graphs: dict[tuple[int, int, int], ModelGraph] = {}
         self.reserve_plan = self.reserve()
+
+    def _multi_device(self, cfg: EngineConfig) -> None:
+        from ggraph.backends import get_backend
+        from ggraph.backends.multi import MultiSession
+
+        devs = parse_devices(cfg.devices)
+        if any(d.kind == "virtual" for d in devs):
+            raise ValueError(f"--devices {cfg.devices!r}: running needs backends (cuda, cpu); "
+                             f"sizes such as 24GiB describe virtual devices for `ggraph plan`")
+        self.layers = layer_map(self.model.hp.n_layer, len(devs), cfg.n_gpu_layers,
+                                cfg.tensor_split)
+        backends = [get_backend(d.kind) for d in devs] + [get_backend("cpu")]
+        self.device_names = [d.name for d in devs] + ["CPU"]
+        self.session = MultiSession(backends, names=self.device_names, strategy=cfg.strategy)
+        self.backend = backends[-1]
+
+    def _place(self, graph: Any) -> None:
+        """Put the weights and cache tensors of a new graph on their layer's device."""
+        if self.layers is None:
+            return
+        for t, d in place_tensors(graph.leafs, self.layers).items():
+            if id(t) not in self.session.placement:
+                self.session.place(t, d)
 
     # -- memory -------------------------------------------------------------------------------
     def build(self, n_tokens: int, n_kv: int, n_outputs: int) -> ModelGraph:
@@ -91,6 +125,7 @@ class Engine:
         if mg is None:
             mg = self.model.build(self.ctx, self.cache, n_tokens, n_kv, n_outputs,
                                   self.cfg.flash_attn, self.cfg.amb_mib)
+            self._place(mg.graph)
         self._graphs[key] = mg  # most recent last; a few kept (prompt and decode alternate)
         while len(self._graphs) > 4:
             self._graphs.pop(next(iter(self._graphs)))
@@ -105,9 +140,14 @@ class Engine:
         mg = self.model.build(self.ctx, self.cache, n, self.cfg.n_ctx, n_out,
                               self.cfg.flash_attn, self.cfg.amb_mib)
         self.worst_case = mg
+        if self.layers is not None:
+            self._place(mg.graph)
+            return self.session.reserve(mg.graph)
         return self.allocator.reserve(mg.graph)
 
     def memory_lines(self) -> list[str]:
+        if self.layers is not None:
+            return self._device_memory_lines()
         plan = self.reserve_plan
         name = self.cfg.backend.upper()
         lines = [f"{name}_Mapped model buffer size = {self.file.tensor_bytes / MIB:10.2f} MiB",
@@ -116,6 +156,36 @@ class Engine:
         if plan.baseline is not None and plan.baseline.size != plan.size:
             lines[-1] += f" (ggml-alloc's plan: {plan.baseline.size / MIB:.2f} MiB)"
         lines.append(f"graph nodes  = {self.worst_case.graph.n_nodes}")
+        return lines
+
+    def _device_memory_lines(self) -> list[str]:
+        """llama.cpp's per-device lines: model buffers, KV buffers, compute buffers, splits."""
+        names, sess = self.device_names, self.session
+        weights = [0] * len(names)
+        kv = [0] * len(names)
+        cache_ids = {id(t) for t in self.cache.k + self.cache.v}
+        seen: set[int] = set()
+        for t in self.worst_case.graph.leafs:
+            d = sess.placement.get(id(t))
+            if d is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            (kv if id(t) in cache_ids else weights)[d] += t.nbytes
+        lm = self.layers
+        counts = ", ".join(f"{n} {lm.count(i)}" for i, n in enumerate(names))
+        lines = [f"load_tensors: offloaded {sum(lm.count(i) for i in range(len(names) - 1))}/"
+                 f"{len(lm.layers)} repeating layers (layers per device: {counts}; output "
+                 f"layer on {names[lm.output]})"]
+        lines += [f"{n} model buffer size = {w / MIB:10.2f} MiB" for n, w in zip(names, weights)
+                  if w]
+        lines.append(self.cache.summary())
+        lines += [f"llama_kv_cache: {n} KV buffer size = {b / MIB:10.2f} MiB"
+                  for n, b in zip(names, kv) if b]
+        for n, plan in zip(names, self.reserve_plan):
+            lines.append(f"{n} compute buffer size = {plan.size / MIB:10.2f} MiB")
+        sch = sess.schedule(self.worst_case.graph)
+        lines.append(f"graph nodes  = {self.worst_case.graph.n_nodes}")
+        lines.append(f"graph splits = {sch.n_splits}")
         return lines
 
     # -- evaluation ---------------------------------------------------------------------------

@@ -25,6 +25,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reserve-outputs", choices=("all", "last"), default="all",
                    help="size the compute buffer for every token's logits (llama.cpp) or the "
                         "last token's only")
+    p.add_argument("--devices", default="", metavar="LIST",
+                   help="offload devices beside the host CPU, e.g. cuda or cuda,cuda ('cpu' "
+                        "adds a second CPU backend); layers are placed as llama.cpp does")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1,
+                   help="with --devices: layers to offload, the output layer counting as one "
+                        "(default: all)")
+    p.add_argument("-ts", "--tensor-split", metavar="SHARES",
+                   help="with --devices: layer shares per device, e.g. 3,1")
     p.set_defaults(func=main)
 
 
@@ -44,10 +52,17 @@ def main(args: argparse.Namespace) -> int:
     if 0 < amb < 128:
         print(f"warning: --amb {amb} raised to 128 MiB (as ik_llama.cpp does)", file=sys.stderr)
         amb = 128
+    from ggraph.graphs.placement import parse_split
+
+    split = parse_split(args.tensor_split)
+    if not args.devices and (split or args.n_gpu_layers != -1):
+        raise ValueError("-ngl and --tensor-split need --devices (e.g. --devices cuda)")
     cfg = EngineConfig(n_ctx=args.ctx_size, n_ubatch=args.ubatch_size, type_k=args.cache_type_k,
                        type_v=args.cache_type_v, flash_attn=args.fa, amb_mib=amb,
                        backend=args.backend, strategy=args.strategy, n_threads=args.threads,
-                       reserve_outputs=args.reserve_outputs)
+                       reserve_outputs=args.reserve_outputs, devices=args.devices,
+                       n_gpu_layers=args.n_gpu_layers,
+                       tensor_split=tuple(split) if split else None)
     try:
         eng = Engine(resolve_model(args.model), cfg, progress=sys.stderr.isatty())
     except GGUFError as e:

@@ -1,0 +1,166 @@
+"""Where a model's layers live: llama.cpp's `-ngl` / `--tensor-split` rules, device lists,
+and the device of every weight and cache tensor.
+
+llama.cpp (llama_model::load_tensors) keeps the input layer (token embedding) on the CPU,
+offloads the last `n_gpu_layers` of the n_layer + 1 layers (the output layer counts as one)
+and gives GPU layer i (counted from the first offloaded one) to the first device whose
+cumulative, normalized split point exceeds i / n_offloaded. Without a tensor split the shares
+follow each device's memory. A layer's KV cache lives with the layer.
+"""
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from ggraph.tensor import Tensor
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+_UNITS = {"gib": GIB, "gb": 10**9, "mib": MIB, "mb": 10**6, "kib": 1024, "b": 1}
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str            # CUDA0, CUDA1, ... or CPU
+    kind: str            # "cuda", "cpu" or "virtual"
+    memory: int | None   # bytes, None = not limited / unknown
+
+
+def parse_size(text: str) -> int:
+    """'24GiB', '24 GB', '512MiB', '1024' (bytes) -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m:
+        raise ValueError(f"cannot read the size {text!r}; write e.g. 24GiB, 80GB or 512MiB")
+    unit = m.group(2).lower() or "b"
+    if unit not in _UNITS:
+        raise ValueError(f"unknown unit {m.group(2)!r} in {text!r}; use GiB, GB, MiB, MB")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def parse_devices(spec: str) -> list[Device]:
+    """Virtual devices: '15x24GiB', '2x24GiB,1x80GiB', '24GiB,24GiB'; or backends:
+    'cuda', 'cuda,cuda', 'cpu' (a second CPU backend standing in for a device)."""
+    out: list[Device] = []
+    counts: dict[str, int] = {}
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            raise ValueError(f"empty entry in the device list {spec!r}")
+        m = re.fullmatch(r"(\d+)\s*[xX]\s*(.+)", part)
+        n, what = (int(m.group(1)), m.group(2)) if m else (1, part)
+        if n <= 0:
+            raise ValueError(f"device count must be positive in {part!r}")
+        kind = what.strip().lower()
+        mem = None
+        if kind not in ("cuda", "cpu"):
+            try:
+                mem, kind = parse_size(what), "virtual"
+            except ValueError as e:
+                raise ValueError(f"device list entry {part!r}: {e}; a device is a size "
+                                 f"(24GiB), a count and a size (15x24GiB), cuda or cpu") from None
+            if mem <= 0:
+                raise ValueError(f"device memory must be positive in {part!r}")
+        for _ in range(n):
+            prefix = "CPU" if kind == "cpu" else "CUDA"
+            i = counts.get(prefix, 0)
+            counts[prefix] = i + 1
+            out.append(Device(f"{prefix}{i + (1 if kind == 'cpu' else 0)}", kind, mem))
+    return out
+
+
+def parse_split(text: str | None) -> list[float] | None:
+    if text is None or text == "":
+        return None
+    try:
+        vals = [float(x) for x in re.split(r"[,/]", text)]
+    except ValueError:
+        raise ValueError(f"cannot read --tensor-split {text!r}: give numbers separated by "
+                         f"commas, e.g. 3,1") from None
+    if any(v < 0 for v in vals) or not any(v > 0 for v in vals):
+        raise ValueError(f"--tensor-split {text!r}: shares must be >= 0 and not all 0")
+    return vals
+
+
+@dataclass(frozen=True)
+class LayerMap:
+    """Device index per layer; `input` and `output` layers too. The host is len(devices)."""
+    layers: tuple[int, ...]
+    input: int
+    output: int
+    n_devices: int       # offload devices; index n_devices is the host (CPU)
+
+    def count(self, device: int) -> int:
+        return sum(1 for d in self.layers if d == device)
+
+
+def layer_map(n_layer: int, n_devices: int, n_gpu_layers: int = -1,
+              tensor_split: Sequence[float] | None = None,
+              memory: Sequence[int | None] | None = None) -> LayerMap:
+    """llama.cpp's placement. n_gpu_layers < 0 offloads everything (as -ngl 999)."""
+    host = n_devices
+    if tensor_split is not None and len(tensor_split) != n_devices:
+        raise ValueError(f"--tensor-split has {len(tensor_split)} values for {n_devices} "
+                         f"device{'s' if n_devices != 1 else ''}: give one share per device")
+    if n_devices == 0:
+        return LayerMap(tuple([host] * n_layer), host, host, 0)
+    ngl = n_layer + 1 if n_gpu_layers < 0 else n_gpu_layers
+    if tensor_split is not None:
+        shares = list(tensor_split)
+    elif memory is not None and all(m for m in memory):
+        shares = [float(m) for m in memory]        # llama.cpp: by free memory
+    else:
+        shares = [1.0] * n_devices
+    total, points = 0.0, []
+    for s in shares:
+        total += s
+        points.append(total)
+    points = [p / total for p in points]
+    i_gpu_start = max(n_layer - ngl, 0)
+    act = min(ngl, n_layer + 1)
+
+    def dev(il: int) -> int:
+        if il < i_gpu_start or il - i_gpu_start >= act:
+            return host
+        return min(bisect.bisect_right(points, (il - i_gpu_start) / act), n_devices - 1)
+
+    return LayerMap(tuple(dev(il) for il in range(n_layer)), host, dev(n_layer), n_devices)
+
+
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.|^cache_[kv]_l(\d+)$")
+_OUTPUT_NAMES = ("output.weight", "output_norm.weight")
+
+
+def tensor_layer(name: str) -> int | str | None:
+    """The layer index of a GGUF weight or cache tensor by its name, 'input', 'output', or
+    None for anything else (graph inputs)."""
+    m = _LAYER_RE.match(name)
+    if m:
+        return int(m.group(1) or m.group(2))
+    if name == "token_embd.weight":
+        return "input"
+    if name in _OUTPUT_NAMES:
+        return "output"
+    return None
+
+
+def place_tensors(tensors: Iterable[Tensor], lm: LayerMap) -> dict[Tensor, int]:
+    """Device of every weight / cache tensor among `tensors` (pre-allocated leafs)."""
+    out: dict[Tensor, int] = {}
+    for t in tensors:
+        if t.op is not None or t.view_src is not None or not t.is_preallocated:
+            continue
+        where = tensor_layer(t.name)
+        if where is None:
+            continue
+        if where == "input":
+            out[t] = lm.input
+        elif where == "output":
+            out[t] = lm.output
+        else:
+            if where >= len(lm.layers):
+                raise ValueError(f"tensor {t.name!r} belongs to layer {where}, the model has "
+                                 f"{len(lm.layers)}")
+            out[t] = lm.layers[where]
+    return out
