@@ -31,6 +31,13 @@ class GGUFModel:
     data_offset: int
     tensor_bytes: int = 0
     reader: Any = field(default=None, repr=False)
+    # bytes of each tensor in its real format, where the Tensor's type is a stand-in (presets
+    # and headers plan with placeholder types); absent names: Tensor.nbytes
+    sizes: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def tensor_size(self, name: str) -> int:
+        n = self.sizes.get(name)
+        return n if n is not None else self.tensors[name].nbytes
 
     @property
     def arch(self) -> str:

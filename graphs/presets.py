@@ -155,13 +155,15 @@ def preset_model(name: str, weights: str | float | None = None) -> tuple[Any, in
     ctx = Context(f"preset:{key}")
     shapes = deepseek2_tensor_shapes(hp)
     tensors = {n: _placeholder(ctx, n, ne) for n, ne in shapes.items()}
-    total = 0
-    for ne in shapes.values():
+    sizes = {}
+    for name, ne in shapes.items():
         n = 1
         for x in ne:
             n *= x
-        total += int(n * bpw) if len(ne) > 1 else 4 * n
-    gguf = GGUFModel(f"preset:{key}", hparams_metadata(hp), tensors, ctx, 0, 0, total)
+        sizes[name] = int(n * bpw) if len(ne) > 1 else 4 * n
+    total = sum(sizes.values())
+    gguf = GGUFModel(f"preset:{key}", hparams_metadata(hp), tensors, ctx, 0, 0, total,
+                     sizes=sizes)
     return DeepSeek2Model(gguf), total
 
 
@@ -183,12 +185,14 @@ def header_model(path: str | os.PathLike) -> tuple[Any, int]:
     metadata = {k: _field_value(f) for k, f in reader.fields.items()}
     ctx = Context(os.path.basename(path))
     tensors: dict[str, Tensor] = {}
-    total = 0
+    sizes: dict[str, int] = {}
     for rt in reader.tensors:
         ne = tuple(int(x) for x in rt.shape) or (1,)
         tensors[rt.name] = _placeholder(ctx, rt.name, ne)
-        total += int(rt.n_bytes)
-    model = GGUFModel(path, metadata, tensors, ctx, os.path.getsize(path), 0, total)
+        sizes[rt.name] = int(rt.n_bytes)
+    total = sum(sizes.values())
+    model = GGUFModel(path, metadata, tensors, ctx, os.path.getsize(path), 0, total,
+                      sizes=sizes)
     from . import deepseek2  # noqa: F401 - registers the architecture
     cls = model_class(model.arch, path)
     if not hasattr(cls, "mla_shape"):

@@ -42,6 +42,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--strategy", choices=("default", "ggml"), default="default",
                    help="allocator strategy (default also reports ggml-alloc's plan)")
     p.add_argument("--parts", type=int, default=10, help="tensors listed at the peak")
+    d = p.add_argument_group("several devices (a deployment plan; see docs/memory-planning.md)")
+    d.add_argument("--devices", metavar="SPEC",
+                   help="virtual devices, e.g. 15x24GiB or 2x24GiB,1x80GiB: per-device "
+                        "weights, KV cache, compute buffer, host buffer and fit")
+    d.add_argument("-ts", "--tensor-split", metavar="SHARES",
+                   help="layer shares per device, e.g. 37,25,... (default: by memory)")
+    d.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1,
+                   help="layers to offload, the output layer counting as one (default: all)")
+    d.add_argument("--pipeline-copies", type=int, default=None, metavar="N",
+                   help="copies of inputs for pipeline parallelism (default: llama.cpp's "
+                        "rule, 4 with several devices and every layer offloaded)")
+    d.add_argument("--host-memory", metavar="SIZE", help="host RAM to check the host "
+                   "buffers against, e.g. 256GiB")
     p.add_argument("--json", nargs="?", const="-", metavar="PATH",
                    help="write JSON (to stdout with no PATH)")
     p.set_defaults(func=main)
@@ -65,6 +78,10 @@ def main(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         model, wbytes = header_model(args.model)
         source = args.model
+    if args.devices:
+        return _plan_devices(args, model, source, amb)
+    if args.tensor_split or args.n_gpu_layers != -1 or args.pipeline_copies is not None:
+        raise ValueError("--tensor-split, -ngl and --pipeline-copies need --devices")
     r = plan_deepseek2(model, source, args.ctx_size, args.ubatch_size, amb, args.cache_type_k,
                        args.fa, args.path, args.strategy, wbytes)
     if args.json:
@@ -76,6 +93,29 @@ def main(args: argparse.Namespace) -> int:
             f.write(text + "\n")
     print("\n".join(format_lines(r, args.parts)))
     return 0
+
+
+def _plan_devices(args: argparse.Namespace, model: Any, source: str, amb: int) -> int:
+    from ggraph.graphs import plan_devices as P
+    from ggraph.graphs.placement import parse_devices, parse_size, parse_split
+
+    devices = parse_devices(args.devices)
+    if any(d.kind != "virtual" for d in devices):
+        raise ValueError(f"--devices {args.devices!r}: give sizes for planning, e.g. 2x24GiB")
+    dp = P.plan_devices(model, source, devices, args.ctx_size, args.ubatch_size, amb,
+                        args.cache_type_k, args.fa, args.path, args.strategy,
+                        args.n_gpu_layers, parse_split(args.tensor_split),
+                        parse_size(args.host_memory) if args.host_memory else None,
+                        args.pipeline_copies)
+    if args.json:
+        text = json.dumps(P.to_json(dp), indent=1)
+        if args.json == "-":
+            print(text)
+            return 0
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    print("\n".join(P.format_lines(dp)))
+    return 0 if not dp.advice else 2
 
 
 def _mib(n: int) -> str:
