@@ -302,3 +302,27 @@ def test_gpu_check_tiny_runs(tmp_path):
     assert report["conformance"]["passed"] == report["conformance"]["tested"] > 0
     assert {r["case"].split("(")[0] for r in report["perf"]} == {"mul_mat", "flash_attn_ext"}
     assert all("gflops" in r for r in report["perf"])
+
+
+def test_scheduler_splits_a_model_across_cpu_and_cuda(tmp_path):
+    """The tiny llama with its last layer of 2 on CUDA (the scheduler copies activations and
+    inputs across): the logits of the CPU alone, and the same greedy tokens. SmolLM2 itself
+    takes minutes per token in the simulator: benchmarks/sched_smollm2_cudasim.py."""
+    from ggraph.conformance import nmse
+    from ggraph.graphs.engine import Engine, EngineConfig
+    from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
+
+    p = write_tiny_llama(tmp_path / "t.gguf", TinyLlama(n_layer=2, n_embd=64))
+    cfg = dict(n_ctx=64, n_ubatch=8, reserve_outputs="last")
+    cpu = Engine(str(p), EngineConfig(**cfg))
+    split = Engine(str(p), EngineConfig(devices="cuda", n_gpu_layers=1, **cfg))
+    a, b = cpu.eval([5, 6, 7, 8]), split.eval([5, 6, 7, 8])
+    for _ in range(3):
+        assert nmse(a, b) < 1e-6
+        tok = int(np.argmax(a))
+        assert tok == int(np.argmax(b))
+        a, b = cpu.eval([tok]), split.eval([tok])
+    sch = split.session.schedule(split.worst_case.graph)
+    assert [split.device_names[s.device] for s in sch.splits] == ["CPU", "CUDA0", "CPU"]
+    assert split.session.placement[id(split.cache.k[1])] == 0
+    assert split.session.placement[id(split.cache.k[0])] == 1
