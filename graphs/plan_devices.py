@@ -355,3 +355,46 @@ def to_json(dp: DeploymentPlan) -> dict[str, Any]:
         "n_nodes": dp.n_nodes, "n_copies": dp.n_copies, "advice": dp.advice, "build_s": dp.build_s,
         "plan_s": dp.plan_s,
     }
+
+
+def render_png(dp: DeploymentPlan, path: str) -> None:
+    """One bar per device: weights, KV cache, compute buffer (its pipeline copies hatched)
+    stacked against the device's memory, so a glance shows who is full and why."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    devs = dp.devices
+    pipe = dp.schedule.pipeline_bytes or [0] * len(devs)
+    names = [d.name for d in devs]
+    gib = float(GIB)
+    fig, ax = plt.subplots(figsize=(9, 0.38 * len(devs) + 1.6))
+    y = list(range(len(devs)))[::-1]
+    parts = [("weights", [d.weights for d in devs], "#4c72b0", None),
+             ("KV cache", [d.kv for d in devs], "#dd8452", None),
+             ("compute", [d.compute - p for d, p in zip(devs, pipe)], "#55a868", None),
+             (f"compute: {dp.n_copies - 1} extra pipeline copies of inputs", pipe, "#55a868",
+              "//")]
+    left = [0.0] * len(devs)
+    for label, vals, color, hatch in parts:
+        if not any(vals):
+            continue
+        w = [v / gib for v in vals]
+        ax.barh(y, w, left=left, color=color, hatch=hatch, edgecolor="white", label=label)
+        left = [a + b for a, b in zip(left, w)]
+    for yi, d, total in zip(y, devs, left):
+        if d.memory is not None:
+            ax.plot([d.memory / gib] * 2, [yi - 0.45, yi + 0.45], color="#c44e52", lw=2)
+        ax.text(total + 0.2, yi, f"{total:.1f} GiB" + (" NO" if d.fits is False else ""),
+                va="center", fontsize=8, color="#c44e52" if d.fits is False else "black")
+    ax.plot([], [], color="#c44e52", lw=2, label="device memory")
+    ax.set_yticks(y, names)
+    ax.set_xlabel("GiB")
+    ax.set_title(f"{dp.source}: ctx {dp.n_ctx}, ubatch {dp.n_ubatch}, amb {dp.amb_mib} MiB, "
+                 f"K cache {dp.type_k}", fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlim(0, max(max(left), max((d.memory or 0) / gib for d in devs)) * 1.15)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -191,9 +191,12 @@ def _seed_plan(*extra):
 
 def test_plan_of_the_seed_deployment(capsys, tmp_path):
     out = tmp_path / "plan.json"
-    rc = cli(_seed_plan("--devices", "15x24GiB", "-ts", SEED_SPLIT, "--json", str(out)))
+    png = tmp_path / "plan.png"
+    rc = cli(_seed_plan("--devices", "15x24GiB", "-ts", SEED_SPLIT, "--json", str(out),
+                        "--png", str(png)))
     text = capsys.readouterr().out
     assert rc == 0, text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20000
     assert "every device fits" in text and "pipeline parallelism: 4 copies" in text
     r = json.loads(out.read_text())
     devs = r["devices"]
@@ -261,3 +264,20 @@ def test_smollm2_split_across_two_backends_same_tokens():
     assert a == b and "Paris" in one.tokenizer.decode(a)
     lines = "\n".join(two.memory_lines())
     assert "offloaded 15/30 repeating layers" in lines and "graph splits = 3" in lines
+
+
+def test_deepseek2_split_across_two_backends(tmp_path):
+    """MLA (prompt and decode take different attention paths, so decode derives its own
+    weights, which are placed by name on their layer's device) and MoE across devices."""
+    from ggraph.graphs.tiny_deepseek2 import TinyDeepSeek2, write_tiny_deepseek2
+
+    p = str(write_tiny_deepseek2(tmp_path / "ds.gguf", TinyDeepSeek2(kv_b="legacy")))
+    cfg = dict(n_ctx=64, n_ubatch=8)
+    one = Engine(p, EngineConfig(**cfg))
+    two = Engine(p, EngineConfig(devices="cpu,cpu", tensor_split=(1, 1), **cfg))
+    prompt = [3, 4, 5, 6, 7]
+    assert list(one.generate(prompt, 4, stop_at_eos=False)) == \
+        list(two.generate(prompt, 4, stop_at_eos=False))
+    placed = two.session.placement
+    derived = [t for t in two.session._placed if "attn_k_b" in t.name]
+    assert derived and all(placed[id(t)] < 2 for t in derived)

@@ -55,6 +55,7 @@ def register(subparsers: Any) -> None:
                         "rule, 4 with several devices and every layer offloaded)")
     d.add_argument("--host-memory", metavar="SIZE", help="host RAM to check the host "
                    "buffers against, e.g. 256GiB")
+    d.add_argument("--png", metavar="PATH", help="draw each device's memory as a bar")
     p.add_argument("--json", nargs="?", const="-", metavar="PATH",
                    help="write JSON (to stdout with no PATH)")
     p.set_defaults(func=main)
@@ -80,8 +81,9 @@ def main(args: argparse.Namespace) -> int:
         source = args.model
     if args.devices:
         return _plan_devices(args, model, source, amb)
-    if args.tensor_split or args.n_gpu_layers != -1 or args.pipeline_copies is not None:
-        raise ValueError("--tensor-split, -ngl and --pipeline-copies need --devices")
+    if args.tensor_split or args.n_gpu_layers != -1 or args.pipeline_copies is not None or \
+            args.png:
+        raise ValueError("--tensor-split, -ngl, --pipeline-copies and --png need --devices")
     r = plan_deepseek2(model, source, args.ctx_size, args.ubatch_size, amb, args.cache_type_k,
                        args.fa, args.path, args.strategy, wbytes)
     if args.json:
@@ -115,6 +117,9 @@ def _plan_devices(args: argparse.Namespace, model: Any, source: str, amb: int) -
         with open(args.json, "w") as f:
             f.write(text + "\n")
     print("\n".join(P.format_lines(dp)))
+    if args.png:
+        P.render_png(dp, args.png)
+        print(f"wrote {args.png}")
     return 0 if not dp.advice else 2
 
 
