@@ -85,7 +85,10 @@ class Engine:
         kw = {"n_threads": cfg.n_threads} if cfg.backend == "cpu" and cfg.n_threads else {}
         self.layers: LayerMap | None = None
         if cfg.devices:
-            self._multi_device(cfg)
+            if cfg.backend != "cpu":
+                raise ValueError(f"with --devices the host is the CPU and the devices are "
+                                 f"listed there; got backend {cfg.backend!r} as well")
+            self._multi_device(cfg, kw)
         else:
             self.backend = get_backend(cfg.backend, **kw)
             self.allocator = GraphAllocator(alignment=self.backend.alignment,
@@ -93,9 +96,10 @@ class Engine:
             self.session = self.backend.session(allocator=self.allocator)
         self.timings = Timings()
         self._graphs: dict[tuple[int, int, int], ModelGraph] = {}
+        # the worst case's Plan; with devices, one Plan per device (the host last)
         self.reserve_plan = self.reserve()
 
-    def _multi_device(self, cfg: EngineConfig) -> None:
+    def _multi_device(self, cfg: EngineConfig, host_kw: dict[str, Any]) -> None:
         from ggraph.backends import get_backend
         from ggraph.backends.multi import MultiSession
 
@@ -105,7 +109,7 @@ class Engine:
                              f"sizes such as 24GiB describe virtual devices for `ggraph plan`")
         self.layers = layer_map(self.model.hp.n_layer, len(devs), cfg.n_gpu_layers,
                                 cfg.tensor_split)
-        backends = [get_backend(d.kind) for d in devs] + [get_backend("cpu")]
+        backends = [get_backend(d.kind) for d in devs] + [get_backend("cpu", **host_kw)]
         self.device_names = [d.name for d in devs] + ["CPU"]
         self.session = MultiSession(backends, names=self.device_names, strategy=cfg.strategy)
         self.backend = backends[-1]
