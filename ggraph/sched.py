@@ -46,10 +46,6 @@ class Split:
     nodes: list[Tensor] = field(default_factory=list)        # originals, execution order
     inputs: list[Tensor] = field(default_factory=list)       # originals copied in first
 
-    @property
-    def n_compute(self) -> int:
-        return sum(1 for n in self.nodes if n.view_src is None or n.op not in _VIEWS)
-
 
 @dataclass
 class Schedule:
