@@ -39,6 +39,9 @@ TARGET = Target(
 )
 _KERNEL = numba.njit(cache=True, parallel=PARALLEL)
 _SERIAL = numba.njit(cache=True)
+_FAST_FLAGS = {"reassoc", "contract", "nsz", "arcp"}
+_KERNEL_FAST = numba.njit(cache=True, parallel=PARALLEL, fastmath=_FAST_FLAGS)
+_SERIAL_FAST = numba.njit(cache=True, fastmath=_FAST_FLAGS)
 PARALLEL_MIN_WORK = 1 << 16  # below this many element-operations threads cost more than they save
 # GGRAPH_EXACT_ACTIVATIONS=1 multiplies by the float32 activations (closer to the reference,
 # further from llama.cpp)
@@ -246,14 +249,42 @@ def _activations(a: Tensor, b: Tensor, B: np.ndarray, node: Tensor):
 def _mul_mat(node: Tensor, s: Session):
     a, b = node.src
     A, D = s.arr(a), s.arr(node)
-    B, prep = _activations(a, b, s.arr(b), node)
     n = b.ne[1]
+    if a.type == T.F16 and b.type == T.F32 and n < BLAS_MIN_N and (
+            flat := _flat_rows(A)) is not None:
+        # F16 mat-vec (K*Q and V*softmax on the KV cache at decode): each row a contiguous
+        # slice of the memory the view spans, dotted with every column and broadcast head;
+        # b is rounded to F16 inside the kernel (no separate pass)
+        af, (o3, o2, o1) = flat
+        k = TARGET.bind(K.k_mul_mat_half, _SERIAL_FAST if _small(node) else _KERNEL_FAST,
+                        f"{'serial_' if _small(node) else ''}{SOURCE_HASH}",
+                        round_half=_ROUND_HALF)
+        return partial(k, af, o3, o2, o1, A.shape[0], A.shape[1], A.shape[2], s.arr(b), D,
+                       ROUND_ACTIVATIONS)
+    B, prep = _activations(a, b, s.arr(b), node)
     if b.type == T.F32 and (a.type == T.F32 or n >= BLAS_MIN_N):
         run = partial(_mul_mat_blas, a, A, B, D)
     else:
         run = partial(_compiled(K.k_mul_mat, _small(node), a=a.type, b=T.F32 if prep else b.type),
                       A, B, D)
     return run if prep is None else partial(_both, prep, run)
+
+
+# b rounded to F16 and back in k_mul_mat_half: one vcvtps2ph/vcvtph2ps pair with F16C
+_ROUND_HALF = TARGET.device(fastmath.round_half_f16c) if fastmath.F16C else TARGET.bind(
+    fastmath.round_half_soft, TARGET.device, "")
+
+
+def _flat_rows(A: np.ndarray):
+    """(the 1-D contiguous array of the memory from A's first element to its last, A's
+    (i3, i2, i1) strides in elements) for a 4-D view whose rows are contiguous; else None."""
+    it = A.itemsize
+    if A.size == 0 or (A.shape[3] > 1 and A.strides[3] != it) or any(
+            st < 0 or st % it for st in A.strides[:3]):
+        return None
+    st = [x // it for x in A.strides[:3]]
+    span = A.shape[3] + sum((n - 1) * x for n, x in zip(A.shape[:3], st))
+    return np.lib.stride_tricks.as_strided(A, shape=(span,), strides=(it,)), tuple(st)
 
 
 def _both(first, second) -> None:

@@ -339,3 +339,43 @@ def k_round_rows(b, out, n, proto):
         tmp = np.empty_like(proto)  # one stored row of the vec-dot type (bytes or uint16)
         enc_r(x, tmp, 0, 0, 0, n)  # noqa: F821
         dec_r(tmp, 0, 0, 0, out[i3, i2, i1], n)  # noqa: F821
+
+
+def k_mul_mat_half(a, o3, o2, o1, a3, a2, nm, b, d, rnd):
+    """Mat-vec products of F16 rows (the KV cache at decode, F16 weights) with a few columns.
+
+    a: the flat uint16 memory a strided F16 tensor spans, row (j3, j2, m) starting at element
+    j3*o3 + j2*o2 + m*o1 with unit stride along it, so each row is a contiguous slice whose
+    conversion vectorizes (vcvtph2ps with F16C) whatever the view's other strides (K heads
+    strided by a cache row, V^T channels by a cache column). Each row is read once: while in
+    L1 it is dotted with every column of every b slice broadcast onto it (GQA: the query heads
+    of one K/V head). One parallel loop over (i3, block of rows), each block taking the rows
+    of every slice i2 in memory order (a K cache cell's heads are adjacent). b's values are
+    rounded to F16 first when rnd (ggml's vec-dot type for F16 weights)."""
+    n3, n2, nn = d.shape[0], d.shape[1], d.shape[2]
+    kk = b.shape[3]
+    r3, r2 = n3 // a3, n2 // a2
+    bs = np.empty((n3, n2, nn, kk), np.float32)
+    for s in range(n3 * n2):
+        for n in range(nn):
+            for i in range(kk):
+                x = np.float32(b[s // n2, s % n2, n, i])
+                bs[s // n2, s % n2, n, i] = round_half(x) if rnd else x  # noqa: F821
+    chunk = max(1, 4096 // (kk * a2))
+    n_chunk = (nm + chunk - 1) // chunk
+    for w in prange(a3 * n_chunk):
+        j3, c = w // n_chunk, w % n_chunk
+        for m in range(c * chunk, min(nm, (c + 1) * chunk)):
+            for j2 in range(a2):
+                if kk < 0:  # never true: keeps LLVM from vectorizing across rows (k_mul_mat)
+                    break
+                o = j3 * o3 + j2 * o2 + m * o1
+                src = a[o:o + kk]
+                for i3 in range(j3 * r3, (j3 + 1) * r3):
+                    for i2 in range(j2 * r2, (j2 + 1) * r2):
+                        for n in range(nn):
+                            v = bs[i3, i2, n]
+                            acc = np.float32(0.0)
+                            for i in range(kk):  # converting again beats a float32 row buffer
+                                acc += half_to_f32(src[i]) * v[i]  # noqa: F821
+                            d[i3, i2, n, m] = acc

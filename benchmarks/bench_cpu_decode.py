@@ -1,0 +1,77 @@
+"""Decode speed of SmolLM2-135M on the CPU backend after a 512-token prompt (the tg64 of
+compare_llama_cpp.py, n_kv 768), and per-op time of one decode graph.
+
+    python benchmarks/bench_cpu_decode.py [--threads 2] [--n-gen 64] [--profile]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import numpy as np
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-gen", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    import numba
+    from ggraph.graphs.engine import Engine, EngineConfig
+    from ggraph.graphs.fetch import default_model
+
+    numba.set_num_threads(args.threads)
+    eng = Engine(str(default_model()), EngineConfig(n_ctx=2048, n_ubatch=512,
+                                                     n_threads=args.threads))
+    rng = np.random.default_rng(0)
+    pp = [int(x) for x in rng.integers(100, 40000, 512)]
+    eng.eval(pp)
+    for i in range(4):
+        eng.eval([1 + i])
+    for _ in range(args.repeat):
+        eng.reset()
+        eng.eval(pp)
+        t0 = time.perf_counter()
+        tok = 0
+        for _ in range(args.n_gen):
+            tok = int(np.argmax(eng.eval([tok])))
+        dt = time.perf_counter() - t0
+        print(f"tg{args.n_gen}: {args.n_gen / dt:.1f} tok/s ({dt / args.n_gen * 1e3:.2f} ms/token)")
+    if args.profile:
+        s = eng.session
+        kernels = s.backend.kernels
+        nodes = [n for n in s.plan_order(s._graph) if kernels[n.op].fn(n, s) is not None]
+        assert len(nodes) == len(s._calls)
+        tot = defaultdict(float)
+        cnt = defaultdict(int)
+
+        def timed(call, key):
+            def run():
+                t0 = time.perf_counter()
+                call()
+                tot[key] += time.perf_counter() - t0
+                cnt[key] += 1
+            return run
+
+        keys = [(str(n.op), n.name.split("-")[0],
+                 "x".join(str(x) for x in n.src[0].ne[:3]) if n.src else "",
+                 str(n.src[0].type) if n.src else "") for n in nodes]
+        plain = s._calls
+        s._calls = [timed(c, k) for c, k in zip(plain, keys)]
+        reps = 20
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            tok = int(np.argmax(eng.eval([tok])))
+        wall = (time.perf_counter() - t0) / reps
+        s._calls = plain
+        all_t = sum(tot.values()) / reps
+        print(f"decode: {wall * 1e3:.2f} ms/token, kernels {all_t * 1e3:.2f} ms")
+        for key, t in sorted(tot.items(), key=lambda kv: -kv[1])[:15]:
+            print(f"  {t / reps * 1e3:7.2f} ms  {cnt[key] // reps:4d} calls "
+                  f"{t / cnt[key] * 1e6:8.1f} us/call  {' '.join(key)}")
+
+if __name__ == "__main__":
+    main()
