@@ -32,6 +32,9 @@ def main() -> None:
     ap.add_argument("--n-gen", type=int, default=16)
     ap.add_argument("--json", default="benchmarks/results/llama_cpp.json")
     ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--ggml-exact", action="store_true",
+                    help="ggraph computes quantized mul_mat bit for bit as ggml's x86 CPU "
+                         "(backends/cpu/ggml_exact.py)")
     args = ap.parse_args()
     import llama_cpp
     import numba
@@ -44,8 +47,10 @@ def main() -> None:
     llm = llama_cpp.Llama(model_path=path, n_ctx=2048, n_batch=512, n_ubatch=512,
                           n_threads=args.threads, n_threads_batch=args.threads,
                           logits_all=True, verbose=False)
-    eng = Engine(path, EngineConfig(n_ctx=2048, n_ubatch=512, n_threads=args.threads))
+    eng = Engine(path, EngineConfig(n_ctx=2048, n_ubatch=512, n_threads=args.threads,
+                                    ggml_exact=args.ggml_exact))
     out: dict = {"llama_cpp_version": llama_cpp.__version__, "threads": args.threads,
+                 "ggml_exact": args.ggml_exact,
                  "prompts": []}
     for prompt in PROMPTS:
         toks_cpp = llm.tokenize(prompt.encode(), add_bos=False, special=False)

@@ -44,6 +44,8 @@ class EngineConfig:
     # several devices (graphs/placement.py): offload devices such as "cuda" or "cuda,cuda"
     # ("cpu" stands in for a device with a second CPU backend); the host CPU is always added.
     # Layers are placed with llama.cpp's -ngl / --tensor-split rules.
+    # compute as ggml's CPU does, bit for bit (backends/cpu/ggml_exact.py; slower)
+    ggml_exact: bool = False
     devices: str = ""
     n_gpu_layers: int = -1
     tensor_split: tuple[float, ...] | None = None
@@ -82,7 +84,13 @@ class Engine:
         self.ctx = Context("engine")
         self.cache = self.model.new_cache(self.ctx, cfg.n_ctx, cfg.type_k, cfg.type_v,
                                           cfg.flash_attn)
-        kw = {"n_threads": cfg.n_threads} if cfg.backend == "cpu" and cfg.n_threads else {}
+        kw: dict[str, Any] = {}
+        if cfg.backend == "cpu" and cfg.n_threads:
+            kw["n_threads"] = cfg.n_threads
+        if cfg.ggml_exact:
+            if cfg.backend != "cpu":
+                raise ValueError("ggml_exact reproduces ggml's CPU arithmetic: CPU backend only")
+            kw["ggml_exact"] = True
         self.layers: LayerMap | None = None
         if cfg.devices:
             if cfg.backend != "cpu":

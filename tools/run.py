@@ -25,6 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reserve-outputs", choices=("all", "last"), default="all",
                    help="size the compute buffer for every token's logits (llama.cpp) or the "
                         "last token's only")
+    p.add_argument("--ggml-exact", action="store_true",
+                   help="compute as ggml's CPU does, bit for bit (slower; the logits equal "
+                        "llama.cpp's)")
     p.add_argument("--devices", default="", metavar="LIST",
                    help="offload devices beside the host CPU, e.g. cuda or cuda,cuda ('cpu' "
                         "adds a second CPU backend); layers are placed as llama.cpp does")
@@ -61,6 +64,7 @@ def main(args: argparse.Namespace) -> int:
                        type_v=args.cache_type_v, flash_attn=args.fa, amb_mib=amb,
                        backend=args.backend, strategy=args.strategy, n_threads=args.threads,
                        reserve_outputs=args.reserve_outputs, devices=args.devices,
+                       ggml_exact=args.ggml_exact,
                        n_gpu_layers=args.n_gpu_layers,
                        tensor_split=tuple(split) if split else None)
     try:

@@ -15,10 +15,13 @@ class CPUBackend(Backend):
     alignment = 32
     kernels = KERNELS
 
-    def __init__(self, n_threads: int | None = None, blas_threads: int = 1) -> None:
+    def __init__(self, n_threads: int | None = None, blas_threads: int = 1,
+                 ggml_exact: bool = False) -> None:
         if n_threads:
             numba.set_num_threads(n_threads)
         self.blas_threads = blas_threads
+        # compute as ggml's CPU does, bit for bit (backends/cpu/ggml_exact.py)
+        self.ggml_exact = ggml_exact
 
     def run_context(self) -> Any:
         """BLAS with one thread while a graph runs: numba's threads and OpenBLAS's both spin

@@ -1,0 +1,81 @@
+"""Where ggraph's SmolLM2 logits part from llama.cpp's: node by node against libggml.
+
+1. ggraph's SmolLM2 graph run by the real libggml (ggraph.ggml_ref) gives the same logits as
+   llama.cpp (llama-cpp-python) bit for bit or nearly: the graphs compute the same thing.
+2. Then every node of ggraph's CPU run is compared with libggml's value of the same node, so
+   the first node that differs, and how the difference grows, can be read off a table.
+
+    python benchmarks/diverge_ggml.py [--ggml-exact] [--layers 3] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-p", default="Once upon a time, in a small village,")
+    ap.add_argument("--ggml-exact", action="store_true", help="ggraph's ggml_exact mode")
+    ap.add_argument("--layers", type=int, default=3, help="layers shown node by node")
+    ap.add_argument("--json", default="benchmarks/results/diverge_ggml.json")
+    args = ap.parse_args()
+    import llama_cpp
+
+    from ggraph.backends.cpu import CPUBackend
+    from ggraph.conformance import nmse
+    from ggraph.ggml_ref import run_graph
+    from ggraph.graphs.arch import model_class
+    from ggraph.graphs.fetch import default_model
+    from ggraph.graphs.gguf_file import load_gguf
+    from ggraph.tensor import Context
+
+    path = str(default_model())
+    llm = llama_cpp.Llama(model_path=path, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2,
+                          logits_all=True, verbose=False)
+    toks = llm.tokenize(args.p.encode(), add_bos=False, special=False)
+    llm.eval(toks)
+    cpp = np.array(llm.scores[: len(toks)])
+    f = load_gguf(path)
+    m = model_class(f.arch, path)(f)
+    ctx = Context()
+    cache = m.new_cache(ctx, 256)
+    mg = m.build(ctx, cache, len(toks), 256, len(toks))
+    for t, v in m.batch_inputs(mg, cache, np.array(toks), 0, np.arange(len(toks))).items():
+        t.set_data(v)
+    nodes = [n for n in mg.graph.nodes if n.view_src is None]
+    for n in nodes:
+        n.set_output()          # keep every value: nothing reuses a node's memory
+    ref = dict(zip(map(id, nodes), run_graph(mg.graph, nodes, n_threads=1)))
+    s = CPUBackend(ggml_exact=args.ggml_exact).session()
+    s.run(mg.graph, {})
+    L = len(toks)
+    ggml_logits = ref[id(mg.logits)].reshape(L, -1)
+    ours = s.read(mg.logits).reshape(L, -1)
+    out = {"prompt": args.p, "tokens": toks, "ggml_exact": args.ggml_exact,
+           "nmse_ggml_on_ggraph_graph_vs_llama_cpp": float(nmse(cpp, ggml_logits)),
+           "nmse_ggraph_vs_llama_cpp": float(nmse(cpp, ours)), "nodes": []}
+    print(f"logits NMSE: libggml on ggraph's graph vs llama.cpp "
+          f"{out['nmse_ggml_on_ggraph_graph_vs_llama_cpp']:.2e}; ggraph vs llama.cpp "
+          f"{out['nmse_ggraph_vs_llama_cpp']:.2e}")
+    print(f"{'node':28} {'op':10} {'equal':>6} {'NMSE vs libggml':>16}")
+    shown = set(f"-{i}" for i in range(args.layers))
+    for n in nodes:
+        r = ref[id(n)]
+        g = s.read(n).reshape(r.shape)
+        e = float(nmse(r.astype(np.float64), g.astype(np.float64))) if np.any(r) else 0.0
+        row = {"name": n.name, "op": str(n.op), "equal": bool(np.array_equal(r, g)), "nmse": e}
+        out["nodes"].append(row)
+        if any(n.name.endswith(x) for x in shown) or n is mg.logits:
+            print(f"{n.name:28} {str(n.op):10} {str(row['equal']):>6} {e:16.2e}")
+    with open(args.json, "w") as fh:
+        json.dump(out, fh, indent=1)
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
