@@ -30,8 +30,8 @@ class _Bound:
 
 
 class MultiSession:
-    """Sessions over `backends` (priority order; the host, which must be a CPU backend, last)
-    with weights and caches placed by `placement` (tensor -> device index)."""
+    """Sessions over `backends` (priority order, the host last: graph inputs are written
+    there) with weights and caches placed by `placement` (tensor -> device index)."""
 
     def __init__(self, backends: Sequence[Backend], placement: Mapping[Tensor, int] | None = None,
                  names: Sequence[str] | None = None, strategy: str = "default") -> None:
