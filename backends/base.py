@@ -49,7 +49,6 @@ class Backend:
     name = "base"
     alignment = 32
     kernels: dict[OpKind, Kernel] = {}
-    ggml_exact = False   # the CPU backend can compute as ggml does, bit for bit
 
     def supports(self, node: Tensor) -> bool:
         if node.op is None:

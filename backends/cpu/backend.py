@@ -20,8 +20,10 @@ class CPUBackend(Backend):
         if n_threads:
             numba.set_num_threads(n_threads)
         self.blas_threads = blas_threads
-        # compute as ggml's CPU does, bit for bit (backends/cpu/ggml_exact.py)
-        self.ggml_exact = ggml_exact
+        if ggml_exact:  # compute as ggml's CPU does, bit for bit (backends/cpu/ggml_exact.py)
+            from .ggml_exact import kernel_table
+
+            self.kernels = kernel_table(KERNELS)
 
     def run_context(self) -> Any:
         """BLAS with one thread while a graph runs: numba's threads and OpenBLAS's both spin

@@ -21,9 +21,14 @@ It is slower than the default kernels (scalar lanes in numba, no BLAS).
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, Callable
+
 import numpy as np
 from numba import njit, prange
 
+from ggraph.opkind import OpKind
+from ggraph.tensor import Tensor
 from ggraph.types import GGMLType
 
 from ..shared import numeric
@@ -64,6 +69,18 @@ def quantize_q8_x86(x, qs, d, s):
                 tot += q
             d[r, b] = _round_f16(dd)
             s[r, b] = _round_f16(dd * F32(tot))
+
+
+@njit(cache=True)
+def _sum_halves(v):
+    """Sum of v (a power-of-two length) as SIMD reductions add: the upper half onto the lower,
+    again and again (hsum_float_8, _mm512_reduce_add_ps). Overwrites v."""
+    h = v.shape[0] // 2
+    while h >= 1:
+        for j in range(h):
+            v[j] = v[j] + v[j + h]
+        h //= 2
+    return v[0]
 
 
 @njit(cache=True)
@@ -130,11 +147,7 @@ def dot_rows(w, kind, qs, d, s, out):
                     for k in range(8):
                         acc[r, k] = _fma(dd, F32(lanes[k]), acc[r, k])
             for r in range(R):
-                lo0 = acc[r, 0] + acc[r, 4]
-                lo1 = acc[r, 1] + acc[r, 5]
-                lo2 = acc[r, 2] + acc[r, 6]
-                lo3 = acc[r, 3] + acc[r, 7]
-                out[r, m] = ((lo0 + lo2) + (lo1 + lo3)) + summs[r]
+                out[r, m] = _sum_halves(acc[r]) + summs[r]
 
 
 def bind_mul_mat(a_type: GGMLType, b_type: GGMLType, A: np.ndarray, B: np.ndarray,
@@ -259,12 +272,7 @@ def dot_f16(A, B16, D, lanes):
             for k0 in range(0, K, lanes):
                 for j in range(lanes):
                     acc[j] = _fma(row[k0 + j], B16[i3, i2, n, k0 + j], acc[j])
-            h = lanes // 2
-            while h >= 1:
-                for j in range(h):
-                    acc[j] = acc[j] + acc[j + h]
-                h //= 2
-            D[i3, i2, n, m] = acc[0]
+            D[i3, i2, n, m] = _sum_halves(acc)
 
 
 def bind_mul_mat_f16(A: np.ndarray, B: np.ndarray, D: np.ndarray):
@@ -304,17 +312,6 @@ def v_expf(x):
     return np.float32(j * np.float32(2.0) ** np.int32(n))
 
 
-@njit(cache=True)
-def _reduce16(v, i):
-    """_mm512_reduce_add_ps over v[i:i+16]: halves added pairwise."""
-    t = np.empty(8, np.float32)
-    for j in range(8):
-        t[j] = v[i + 8 + j] + v[i + j]
-    for j in range(4):
-        t[j] = t[j + 4] + t[j]
-    return (t[0] + t[2]) + (t[1] + t[3])
-
-
 @njit(parallel=True, cache=True)
 def soft_max_rows(x, m, y, scale, has_mask):
     """ggml's soft_max_f32 without ALiBi or sinks: w = x * scale + mask, e = v_expf(w - max)
@@ -332,12 +329,13 @@ def soft_max_rows(x, m, y, scale, has_mask):
             if w[i] > mx:
                 mx = w[i]
         e = np.empty(n0, np.float32)
+        lanes = np.empty(16, np.float32)
         total = 0.0
         i = 0
         while i + 15 < n0:
             for j in range(16):
-                e[i + j] = v_expf(w[i + j] - mx)
-            total += np.float64(_reduce16(e, i))
+                e[i + j] = lanes[j] = v_expf(w[i + j] - mx)
+            total += np.float64(_sum_halves(lanes))
             i += 16
         while i < n0:
             e[i] = np.exp(w[i] - mx)
@@ -395,3 +393,50 @@ def host_matches_ggml_build() -> bool:
     except OSError:
         return False
     return " avx512f" in flags and " avx512dq" in flags
+
+
+# -- the kernel table: each exact kernel binds where it applies, else the default one does ----
+
+def _mul_mat(node: Tensor, s: Any):
+    a, b = node.src
+    A, B, D = s.arr(a), s.arr(b), s.arr(node)
+    if a.type == GGMLType.F16 and b.type == GGMLType.F32:
+        return bind_mul_mat_f16(A, B, D)
+    return bind_mul_mat(a.type, b.type, A, B, D)
+
+
+def _rms_norm(node: Tensor, s: Any):
+    a = node.src[0]
+    return bind_rms_norm(a.type, s.arr(a), s.arr(node), node.params.eps)
+
+
+def _soft_max(node: Tensor, s: Any):
+    a, mask, sinks = node.src
+    return bind_soft_max(s.arr(a), s.arr(mask) if mask is not None else None, s.arr(node),
+                         node.params, sinks is not None)
+
+
+def _rope(node: Tensor, s: Any):
+    a, pos, ff = node.src
+    return bind_rope(a.type, s.arr(a), s.arr(pos), s.arr(node), node.params, ff is not None)
+
+
+def _swiglu(node: Tensor, s: Any):
+    a, b = node.src
+    return bind_swiglu(s.arr(a), s.arr(b), s.arr(node))
+
+
+EXACT: dict[OpKind, Callable[[Tensor, Any], Any]] = {
+    OpKind.MUL_MAT: _mul_mat, OpKind.RMS_NORM: _rms_norm, OpKind.SOFT_MAX: _soft_max,
+    OpKind.ROPE: _rope, OpKind.SWIGLU: _swiglu}
+
+
+def kernel_table(base: dict) -> dict:
+    """The CPU kernel table with these ops computed as ggml does where the exact kernels
+    apply (types, layouts), and by the default kernel elsewhere."""
+    table = dict(base)
+    for op, exact in EXACT.items():
+        k = base[op]
+        table[op] = dataclasses.replace(
+            k, fn=lambda node, s, exact=exact, k=k: exact(node, s) or k.fn(node, s))
+    return table

@@ -26,7 +26,7 @@ from ggraph.types import GGMLType as T
 from ..accepts import BINARY_OPS, UNARY_OPS, VIEW_OPS, rule
 from ..base import Kernel, Session
 from ..jit import Target
-from . import fastmath, ggml_exact
+from . import fastmath
 from .attention import decode_heads, flash_attn_blocks
 from . import templates as K
 
@@ -114,9 +114,6 @@ _BINARY = {OpKind.ADD: K.B_ADD, OpKind.MUL: K.B_MUL, OpKind.DIV: K.B_DIV, OpKind
 
 def _binary(node: Tensor, s: Session) -> None:
     a, b = node.src
-    if s.backend.ggml_exact and node.op == OpKind.SWIGLU and (
-            c := ggml_exact.bind_swiglu(s.arr(a), s.arr(b), s.arr(node))):
-        return c
     return partial(
         _compiled(K.k_binary, _small(node), a=a.type, b=b.type, d=node.type),
         s.arr(a),
@@ -128,9 +125,6 @@ def _binary(node: Tensor, s: Session) -> None:
 
 def _norm(node: Tensor, s: Session) -> None:
     a = node.src[0]
-    if s.backend.ggml_exact and node.op == OpKind.RMS_NORM and (
-            c := ggml_exact.bind_rms_norm(a.type, s.arr(a), s.arr(node), node.params.eps)):
-        return c
     return partial(
         _compiled(K.k_norm, _small(node), a=a.type, d=node.type),
         s.arr(a),
@@ -148,10 +142,6 @@ _DUMMY = np.zeros((1, 1, 1, 1), np.float32)
 def _soft_max(node: Tensor, s: Session) -> None:
     a, mask, sinks = node.src
     p = node.params
-    if s.backend.ggml_exact and (c := ggml_exact.bind_soft_max(
-            s.arr(a), s.arr(mask) if mask is not None else None, s.arr(node), p,
-            sinks is not None)):
-        return c
     mt = mask.type if mask is not None else T.F32
     k = _compiled(K.k_soft_max, _small(node), a=a.type, m=mt, d=node.type)
     return partial(
@@ -172,9 +162,6 @@ def _soft_max(node: Tensor, s: Session) -> None:
 def _rope(node: Tensor, s: Session) -> None:
     a, pos, ff = node.src
     p = node.params
-    if s.backend.ggml_exact and (c := ggml_exact.bind_rope(a.type, s.arr(a), s.arr(pos),
-                                                        s.arr(node), p, ff is not None)):
-        return c
     lo, hi = (
         yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
         if p.ext_factor != 0.0
@@ -263,10 +250,6 @@ def _mul_mat(node: Tensor, s: Session):
     a, b = node.src
     A, D = s.arr(a), s.arr(node)
     n = b.ne[1]
-    if s.backend.ggml_exact and (c := ggml_exact.bind_mul_mat(a.type, b.type, A, s.arr(b), D)
-                                or (a.type == T.F16 and b.type == T.F32
-                                    and ggml_exact.bind_mul_mat_f16(A, s.arr(b), D))):
-        return c
     if a.type == T.F16 and b.type == T.F32 and n < BLAS_MIN_N and (
             flat := _flat_rows(A)) is not None:
         # F16 mat-vec (K*Q and V*softmax on the KV cache at decode): each row a contiguous
