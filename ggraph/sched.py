@@ -58,12 +58,13 @@ class Schedule:
     clones: dict[int, Tensor]              # id(original node) -> clone in its device graph
     device_graphs: list[Graph]             # per device (empty graphs for idle devices)
     moved: list[tuple[Tensor, int, int]]   # (node, wanted device, device that runs it)
+    device_fn: Callable[[Tensor], int] = field(repr=False)   # original tensor -> its device
     n_copies: int = 1                      # pipeline copies of inputs (memory only)
     pipeline_bytes: list[int] = field(default_factory=list)   # their bytes per device
 
     def device_of(self, t: Tensor) -> int:
         """The device holding original t's values."""
-        return self._dev(t)
+        return self.device_fn(t)
 
     def local(self, t: Tensor, device: int) -> Tensor:
         """The tensor standing for original `t` on `device`: its clone, its copy, or itself."""
@@ -82,8 +83,6 @@ class Schedule:
     @property
     def n_splits(self) -> int:
         return len(self.splits)
-
-    _dev: Callable[[Tensor], int] = field(default=lambda t: 0, repr=False)
 
 
 _VIEWS = frozenset({OpKind.VIEW, OpKind.RESHAPE, OpKind.PERMUTE, OpKind.TRANSPOSE})
@@ -297,10 +296,8 @@ def _split(graph: Graph, names: list[str], host: int, dev: dict[int, int],
         g.leafs = dev_leafs[d]
         g._visited = {id(t) for t in dev_nodes[d]} | {id(t) for t in dev_leafs[d]}
         graphs.append(g)
-    sch = Schedule(graph, names, host, dev, splits, copies, clones, graphs, moved, n_copies,
-                   extra)
-    sch._dev = tensor_device
-    return sch
+    return Schedule(graph, names, host, dev, splits, copies, clones, graphs, moved,
+                    tensor_device, n_copies, extra)
 
 
 def describe(sch: Schedule, limit: int = 20) -> list[str]:

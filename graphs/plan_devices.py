@@ -9,10 +9,11 @@ with Q2_K-sized weights (bytes per weight) plans like the file would.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ggraph.alloc import Plan, plan_graph
 from ggraph.sched import Schedule, schedule_graph
@@ -204,19 +205,14 @@ def advice(dp: DeploymentPlan, w_layer: list[int], kv_layer: list[int],
     if not over:
         return []
     out = []
-    groups: list[list[DevicePlan]] = []
-    for d in over:
-        key = (d.total - d.memory, d.weights, d.kv, d.compute)
-        if groups and groups[-1][0] is not d and _key(groups[-1][-1]) == key and \
-                devs.index(groups[-1][-1]) + 1 == devs.index(d):
-            groups[-1].append(d)
-        else:
-            groups.append([d])
-    for g in groups:
-        d = g[0]
-        who = d.name if len(g) == 1 else f"{d.name}..{g[-1].name} (each)"
-        out.append(f"{who} over by {_h(d.total - d.memory)}: weights {_h(d.weights)} + KV "
-                   f"{_h(d.kv)} + compute {_h(d.compute)} in {_h(d.memory)}")
+    short = lambda d: (d.fits is False, d.total - (d.memory or 0), d.weights, d.kv,  # noqa: E731
+                       d.compute)
+    for who, run in _runs(devs, short):
+        d = run[0]
+        if d.fits is False:
+            who += " (each)" if len(run) > 1 else ""
+            out.append(f"{who} over by {_h(d.total - d.memory)}: weights {_h(d.weights)} + "
+                       f"KV {_h(d.kv)} + compute {_h(d.compute)} in {_h(d.memory)}")
     counts = suggest_counts(dp, w_layer, kv_layer, io)
     if counts is not None:
         out.append("the devices have room in all: --tensor-split " +
@@ -241,10 +237,6 @@ def advice(dp: DeploymentPlan, w_layer: list[int], kv_layer: list[int],
     out.append(f"  a smaller -ub (or --amb) shrinks the mask, its copies and K*Q: {d.name}'s "
                f"compute buffer is {_h(d.compute)} at -ub {dp.n_ubatch}")
     return out
-
-
-def _key(d: DevicePlan) -> tuple[int, int, int, int]:
-    return (d.total - d.memory, d.weights, d.kv, d.compute)
 
 
 def suggest_counts(dp: DeploymentPlan, w_layer: list[int], kv_layer: list[int],
@@ -273,18 +265,14 @@ def suggest_counts(dp: DeploymentPlan, w_layer: list[int], kv_layer: list[int],
     return counts if k == len(units) else None
 
 
-def _grouped(items: list[tuple[str, int]]) -> str:
-    """'CUDA0 4,846.05 MiB, CUDA1..CUDA13 4,948.05 MiB, ...': runs of equal sizes joined."""
-    out: list[str] = []
-    i = 0
-    while i < len(items):
-        j = i
-        while j + 1 < len(items) and items[j + 1][1] == items[i][1]:
-            j += 1
-        who = items[i][0] if i == j else f"{items[i][0]}..{items[j][0]}"
-        out.append(f"{who} {items[i][1] / MIB:,.2f} MiB")
-        i = j + 1
-    return ", ".join(out)
+def _runs(devs: list[DevicePlan], key: Callable[[DevicePlan], Any]
+          ) -> list[tuple[str, list[DevicePlan]]]:
+    """Runs of consecutive devices with equal key(device), named 'CUDA1' or 'CUDA1..CUDA13'."""
+    out = []
+    for _, group in itertools.groupby(devs, key):
+        run = list(group)
+        out.append((run[0].name if len(run) == 1 else f"{run[0].name}..{run[-1].name}", run))
+    return out
 
 
 def _h(n: int) -> str:
@@ -331,7 +319,8 @@ def format_lines(dp: DeploymentPlan) -> list[str]:
     ggml = [d for d in dp.devices if d.compute_ggml != d.compute]
     if ggml:
         lines.append("compute buffers by ggml-alloc's rules (what llama.cpp would allocate): "
-                     + _grouped([(d.name, d.compute_ggml) for d in dp.devices]))
+                     + ", ".join(f"{who} {run[0].compute_ggml / MIB:,.2f} MiB" for who, run in
+                                 _runs(dp.devices, lambda d: d.compute_ggml)))
     if dp.advice:
         lines += ["does not fit:"] + [f"  {a}" for a in dp.advice]
     elif all(d.fits for d in dp.devices[:-1]):
