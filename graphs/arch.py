@@ -53,7 +53,7 @@ def expect_tensor(gguf: Any, logical: str, ne: tuple[int, ...], il: int | None =
     """The weight `logical` (of layer il) with exactly ne; missing or mis-shaped is an error
     naming the file and the tensor (None for a missing optional one)."""
     name = tensor_name(logical, il)
-    t = gguf.tensors.get(name)
+    t = gguf.get(name)
     if t is None:
         if optional:
             return None
@@ -67,7 +67,12 @@ def expect_tensor(gguf: Any, logical: str, ne: tuple[int, ...], il: int | None =
 
 def io_weights(gguf: Any, n_embd: int, n_vocab: int) -> dict[str, Any]:
     """Token embedding, output norm and output matrix (tied to the embedding when the file
-    has no output.weight)."""
+    has no output.weight). The tokenizer's vocabulary must be as long as the embedding: a
+    shorter one would leave rows that no token reaches and ids that no text decodes to."""
+    tokens = gguf.metadata.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list) and len(tokens) != n_vocab:
+        raise GGUFError(f"{gguf.path}: tokenizer.ggml.tokens has {len(tokens)} tokens but the "
+                        f"model's vocabulary (vocab_size, token_embd) has {n_vocab}")
     w = {"tok_embd": expect_tensor(gguf, "tok_embd", (n_embd, n_vocab)),
          "output_norm": expect_tensor(gguf, "output_norm", (n_embd,)),
          "output": expect_tensor(gguf, "output", (n_embd, n_vocab), optional=True)}
@@ -79,7 +84,8 @@ def io_weights(gguf: Any, n_embd: int, n_vocab: int) -> dict[str, Any]:
 def vocab_size(gguf: Any) -> int:
     """n_vocab when the architecture's key is absent: the tokenizer's list, else the embedding."""
     tokens = gguf.metadata.get("tokenizer.ggml.tokens")
-    return len(tokens) if tokens else gguf.tensor(tensor_name("tok_embd")).ne[1]
+    return len(tokens) if isinstance(tokens, list) and tokens else \
+        gguf.tensor(tensor_name("tok_embd")).ne[1]
 
 
 ARCHITECTURES: dict[str, Callable[..., Any]] = {}
@@ -90,6 +96,14 @@ def register_arch(name: str) -> Callable[[type], type]:
         ARCHITECTURES[name] = cls
         return cls
     return deco
+
+
+def build_model(gguf: Any, **overrides: Any) -> Any:
+    """The architecture's model over a loaded file, which must hold exactly the tensors that
+    model uses."""
+    model = model_class(gguf.arch, gguf.path)(gguf, **overrides)
+    gguf.check_all_used()
+    return model
 
 
 def model_class(arch: str, path: str = "") -> Callable[..., Any]:

@@ -16,9 +16,9 @@ import numpy as np
 from ggraph.tensor import Context, Tensor
 from ggraph.types import GGMLType
 
+from .gguf_reader import GGUFError, KVType, read_header, type_name
 
-class GGUFError(ValueError):
-    pass
+__all__ = ["GGUFError", "GGUFModel", "load_gguf", "touch_pages"]
 
 
 @dataclass
@@ -30,10 +30,13 @@ class GGUFModel:
     file_size: int
     data_offset: int
     tensor_bytes: int = 0
-    reader: Any = field(default=None, repr=False)
+    # the GGUF type of each metadata value (hyperparameters are checked against it)
+    kv_types: dict[str, KVType] = field(default_factory=dict, repr=False)
     # bytes of each tensor in its real format, where the Tensor's type is a stand-in (presets
     # and headers plan with placeholder types); absent names: Tensor.nbytes
     sizes: dict[str, int] = field(default_factory=dict, repr=False)
+    # names of the tensors an architecture asked for (check_all_used compares with the file)
+    used: set[str] = field(default_factory=set, repr=False)
 
     def tensor_size(self, name: str) -> int:
         n = self.sizes.get(name)
@@ -47,69 +50,65 @@ class GGUFModel:
         return arch
 
     def tensor(self, name: str) -> Tensor:
-        t = self.tensors.get(name)
+        t = self.get(name)
         if t is None:
             raise GGUFError(f"{self.path}: tensor {name!r} is missing "
                             f"(the file has {len(self.tensors)} tensors)")
         return t
 
+    def get(self, name: str) -> Tensor | None:
+        """The tensor `name` (None when absent), counted as used by the model."""
+        t = self.tensors.get(name)
+        if t is not None:
+            self.used.add(name)
+        return t
 
-def _field_value(f: Any) -> Any:
-    try:
-        return f.contents()
-    except Exception:  # noqa: BLE001 - gguf raises many kinds for odd fields
-        return None
+    def check_all_used(self) -> None:
+        """llama.cpp refuses a file with tensors its architecture does not use ("wrong number
+        of tensors"): a block_count lower than the layers in the file would silently drop
+        layers."""
+        extra = [n for n in self.tensors if n not in self.used]
+        if extra:
+            raise GGUFError(f"{self.path}: wrong number of tensors; expected {len(self.used)}, "
+                            f"got {len(self.tensors)}: {len(extra)} not used by "
+                            f"{self.arch} with these hyperparameters, the first "
+                            f"{extra[0]!r}")
 
 
 def load_gguf(path: str | os.PathLike, *, with_data: bool = True,
               progress: bool = False) -> GGUFModel:
-    """Read a GGUF file's metadata and tensor table; weights map the file read-only.
+    """Read a GGUF file's metadata and tensor table (bounded and checked: gguf_reader);
+    weights map the file read-only.
 
     with_data=False reads only the header (planning without weights: no tensor data)."""
-    import gguf
-
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise GGUFError(f"{path}: no such file")
-    size = os.path.getsize(path)
-    if size < 24:
-        raise GGUFError(f"{path}: {size} bytes is too short for a GGUF header")
-    try:
-        reader = gguf.GGUFReader(path, "r")
-    except Exception as e:  # noqa: BLE001 - the reader fails with numpy/struct errors
-        raise GGUFError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e}); "
-                        f"it may be truncated or corrupted") from None
-    metadata = {k: _field_value(f) for k, f in reader.fields.items()}
+    hdr = read_header(path)
+    data = np.frombuffer(hdr.mm, dtype=np.uint8) if with_data else None
     ctx = Context(os.path.basename(path))
     tensors: dict[str, Tensor] = {}
     total = 0
-    items = reader.tensors
+    items: Any = hdr.tensors
     if progress:
         from tqdm import tqdm
 
         items = tqdm(items, desc=f"loading {os.path.basename(path)}", unit="tensor",
                      leave=False)
-    for rt in items:
-        name = rt.name
+    for info in items:
         try:
-            ty = GGMLType(int(rt.tensor_type))
+            ty = GGMLType(info.type_id)
         except ValueError:
-            raise GGUFError(f"{path}: tensor {name!r} has type "
-                            f"{getattr(rt.tensor_type, 'name', rt.tensor_type)}, which ggraph "
-                            f"cannot compute with (supported: "
+            raise GGUFError(f"{path}: tensor {info.name!r} has type {type_name(info.type_id)}, "
+                            f"which ggraph cannot compute with (supported: "
                             f"{', '.join(str(t) for t in GGMLType)})") from None
-        ne = [int(x) for x in rt.shape]
-        t = Tensor(ctx, ty, ne or [1], name=name)
-        start = int(rt.data_offset)  # absolute in the file (gguf adds the data section start)
-        if start + t.nbytes > size:
-            raise GGUFError(f"{path}: tensor {name!r} ({ty}, ne={ne}) needs bytes {start}.."
-                            f"{start + t.nbytes} but the file ends at {size}: truncated")
+        t = Tensor(ctx, ty, info.ne, name=info.name)
         t.buffer = "model"
-        if with_data:
-            t.data = reader.data[start:start + t.nbytes]
-        tensors[name] = t
-        total += t.nbytes
-    return GGUFModel(path, metadata, tensors, ctx, size, reader.data_offset, total, reader)
+        if data is not None:
+            start = hdr.data_offset + info.offset
+            t.data = data[start:start + info.nbytes]
+        tensors[info.name] = t
+        total += info.nbytes
+    return GGUFModel(path, hdr.metadata, tensors, ctx, hdr.file_size, hdr.data_offset, total,
+                     kv_types=hdr.kv_types)
 
 
 def touch_pages(model: GGUFModel, progress: bool = True) -> None:

@@ -2,6 +2,7 @@
 (`{arch}` is the architecture prefix), whether it is required, and its default."""
 from __future__ import annotations
 
+import math
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, TypeVar
 
@@ -10,14 +11,45 @@ from .gguf_file import GGUFError
 H = TypeVar("H")
 
 
-def key(name: str, default: Any = MISSING) -> Any:
-    """A dataclass field read from GGUF key `name` (required when there is no default)."""
-    return field(default=default, metadata={"gguf": name})
+def key(name: str, default: Any = MISSING, *, lo: float | None = None) -> Any:
+    """A dataclass field read from GGUF key `name` (required when there is no default); `lo`
+    is the smallest value a file may give (the default may lie outside: 0 meaning "derive")."""
+    return field(default=default, metadata={"gguf": name, "lo": lo})
+
+
+# a field's annotation -> the Python types the GGUF reader gives for the GGUF types it allows
+_ACCEPTS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (float,), "str": (str,),
+                                         "bool": (bool,)}
+
+
+def _check_value(v: Any, ftype: str, lo: float | None, full: str, path: str) -> Any:
+    """v (a scalar, or a per-layer array whose values must agree) checked against the field's
+    type and bound; the GGUF value as the field holds it."""
+    where = f"{path or 'model'}: key {full!r}"
+    if isinstance(v, list):
+        if ftype not in ("int", "float") or not v:
+            raise GGUFError(f"{where} is an array of {len(v)} values; expected one {ftype}")
+        for x in v:
+            _check_value(x, ftype, lo, full, path)
+        if any(x != v[0] for x in v):
+            raise GGUFError(f"{where} differs between layers ({v[:8]}...); ggraph builds "
+                            f"layers of one shape")
+        return v[0]
+    accepts = _ACCEPTS.get(ftype, (object,))
+    if not isinstance(v, accepts) or (ftype != "bool" and isinstance(v, bool)):
+        raise GGUFError(f"{where} holds a {type(v).__name__} ({str(v)[:40]!r}); expected "
+                        f"{'a' if ftype != 'int' else 'an'} {ftype}")
+    if ftype == "float" and not math.isfinite(v):
+        raise GGUFError(f"{where} is {v}; expected a finite number")
+    if lo is not None and v < lo:
+        raise GGUFError(f"{where} is {v}; it must be at least {lo}")
+    return v
 
 
 def read_hparams(cls: type[H], metadata: dict[str, Any], arch: str, path: str = "",
                  **overrides: Any) -> H:
-    """Fill `cls` from metadata; a missing required key is an error naming key and file."""
+    """Fill `cls` from metadata; a missing required key, a value of the wrong GGUF type or
+    out of range is an error naming key and file."""
     values: dict[str, Any] = {}
     for f in fields(cls):  # type: ignore[arg-type]
         k = f.metadata.get("gguf")
@@ -32,25 +64,26 @@ def read_hparams(cls: type[H], metadata: dict[str, Any], arch: str, path: str = 
             if f.default is MISSING:
                 raise GGUFError(f"{path or 'model'}: required key {full!r} is missing")
             continue
-        if isinstance(v, list) and f.type in ("int", "float"):
-            v = v[0]
-        values[f.name] = v
-    return cls(**values)
+        values[f.name] = _check_value(v, str(f.type), f.metadata.get("lo"), full, path)
+    try:
+        return cls(**values)
+    except GGUFError as e:  # the dataclass's own consistency checks: name the file
+        raise GGUFError(f"{path or 'model'}: {e}") from None
 
 
 @dataclass(frozen=True)
 class LlamaHParams:
-    n_layer: int = key("{arch}.block_count")
-    n_embd: int = key("{arch}.embedding_length")
-    n_ctx_train: int = key("{arch}.context_length")
-    n_ff: int = key("{arch}.feed_forward_length")
-    n_head: int = key("{arch}.attention.head_count")
-    n_head_kv: int = key("{arch}.attention.head_count_kv", 0)
-    n_rot: int = key("{arch}.rope.dimension_count", 0)
-    rope_freq_base: float = key("{arch}.rope.freq_base", 10000.0)
-    rope_scaling_factor: float = key("{arch}.rope.scaling.factor", 0.0)
-    rms_eps: float = key("{arch}.attention.layer_norm_rms_epsilon", 1e-5)
-    n_vocab: int = key("{arch}.vocab_size", 0)
+    n_layer: int = key("{arch}.block_count", lo=1)
+    n_embd: int = key("{arch}.embedding_length", lo=1)
+    n_ctx_train: int = key("{arch}.context_length", lo=1)
+    n_ff: int = key("{arch}.feed_forward_length", lo=1)
+    n_head: int = key("{arch}.attention.head_count", lo=1)
+    n_head_kv: int = key("{arch}.attention.head_count_kv", 0, lo=1)
+    n_rot: int = key("{arch}.rope.dimension_count", 0, lo=2)
+    rope_freq_base: float = key("{arch}.rope.freq_base", 10000.0, lo=1e-30)
+    rope_scaling_factor: float = key("{arch}.rope.scaling.factor", 0.0, lo=0)
+    rms_eps: float = key("{arch}.attention.layer_norm_rms_epsilon", 1e-5, lo=0)
+    n_vocab: int = key("{arch}.vocab_size", 0, lo=1)
 
     def __post_init__(self) -> None:
         if self.n_head_kv == 0:
@@ -60,6 +93,12 @@ class LlamaHParams:
         if self.n_head % self.n_head_kv:
             raise GGUFError(f"head_count {self.n_head} is not a multiple of head_count_kv "
                             f"{self.n_head_kv}")
+        if self.n_embd % self.n_head:
+            raise GGUFError(f"embedding_length {self.n_embd} is not a multiple of head_count "
+                            f"{self.n_head}")
+        if self.n_rot % 2 or self.n_rot > self.head_dim:
+            raise GGUFError(f"rope.dimension_count {self.n_rot} must be even and at most the "
+                            f"head size {self.head_dim}")
 
     @property
     def head_dim(self) -> int:
@@ -74,8 +113,6 @@ class LlamaHParams:
         return 1.0 / self.rope_scaling_factor if self.rope_scaling_factor else 1.0
 
 
-import math  # used by DeepSeek2HParams only (appended class)
-
 
 @dataclass(frozen=True)
 class DeepSeek2HParams:
@@ -89,39 +126,40 @@ class DeepSeek2HParams:
     `rope_yarn_log_mul` is the GGUF value, which the converter stores as 0.1 * mscale_all_dim
     (DeepSeek-V3: 0.1), so `mscale = 1 + rope_yarn_log_mul * ln(factor)`.
     """
-    n_layer: int = key("{arch}.block_count")
-    n_embd: int = key("{arch}.embedding_length")
-    n_ctx_train: int = key("{arch}.context_length")
-    n_head: int = key("{arch}.attention.head_count")
-    kv_lora_rank: int = key("{arch}.attention.kv_lora_rank")
-    n_rot: int = key("{arch}.rope.dimension_count")
-    n_ff: int = key("{arch}.feed_forward_length", 0)            # dense leading layers
-    n_head_kv: int = key("{arch}.attention.head_count_kv", 0)
-    key_length: int = key("{arch}.attention.key_length", 0)
-    value_length: int = key("{arch}.attention.value_length", 0)
-    key_length_mla: int = key("{arch}.attention.key_length_mla", 0)
-    value_length_mla: int = key("{arch}.attention.value_length_mla", 0)
-    q_lora_rank: int = key("{arch}.attention.q_lora_rank", 0)  # 0: Lite (one attn_q matrix)
-    rms_eps: float = key("{arch}.attention.layer_norm_rms_epsilon", 1e-6)
-    rope_freq_base: float = key("{arch}.rope.freq_base", 10000.0)
+    n_layer: int = key("{arch}.block_count", lo=1)
+    n_embd: int = key("{arch}.embedding_length", lo=1)
+    n_ctx_train: int = key("{arch}.context_length", lo=1)
+    n_head: int = key("{arch}.attention.head_count", lo=1)
+    kv_lora_rank: int = key("{arch}.attention.kv_lora_rank", lo=1)
+    n_rot: int = key("{arch}.rope.dimension_count", lo=2)
+    n_ff: int = key("{arch}.feed_forward_length", 0, lo=1)  # dense leading layers
+    n_head_kv: int = key("{arch}.attention.head_count_kv", 0, lo=1)
+    key_length: int = key("{arch}.attention.key_length", 0, lo=1)
+    value_length: int = key("{arch}.attention.value_length", 0, lo=1)
+    key_length_mla: int = key("{arch}.attention.key_length_mla", 0, lo=1)
+    value_length_mla: int = key("{arch}.attention.value_length_mla", 0, lo=1)
+    # absent: Lite (one attn_q matrix)
+    q_lora_rank: int = key("{arch}.attention.q_lora_rank", 0, lo=1)
+    rms_eps: float = key("{arch}.attention.layer_norm_rms_epsilon", 1e-6, lo=0)
+    rope_freq_base: float = key("{arch}.rope.freq_base", 10000.0, lo=1e-30)
     rope_scaling_type: str = key("{arch}.rope.scaling.type", "linear")  # llama.cpp's default
-    rope_scaling_factor: float = key("{arch}.rope.scaling.factor", 0.0)
-    rope_scaling_orig_ctx: int = key("{arch}.rope.scaling.original_context_length", 0)
-    rope_yarn_log_mul: float = key("{arch}.rope.scaling.yarn_log_multiplier", 0.0)
-    rope_attn_factor: float = key("{arch}.rope.scaling.attn_factor", 1.0)
+    rope_scaling_factor: float = key("{arch}.rope.scaling.factor", 0.0, lo=0)
+    rope_scaling_orig_ctx: int = key("{arch}.rope.scaling.original_context_length", 0, lo=1)
+    rope_yarn_log_mul: float = key("{arch}.rope.scaling.yarn_log_multiplier", 0.0, lo=0)
+    rope_attn_factor: float = key("{arch}.rope.scaling.attn_factor", 1.0, lo=0)
     yarn_beta_fast: float = key("{arch}.rope.scaling.yarn_beta_fast", 32.0)
     yarn_beta_slow: float = key("{arch}.rope.scaling.yarn_beta_slow", 1.0)
-    n_layer_dense_lead: int = key("{arch}.leading_dense_block_count", 0)
-    n_expert: int = key("{arch}.expert_count", 0)
-    n_expert_used: int = key("{arch}.expert_used_count", 0)
-    n_expert_shared: int = key("{arch}.expert_shared_count", 0)
-    n_ff_exp: int = key("{arch}.expert_feed_forward_length", 0)
-    expert_weights_scale: float = key("{arch}.expert_weights_scale", 0.0)
+    n_layer_dense_lead: int = key("{arch}.leading_dense_block_count", 0, lo=0)
+    n_expert: int = key("{arch}.expert_count", 0, lo=1)
+    n_expert_used: int = key("{arch}.expert_used_count", 0, lo=1)
+    n_expert_shared: int = key("{arch}.expert_shared_count", 0, lo=0)
+    n_ff_exp: int = key("{arch}.expert_feed_forward_length", 0, lo=1)
+    expert_weights_scale: float = key("{arch}.expert_weights_scale", 0.0, lo=0)
     expert_weights_norm: bool = key("{arch}.expert_weights_norm", False)
     expert_gating_func: int = key("{arch}.expert_gating_func", 0)  # 1 softmax, 2 sigmoid
-    n_expert_groups: int = key("{arch}.expert_group_count", 0)
-    n_group_used: int = key("{arch}.expert_group_used_count", 0)
-    n_vocab: int = key("{arch}.vocab_size", 0)
+    n_expert_groups: int = key("{arch}.expert_group_count", 0, lo=0)
+    n_group_used: int = key("{arch}.expert_group_used_count", 0, lo=0)
+    n_vocab: int = key("{arch}.vocab_size", 0, lo=1)
 
     def __post_init__(self) -> None:
         if self.key_length == 0:                 # llama.cpp: n_embd / n_head when absent

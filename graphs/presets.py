@@ -126,12 +126,14 @@ def deepseek2_tensor_shapes(hp: DeepSeek2HParams, kv_b: str = "split",
 
 
 def hparams_metadata(hp: DeepSeek2HParams, arch: str = "deepseek2") -> dict[str, Any]:
-    """The GGUF keys of `hp`, through the same table the loader reads."""
+    """The GGUF keys of `hp`, through the same table the loader reads (a value equal to its
+    field's default is left out, as a converter leaves out an absent feature)."""
     meta: dict[str, Any] = {"general.architecture": arch}
     for f in fields(hp):
         k = f.metadata.get("gguf")
-        if k is not None:
-            meta[k.format(arch=arch)] = getattr(hp, f.name)
+        v = getattr(hp, f.name)
+        if k is not None and v != f.default:
+            meta[k.format(arch=arch)] = v
     return meta
 
 
@@ -170,35 +172,27 @@ def preset_model(name: str, weights: str | float | None = None) -> tuple[Any, in
 def header_model(path: str | os.PathLike) -> tuple[Any, int]:
     """(DeepSeek2Model over metadata-only weights, weight bytes) from a GGUF header; nothing
     of the tensor data is read, and tensors of types ggraph cannot compute with are fine."""
-    import gguf
-
     from .arch import model_class
-    from .gguf_file import _field_value
+    from .gguf_reader import read_header
 
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise GGUFError(f"{path}: no such file")
-    try:
-        reader = gguf.GGUFReader(path, "r")
-    except Exception as e:  # noqa: BLE001 - the reader fails with numpy/struct errors
-        raise GGUFError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
-    metadata = {k: _field_value(f) for k, f in reader.fields.items()}
+    hdr = read_header(path)
     ctx = Context(os.path.basename(path))
     tensors: dict[str, Tensor] = {}
     sizes: dict[str, int] = {}
-    for rt in reader.tensors:
-        ne = tuple(int(x) for x in rt.shape) or (1,)
-        tensors[rt.name] = _placeholder(ctx, rt.name, ne)
-        sizes[rt.name] = int(rt.n_bytes)
+    for info in hdr.tensors:
+        tensors[info.name] = _placeholder(ctx, info.name, info.ne)
+        sizes[info.name] = info.nbytes
     total = sum(sizes.values())
-    model = GGUFModel(path, metadata, tensors, ctx, os.path.getsize(path), 0, total,
-                      sizes=sizes)
+    model = GGUFModel(path, hdr.metadata, tensors, ctx, hdr.file_size, hdr.data_offset, total,
+                      kv_types=hdr.kv_types, sizes=sizes)
     from . import deepseek2  # noqa: F401 - registers the architecture
     cls = model_class(model.arch, path)
     if not hasattr(cls, "mla_shape"):
         raise GGUFError(f"{path}: architecture {model.arch!r} has no MLA planner; ggraph plan "
                         f"covers deepseek2")
-    return cls(model), total
+    built = cls(model)
+    model.check_all_used()
+    return built, total
 
 
 # -- planning ---------------------------------------------------------------------------------

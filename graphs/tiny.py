@@ -1,13 +1,15 @@
 """Small random-weight GGUF models with the real keys and tensor names, for tests and users
 who want a model that loads in milliseconds. Written with the `gguf` package's writer.
 
-The vocabulary is byte-level BPE over printable characters (no merges), so the tokenizer
-loads exactly as for a real model.
+The vocabulary is byte-level BPE: GPT-2's byte alphabet plus the tokens of a few merges
+(llama.cpp refuses a BPE vocabulary without merges), so the tokenizer loads exactly as for a
+real model.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +31,15 @@ class TinyLlama:
     seed: int = 0
 
 
-def _vocab() -> list[str]:
+MERGES = ["t h"]
+
+
+def vocab() -> list[str]:
+    """Control tokens, GPT-2's byte-level alphabet, then the tokens that MERGES make."""
+    return _byte_alphabet() + ["".join(m.split(" ")) for m in MERGES]
+
+
+def _byte_alphabet() -> list[str]:
     # the byte-level alphabet of GPT-2 (printable bytes map to themselves, others shifted)
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
         list(range(ord("®"), ord("ÿ") + 1))
@@ -55,7 +65,7 @@ def write_tiny_llama(path: str | os.PathLike, cfg: TinyLlama = TinyLlama(),
     import gguf
 
     rng = np.random.default_rng(cfg.seed)
-    vocab = _vocab()
+    tokens = vocab()
     w = gguf.GGUFWriter(os.fspath(path), arch)
     w.add_name("tiny-llama")
     w.add_block_count(cfg.n_layer)
@@ -67,23 +77,23 @@ def write_tiny_llama(path: str | os.PathLike, cfg: TinyLlama = TinyLlama(),
     w.add_rope_dimension_count(cfg.n_embd // cfg.n_head)
     w.add_rope_freq_base(cfg.rope_freq_base)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(len(vocab))
+    w.add_vocab_size(len(tokens))
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
-    w.add_token_list(vocab)
-    w.add_token_types([3, 3, 3] + [1] * (len(vocab) - 3))
-    w.add_token_merges([])
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
+    w.add_token_merges(MERGES)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
     hd = cfg.n_embd // cfg.n_head
     e, kv = cfg.n_embd, hd * cfg.n_head_kv
     tensors: dict[str, tuple[np.ndarray, bool]] = {
-        "token_embd.weight": (_matrix(rng, e, len(vocab), 0.5), True),
+        "token_embd.weight": (_matrix(rng, e, len(tokens), 0.5), True),
         "output_norm.weight": ((1 + 0.1 * rng.standard_normal(e)).astype(np.float32), False),
     }
     if not cfg.tied_output:
-        tensors["output.weight"] = (_matrix(rng, e, len(vocab), e ** -0.5), True)
+        tensors["output.weight"] = (_matrix(rng, e, len(tokens), e ** -0.5), True)
     for il in range(cfg.n_layer):
         b = f"blk.{il}."
         tensors.update({
@@ -105,7 +115,7 @@ def write_tiny_llama(path: str | os.PathLike, cfg: TinyLlama = TinyLlama(),
             continue
         if reshape and name in reshape:
             arr = np.resize(arr, tuple(reversed(reshape[name])))
-        _add(w, name, arr, wt if is_matrix else GGMLType.F32)
+        add_weight(w, name, arr, wt if is_matrix else GGMLType.F32)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -113,7 +123,8 @@ def write_tiny_llama(path: str | os.PathLike, cfg: TinyLlama = TinyLlama(),
     return os.fspath(path)
 
 
-def _add(w, name: str, arr: np.ndarray, t: GGMLType) -> None:
+def add_weight(w: Any, name: str, arr: np.ndarray, t: GGMLType) -> None:
+    """Add `arr` to the gguf writer `w` as tensor `name`, stored (quantized) as type t."""
     import gguf
 
     if t == GGMLType.F32:

@@ -21,14 +21,7 @@ import numpy as np
 
 from ggraph.types import GGMLType
 
-from .tiny import _add, _vocab
-
-MERGES = ["t h"]
-
-
-def _tiny_vocab() -> list[str]:
-    """tiny.py's byte-level vocabulary plus the tokens that MERGES make."""
-    return _vocab() + ["".join(m.split(" ")) for m in MERGES]
+from .tiny import MERGES, add_weight, vocab as _tiny_vocab
 
 
 @dataclass(frozen=True)
@@ -193,7 +186,7 @@ def write_tiny_deepseek2(path: str | os.PathLike, cfg: TinyDeepSeek2 = TinyDeepS
         if name in skip:
             continue
         t = wt if is_matrix and arr.shape[-1] % wt.block_size == 0 else GGMLType.F32
-        _add(w, name, arr, t)
+        add_weight(w, name, arr, t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
