@@ -27,7 +27,7 @@ import numpy as np
 
 from .types import GGMLType, row_size
 
-__all__ = ["quantize", "dequantize", "f32_to_bf16_bits", "bf16_bits_to_f32"]
+__all__ = ["quantize", "dequantize", "f32_to_bf16_bits", "bf16_bits_to_f32", "first_nonfinite"]
 
 # blocks handled per numpy pass: bounds the temporaries (a few MiB each) for huge tensors
 _CHUNK_BLOCKS = 1 << 16
@@ -217,3 +217,55 @@ def dequantize(t: GGMLType, data: np.ndarray, n: int | None = None) -> np.ndarra
         out = np.empty((blocks.shape[0], t.block_size), dtype=np.float32)
         _over_blocks(_BLOCK_KERNELS[t][1], blocks, out)
     return out.reshape(*lead, n_have)
+
+
+# where the f16 scales sit in each block (the only floats a quantized block stores)
+_SCALE_FIELDS: dict[GGMLType, tuple[int, ...]] = {
+    GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q8_0: (0,),
+}
+# (unsigned view, exponent mask) of the float element types: all-ones exponent = inf/NaN
+_FLOAT_BITS: dict[GGMLType, tuple[str, int]] = {
+    GGMLType.F32: ("<u4", 0x7F800000), GGMLType.F16: ("<u2", 0x7C00),
+    GGMLType.BF16: ("<u2", 0x7F80),
+}
+
+
+def first_nonfinite(t: GGMLType, raw: np.ndarray) -> int:
+    """Index of the first element (float types) or block (quantized types) of the bytes
+    `raw` that holds inf or NaN, -1 when all are finite (llama.cpp's --check-tensors:
+    floats, and the f16 scales of quantized blocks). Reads the bits, converts nothing."""
+    raw = np.asarray(raw).reshape(-1)
+    if t in _FLOAT_BITS:
+        dt, mask = _FLOAT_BITS[t]
+        bits = raw[:raw.nbytes - raw.nbytes % np.dtype(dt).itemsize].view(dt)
+        fields = [bits]
+    elif t in _SCALE_FIELDS:
+        blocks = raw[:raw.nbytes - raw.nbytes % t.type_size].reshape(-1, t.type_size)
+        mask = 0x7C00
+        fields = [blocks[:, at:at + 2] for at in _SCALE_FIELDS[t]]
+    else:
+        return -1 if t.is_int else _first_nonfinite_decoded(t, raw)
+    n, step = fields[0].shape[0], 1 << 22  # bounds the temporaries
+    for s in range(0, n, step):
+        bad = None
+        for f in fields:
+            chunk = f[s:s + step]
+            if chunk.ndim == 2:  # a (blocks, 2) byte column: one little-endian f16 each
+                chunk = np.ascontiguousarray(chunk).view("<u2").reshape(-1)
+            hits = np.flatnonzero((chunk & mask) == mask)
+            if hits.size:
+                bad = hits[0] if bad is None else min(bad, hits[0])
+        if bad is not None:
+            return s + int(bad)
+    return -1
+
+
+def _first_nonfinite_decoded(t: GGMLType, raw: np.ndarray) -> int:
+    """The slow path for a type without a scale table: dequantize block rows and look."""
+    blocks = raw[:raw.nbytes - raw.nbytes % t.type_size].reshape(-1, t.type_size)
+    for s in range(0, blocks.shape[0], _CHUNK_BLOCKS):
+        vals = dequantize(t, blocks[s:s + _CHUNK_BLOCKS]).reshape(-1, t.block_size)
+        bad = np.flatnonzero(~np.isfinite(vals).all(axis=1))
+        if bad.size:
+            return s + int(bad[0])
+    return -1
