@@ -7,6 +7,12 @@ from typing import Any
 NAMES = ("cpu", "cuda")
 
 
+class BackendUnavailableError(ValueError):
+    """A backend this machine cannot run (no CUDA driver or GPU). A ValueError with a one-line
+    message, so callers (the scheduler, Engine, the `ggraph` commands) report it as a user
+    error rather than a traceback."""
+
+
 def get_backend(name: str, **kw: Any) -> Any:
     name = name.strip().lower()
     if name == "cpu":
@@ -16,5 +22,5 @@ def get_backend(name: str, **kw: Any) -> Any:
     if name == "cuda":
         from .cuda import CUDABackend
 
-        return CUDABackend(**kw)
+        return CUDABackend(**kw)  # BackendUnavailableError without a usable GPU
     raise ValueError(f"unknown backend {name!r}; available: {', '.join(NAMES)}")

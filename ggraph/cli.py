@@ -37,9 +37,61 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, KeyError, FileNotFoundError) as e:  # user errors: a message, no traceback
-        print(f"ggraph {args.command}: error: {e}", file=sys.stderr)
+    except (ValueError, KeyError, OSError) as e:  # user errors: one line, no traceback
+        fail(args.command, e)
         return 1
+
+
+# option bounds several subcommands share: attribute -> (flag, smallest value, what it means)
+SIZE_BOUNDS: dict[str, tuple[str, float, str]] = {
+    "ctx_size": ("-c/--ctx-size", 1, ""),
+    "ubatch_size": ("-ub/--ubatch-size", 1, ""),
+    "amb": ("--amb", 0, " MiB (0: attention is not split)"),
+}
+
+
+def check_bounds(args: argparse.Namespace, bounds: dict[str, tuple[str, float, str]]) -> None:
+    """A one-line ValueError for the first option below its smallest value (None: unset)."""
+    for attr, (flag, lo, meaning) in bounds.items():
+        v = getattr(args, attr, None)
+        if v is not None and v < lo:
+            raise ValueError(f"{flag} must be >= {lo}{meaning}, got {v}")
+
+
+def argv_text(s: str) -> str:
+    """Text from the command line as valid Unicode. On POSIX Python decodes argv with
+    surrogateescape, so bytes that are not UTF-8 arrive as lone surrogates that no tokenizer or
+    encoder accepts; like llama.cpp, read them as U+FFFD (the replacement character)."""
+    try:
+        raw = s.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # surrogates that did not come from surrogateescape
+        raw = s.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "replace")
+
+
+def error_text(e: BaseException | str) -> str:
+    """An error as one line: a KeyError's message without the quotes of its repr, the lines of
+    a multi-line message joined, and the exception's type when it has no message."""
+    if isinstance(e, str):
+        text = e
+    elif isinstance(e, KeyError) and len(e.args) == 1 and isinstance(e.args[0], str):
+        text = e.args[0]
+    elif isinstance(e, OSError) and e.strerror and e.filename is not None:
+        text = f"{e.filename}: {e.strerror}"   # not "[Errno 2] No such file ...: 'x'"
+    else:
+        text = str(e)
+    text = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return text or (type(e).__name__ if isinstance(e, BaseException) else "failed")
+
+
+def fail(command: str, e: BaseException | str) -> None:
+    """Print `ggraph COMMAND: error: ...` as one line on stderr (after flushing stdout, so the
+    message follows what was printed before it)."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):  # a closed or broken stdout: the message still goes out
+        pass
+    print(f"ggraph {command}: error: {error_text(e)}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

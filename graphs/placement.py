@@ -10,6 +10,7 @@ follow each device's memory. A layer's KV cache lives with the layer.
 from __future__ import annotations
 
 import bisect
+import math
 import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -37,7 +38,10 @@ def parse_size(text: str) -> int:
     unit = m.group(2).lower() or "b"
     if unit not in _UNITS:
         raise ValueError(f"unknown unit {m.group(2)!r} in {text!r}; use GiB, GB, MiB, MB")
-    return int(float(m.group(1)) * _UNITS[unit])
+    value = float(m.group(1)) * _UNITS[unit]
+    if not math.isfinite(value):
+        raise ValueError(f"the size {text!r} is too large")
+    return int(value)
 
 
 def parse_devices(spec: str) -> list[Device]:
@@ -78,8 +82,14 @@ def parse_split(text: str | None) -> list[float] | None:
     except ValueError:
         raise ValueError(f"cannot read --tensor-split {text!r}: give numbers separated by "
                          f"commas, e.g. 3,1") from None
+    if not all(math.isfinite(v) for v in vals):
+        raise ValueError(f"--tensor-split {text!r}: shares must be finite numbers (no inf "
+                         f"or nan), e.g. 3,1")
     if any(v < 0 for v in vals) or not any(v > 0 for v in vals):
         raise ValueError(f"--tensor-split {text!r}: shares must be >= 0 and not all 0")
+    if not math.isfinite(sum(vals)):
+        raise ValueError(f"--tensor-split {text!r}: the shares are too large to add up; "
+                         f"give relative shares such as 3,1")
     return vals
 
 

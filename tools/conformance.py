@@ -59,10 +59,14 @@ def main(args: argparse.Namespace) -> int:
         from ggraph.tools.ggml_ref import GGMLReference  # raises a clear error without libggml
 
         reference = GGMLReference()
+    names = [b.strip() for b in args.backend.split(",") if b.strip()]
+    if not names:
+        raise ValueError(f"--backend {args.backend!r} names no backend; give cpu, cuda or "
+                         f"cpu,cuda")
+    backends = [get_backend(name) for name in names]  # all before any test: one-line errors
     report = []
     failed = False
-    for name in [b for b in args.backend.split(",") if b]:
-        backend = get_backend(name)
+    for name, backend in zip(names, backends):
         print(f"Backend {name}:")
         if args.mode == "support":
             report.append(_support(backend, ops))

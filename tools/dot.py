@@ -185,12 +185,20 @@ def user_graph(spec: str) -> tuple[Any, str]:
 
 # -- the command ---------------------------------------------------------------------------------
 
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse option values that cannot work, with one-line errors."""
+    from ggraph.cli import SIZE_BOUNDS, check_bounds
+
+    check_bounds(args, {**SIZE_BOUNDS, "max_nodes": ("--max-nodes", 0, " (0: any size)")})
+
+
 def main(args: argparse.Namespace) -> int:
     from ggraph import dot
 
     chosen = [x for x in (args.model, args.preset, args.graph) if x]
     if len(chosen) > 1:
         raise ValueError("give one of MODEL, --preset NAME or --graph MODULE:FUNCTION")
+    check_options(args)
     if args.layer is not None and args.layers:
         raise ValueError("give --layer N or --layers A-B, not both")
     layers = (args.layer, args.layer) if args.layer is not None else \
@@ -220,9 +228,13 @@ def main(args: argparse.Namespace) -> int:
 
         plan = GraphAllocator(alignment=ALIGNMENTS[args.backend], strategy=args.strategy,
                               name=args.backend.upper()).plan(graph)
+    from ggraph.cli import argv_text, fail
+
+    # argv and file names may hold bytes that are not UTF-8: U+FFFD in the picture
+    title = argv_text(args.title if args.title is not None else label)
     opts: dict[str, Any] = {"layers": layers, "summary": args.summary,
-                                "clusters": not args.no_clusters, "views": not args.no_views,
-                                "title": args.title if args.title is not None else label}
+                            "clusters": not args.no_clusters, "views": not args.no_views,
+                            "title": title}
     if args.max_nodes is not None:
         opts["max_nodes"] = args.max_nodes
     if not args.output:
@@ -231,7 +243,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         files = dot.write(graph, args.output, plan, **opts)
     except dot.DotNotInstalledError as e:
-        print(f"ggraph dot: {e}", file=sys.stderr)
+        fail("dot", e)
         return 1
     print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)
     return 0

@@ -66,6 +66,7 @@ def main(args: argparse.Namespace) -> int:
 
     if bool(args.model) == bool(args.preset):
         raise ValueError("give a GGUF file or --preset NAME (one of them)")
+    check_options(args)
     amb = args.amb
     if 0 < amb < 128:
         print(f"warning: --amb {amb} raised to 128 MiB (as ik_llama.cpp does)", file=sys.stderr)
@@ -97,9 +98,25 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse option values that cannot work, with one-line errors."""
+    import math
+
+    from ggraph.cli import SIZE_BOUNDS, check_bounds
+    from ggraph.graphs.presets import bytes_per_weight
+
+    check_bounds(args, {**SIZE_BOUNDS, "parts": ("--parts", 0, ""),
+                        "pipeline_copies": ("--pipeline-copies", 1, "")})
+    if args.weights is not None and args.preset:
+        bpw = bytes_per_weight(args.weights)  # ValueError for an unknown format
+        if not (math.isfinite(bpw) and bpw > 0):
+            raise ValueError(f"--weights {args.weights}: bytes per weight must be a positive "
+                             f"number (e.g. 0.33 or q2_k)")
+
+
 def _plan_devices(args: argparse.Namespace, model: Any, source: str, amb: int) -> int:
     from ggraph.graphs import plan_devices as P
-    from ggraph.graphs.placement import parse_devices, parse_size, parse_split
+    from ggraph.graphs.placement import parse_devices, parse_split
 
     devices = parse_devices(args.devices)
     if any(d.kind != "virtual" for d in devices):
@@ -107,7 +124,7 @@ def _plan_devices(args: argparse.Namespace, model: Any, source: str, amb: int) -
     dp = P.plan_devices(model, source, devices, args.ctx_size, args.ubatch_size, amb,
                         args.cache_type_k, args.fa, args.path, args.strategy,
                         args.n_gpu_layers, parse_split(args.tensor_split),
-                        parse_size(args.host_memory) if args.host_memory else None,
+                        _host_memory(args.host_memory),
                         args.pipeline_copies)
     if args.json:
         text = json.dumps(P.to_json(dp), indent=1)
@@ -121,6 +138,17 @@ def _plan_devices(args: argparse.Namespace, model: Any, source: str, amb: int) -
         P.render_png(dp, args.png)
         print(f"wrote {args.png}")
     return 0 if not dp.advice else 2
+
+
+def _host_memory(text: str | None) -> int | None:
+    from ggraph.graphs.placement import parse_size
+
+    if not text:
+        return None
+    size = parse_size(text)
+    if size <= 0:
+        raise ValueError(f"--host-memory {text}: the host's memory must be positive")
+    return size
 
 
 def _mib(n: int) -> str:

@@ -64,9 +64,12 @@ def _bytes(text: str) -> int:
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
     try:
-        return int(float(t[:-1] if mult > 1 else t) * mult)
+        value = float(t[:-1] if mult > 1 else t) * mult
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a byte size: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a byte size: {text!r}")
+    return int(value)
 
 
 def register(subparsers: Any) -> None:
@@ -100,9 +103,30 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse option values that cannot work, with one-line errors (the attention example's
+    shape is checked only when it is built)."""
+    from ggraph.cli import SIZE_BOUNDS, check_bounds
+
+    if not args.graph:
+        check_bounds(args, {a: ("--" + a.replace("_", "-"), 1, "") for a in
+                            ("n_head", "n_head_kv", "head_dim", "n_tokens", "n_kv")})
+        if args.n_head % args.n_head_kv:
+            raise ValueError(f"--n-head {args.n_head} must be a multiple of --n-head-kv "
+                             f"{args.n_head_kv} (grouped-query attention)")
+        check_bounds(args, {"amb": SIZE_BOUNDS["amb"]})
+        if not (math.isfinite(args.max_bias) and args.max_bias >= 0):
+            raise ValueError(f"--max-bias must be a finite number >= 0, got {args.max_bias}")
+    if args.alignment is not None and args.alignment <= 0:
+        raise ValueError(f"--alignment must be a positive power of two, got {args.alignment}")
+    check_bounds(args, {"max_bytes": ("--max-bytes", 0, ""),
+                        "top": ("--top", 0, " (0: every tensor)")})
+
+
 def run(args: argparse.Namespace) -> int:
     from ggraph import alloc_report as R
 
+    check_options(args)
     if args.graph:
         graph = _user_graph(args.graph)
     else:

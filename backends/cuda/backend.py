@@ -15,6 +15,7 @@ import numpy as np
 
 from ggraph import buffers
 from ggraph.tensor import Tensor
+from .. import BackendUnavailableError
 from ..base import Backend
 from . import runtime as R
 from . import templates as K
@@ -27,6 +28,9 @@ class CUDABackend(Backend):
     kernels = KERNELS
 
     def __init__(self, device: int | None = None) -> None:
+        why = R.unavailable_reason()
+        if why is not None:  # one line instead of numba's CudaSupportError at the first launch
+            raise BackendUnavailableError(why)
         if device is not None and R.MODE == "device":
             from numba import cuda
 

@@ -248,6 +248,31 @@ def view(buf: Any, offset: int, t: Tensor) -> Any:
                          gpu_data=buf.gpu_data.view(offset, offset + t.nbytes))
 
 
+def unavailable_reason() -> str | None:
+    """Why numba.cuda cannot run kernels on this machine, in one line; None when it can (and
+    always in the simulator and the PTX-only mode, which need no GPU). numba raises a
+    CudaSupportError with a multi-line message at the first driver call instead."""
+    if MODE != "device" or cuda.is_available():
+        return None
+    from numba.cuda.cudadrv import driver as _driver
+
+    hint = ("(the CUDA backend needs an NVIDIA GPU and driver; use --backend cpu, or "
+            "NUMBA_ENABLE_CUDASIM=1 for the simulator)")
+    try:
+        err = _driver.driver.initialization_error
+    except Exception as e:  # noqa: BLE001 - a driver that fails to load says so here
+        err = str(e)
+    if err:
+        detail = " ".join(line.strip() for line in str(err).splitlines()
+                          if line.strip() and line.strip() != ":")
+        detail = detail.removeprefix("Error at driver init:").strip()
+        if "cannot be found" in detail or "error occurred during load" in detail:
+            return f"no CUDA driver found: {detail} {hint}"
+        return f"CUDA is not usable: {detail} {hint}"
+    return (f"CUDA is not usable: the driver works but libNVVM (the CUDA toolkit's compiler "
+            f"library) was not found; install the CUDA toolkit or set CUDA_HOME {hint}")
+
+
 def device_name() -> str:
     if MODE == "sim":
         return "numba CUDA simulator"
