@@ -5,12 +5,17 @@ A backend only hands out memory (aligned arenas) and kernels; where each tensor 
 allocator's plan. Pre-allocated tensors live elsewhere: leafs with host data are used in place
 (a weight in a read-only mmap stays there), leafs with a `buffer` name but no data (a KV cache)
 get zeroed static memory that a Session keeps between runs.
+
+A Session is safe to share between threads: run, read and write take its lock, and a read by
+a thread other than the one whose run produced the current values is refused (another run
+may come in between); `with session:` holds the lock around a run and its reads.
 """
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -115,6 +120,22 @@ class Session:
         self.static: dict[int, Any] = {}
         self._graph: Graph | None = None          # the graph whose calls are bound
         self._calls: list[Callable[[], None]] | None = None
+        # leafs with host data that a write changed: this Session's copy of their bytes, so
+        # the caller's array (or a read-only mmap of weights) is never written
+        self._own: dict[Tensor, Any] = {}
+        self._own_changed = False                 # a new copy: bound calls see the old array
+        # run/read/write serialise on this lock; `with session:` holds it across several calls
+        self._lock = threading.RLock()
+        self._run_thread: int | None = None       # thread whose run left the current values
+        self._in_run = False                      # kernels are running: a source they read is
+        #                                           live at that step, freed or not afterwards
+
+    def __enter__(self) -> "Session":
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
 
     # -- memory ---------------------------------------------------------------------------
     def storage(self, t: Tensor) -> tuple[Any, int]:
@@ -124,7 +145,8 @@ class Session:
     def _storage(self, t: Tensor) -> tuple[Any, int]:
         root = t.owner
         if root.data is not None:
-            return self.backend.upload(root), t.view_offs
+            own = self._own.get(root)
+            return (own if own is not None else self.backend.upload(root)), t.view_offs
         if root.buffer is not None:
             buf = self.static.get(id(root))
             if buf is None:
@@ -144,17 +166,69 @@ class Session:
         return self.backend.view(buf, off, t)
 
     def read(self, t: Tensor) -> np.ndarray:
-        """Values of t as numpy (float32 / ints), numpy order."""
-        buf, off = self._storage(t)
-        return self.backend.read(buf, off, t)
+        """Values of t as numpy (float32 / ints), numpy order.
+
+        Refused (RuntimeError) from a thread other than the one that made the last run, and
+        (ValueError) for a tensor whose memory the plan freed: later nodes may have reused it.
+        """
+        with self._lock:
+            self.check_reader(t)
+            self.check_not_freed(t)
+            buf, off = self._storage(t)
+            return self.backend.read(buf, off, t)
 
     def write(self, t: Tensor, values: np.ndarray) -> None:
-        buf, off = self._storage(t)
-        self.backend.write(buf, off, t, values)
+        """Store values into t. A leaf with host data (`t.data`) is copied into memory this
+        Session owns on its first write (copy-on-write): the caller's array is never written,
+        and this Session uses its copy from then on (later runs keep the last value written)."""
+        with self._lock:
+            root = t.owner
+            if root.data is not None and root not in self._own:
+                self._own[root] = self._copy_of(root)
+                self._own_changed = True
+            buf, off = self._storage(t)
+            self.backend.write(buf, off, t, values)
+
+    def _copy_of(self, root: Tensor) -> Any:
+        data = np.asarray(root.data)
+        if data.nbytes != root.nbytes:
+            raise ValueError(f"tensor {root.describe()} carries {data.nbytes} bytes of data, "
+                             f"expected {root.nbytes}")
+        buf = self.backend.alloc_arena(root.nbytes)
+        self.backend.write_bytes(buf, 0, data.reshape(-1).view(np.uint8))
+        return buf
+
+    def check_reader(self, t: Tensor) -> None:
+        """RuntimeError unless the calling thread made the last run (or none was made): the
+        values in memory belong to that thread's run, and its next run may replace them."""
+        if self._run_thread is not None and self._run_thread != threading.get_ident():
+            raise RuntimeError(f"cannot read {t.describe()}: the last run on this Session was "
+                               f"made by another thread; use one Session per thread or hold "
+                               f"`with session:` around run and read")
+
+    def check_not_freed(self, t: Tensor, shown: Tensor | None = None) -> None:
+        """ValueError if the active plan freed t's memory (in-place reuse included): its
+        bytes may hold a later node's values. Outputs, views of outputs and pre-allocated
+        tensors (weights, caches, host data) are never freed. `shown` names t in messages."""
+        root, plan = t.owner, self.plan
+        # plans without lifetimes (the conformance canary plan) free nothing
+        if (self._in_run or t.is_output or root.is_output
+                or getattr(plan, "placement", None) is None or root not in plan):
+            return
+        p = plan.placement(root)
+        if not p.freed:
+            return
+        order = getattr(plan, "order", None) or []
+        user = f" (last used by {order[p.last].label})" if 0 <= p.last < len(order) else ""
+        via = f" is a view of {root.label}, which" if root is not t else ""
+        raise ValueError(f"tensor {(shown or t).describe()}{via} was freed by the plan at step "
+                         f"{p.last}{user}, so later nodes may have overwritten it; mark it with "
+                         f"set_output() to read it")
 
     def fill_arena(self, byte: int) -> None:
         """Fill the compute arena (conformance canaries)."""
-        self.backend.fill(self.arena, byte)
+        with self._lock:
+            self.backend.fill(self.arena, byte)
 
     def host_arena(self) -> np.ndarray:
         """The compute arena's bytes on the host."""
@@ -167,29 +241,53 @@ class Session:
     # -- running --------------------------------------------------------------------------
     def prepare(self, graph: Graph) -> Any:
         """Plan `graph` (reserving a larger arena when it outgrows the current one)."""
+        for t in graph.leafs:
+            buffers.check_layout(t)
         for node in graph.nodes:
+            buffers.check_layout(node)  # no kernel may be handed a view reaching past its root
             if not self.backend.supports(node):
                 raise UnsupportedOpError(
                     f"backend {self.backend.name} cannot run {node.op} on {node.describe()} "
                     f"(sources: {', '.join(s.describe() for s in node.src if s is not None)})")
-        self._calls = None
-        self.plan = self.allocator.alloc(graph, reserve_on_growth=True)
-        need = self.plan.size
-        if self.arena is None or self.arena.nbytes < need:
-            self.arena = self.backend.alloc_arena(need)
-        return self.plan
+        with self._lock:
+            self._calls = None
+            self.plan = self.allocator.alloc(graph, reserve_on_growth=True)
+            need = self.plan.size
+            if self.arena is None or self.arena.nbytes < need:
+                self.arena = self.backend.alloc_arena(need)
+            return self.plan
 
     def run(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None = None
             ) -> "Session":
-        if graph is not self._graph or self._calls is None:
-            self.prepare(graph)
-            self._calls = self._bind(graph)  # views into the arena: valid until the next plan
-            self._graph = graph
-        self._feed(graph, inputs or {})
-        with self.backend.run_context():
-            for call in self._calls:
-                call()
-        return self
+        """Feed `inputs` (see buffers.feed_inputs) and run `graph`; read results afterwards
+        from the same thread, or hold `with session:` around run and read."""
+        with self._lock:
+            if graph is not self._graph or self._calls is None:
+                self._graph = None
+                self.prepare(graph)
+            self._feed(graph, inputs or {})
+            if self._graph is not graph or self._own_changed:
+                # bound calls hold views of the arena (valid until the next plan) and of leaf
+                # data: a copy-on-write made by this feed must be bound in
+                self._calls = self._bind(graph)
+                self._graph = graph
+                self._own_changed = False
+            self._run_thread = threading.get_ident()
+            with self.running(), self.backend.run_context():
+                for call in self._calls:
+                    call()
+            return self
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Held while kernels run: a kernel written in Python may read its sources through
+        `read` (they are live at its step, whatever the plan does with them afterwards)."""
+        with self._lock:
+            was, self._in_run = self._in_run, True
+            try:
+                yield
+            finally:
+                self._in_run = was
 
     def _bind(self, graph: Graph) -> list[Callable[[], None]]:
         return self.bind(self.plan_order(graph))

@@ -5,9 +5,15 @@
 plans each device's graph with that device's allocator (reserve() sizes each compute buffer
 on a worst-case graph, as ggml_backend_sched_reserve does), binds each split's kernel calls,
 and runs: copy the split's inputs in from the devices holding them, then the split's calls.
+
+Like a Session it may be shared between threads: run/read/write serialise on its lock, a read
+from a thread other than the last run's is refused, and `with multi:` holds the lock across
+a run and its reads.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -52,6 +58,15 @@ class MultiSession:
         self._schedules: dict[int, tuple[Graph, Schedule]] = {}
         self._bound: _Bound | None = None
         self._bound_graph: Graph | None = None
+        self._lock = threading.RLock()
+        self._run_thread: int | None = None       # thread whose run left the current values
+
+    def __enter__(self) -> "MultiSession":
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
 
     def place(self, t: Tensor, device: int) -> None:
         if not 0 <= device < len(self.backends):
@@ -81,10 +96,13 @@ class MultiSession:
     def buffer_sizes(self) -> list[int]:
         return [s.allocator.buffer_size for s in self.sessions]
 
-    def _prepare(self, graph: Graph) -> _Bound:
+    def _prepare(self, graph: Graph) -> Schedule:
         sch = self.schedule(graph)
         for s, g in zip(self.sessions, sch.device_graphs):
             s.prepare(g)
+        return sch
+
+    def _bind(self, sch: Schedule) -> _Bound:
         steps = []
         for split in sch.splits:
             d = split.device
@@ -97,20 +115,33 @@ class MultiSession:
     # -- running ------------------------------------------------------------------------------
     def run(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None = None
             ) -> "MultiSession":
-        if graph is not self._bound_graph or self._bound is None:
-            self._bound = self._prepare(graph)
-            self._bound_graph = graph
-        buffers.feed_inputs(graph, inputs or {}, self.write)
-        for copies, d, calls in self._bound.steps:
-            dst = self.sessions[d]
-            for src_t, copy_t, sd in copies:
-                self._copy(self.sessions[sd], src_t, dst, copy_t)
-            with dst.backend.run_context():
-                for call in calls:
-                    call()
-        for s in self.sessions:
-            s.synchronize()
-        return self
+        with self._lock:
+            if graph is not self._bound_graph or self._bound is None:
+                self._bound = self._bound_graph = None
+                sch = self._prepare(graph)
+            else:
+                sch = self._bound.sch
+            buffers.feed_inputs(graph, inputs or {}, self.write)
+            if self._bound is None or any(s._own_changed for s in self.sessions):
+                # the feed may have copied leaf data on write (Session.write): bind that copy
+                self._bound = self._bind(sch)
+                self._bound_graph = graph
+                for s in self.sessions:
+                    s._own_changed = False
+            self._run_thread = threading.get_ident()
+            with contextlib.ExitStack() as running:
+                for s in self.sessions:      # kernels may read their sources (Session.running)
+                    running.enter_context(s.running())
+                for copies, d, calls in self._bound.steps:
+                    dst = self.sessions[d]
+                    for src_t, copy_t, sd in copies:
+                        self._copy(self.sessions[sd], src_t, dst, copy_t)
+                    with dst.backend.run_context():
+                        for call in calls:
+                            call()
+            for s in self.sessions:
+                s.synchronize()
+            return self
 
     def _copy(self, src: Session, t: Tensor, dst: Session, c: Tensor) -> None:
         sbuf, soff = src.storage(t)
@@ -130,13 +161,22 @@ class MultiSession:
         return self.sessions[d], sch.local(t, d)
 
     def read(self, t: Tensor) -> np.ndarray:
-        s, local = self._where(t)
-        s.synchronize()
-        return s.read(local)
+        """Values of t; refused from a thread other than the last run's, and for a tensor
+        whose memory its device's plan freed (mark it with set_output() to keep it)."""
+        with self._lock:
+            if self._run_thread is not None and self._run_thread != threading.get_ident():
+                raise RuntimeError(f"cannot read {t.describe()}: the last run on this "
+                                   f"MultiSession was made by another thread; use one session "
+                                   f"per thread or hold `with session:` around run and read")
+            s, local = self._where(t)
+            s.check_not_freed(local, shown=t)
+            s.synchronize()
+            return s.read(local)
 
     def write(self, t: Tensor, values: np.ndarray) -> None:
-        s, local = self._where(t)
-        s.write(local, values)
+        with self._lock:
+            s, local = self._where(t)
+            s.write(local, values)
 
     def synchronize(self) -> None:
         for s in self.sessions:

@@ -7,6 +7,8 @@ through ggraph.quants.
 """
 from __future__ import annotations
 
+from typing import Any, Callable, Mapping
+
 import numpy as np
 
 from ggraph import quants
@@ -29,6 +31,8 @@ def raw_view(buf: np.ndarray, offset: int, t: Tensor, half_bits: bool = False) -
     requires the blocks of a row to be packed (nb0 == type_size).
     """
     _check_bounds(buf, offset, t)
+    if min(t.nb) < 0:  # nbytes would understate the span: refuse, never wander
+        raise ValueError(f"tensor {t.describe()} has a negative stride nb={list(t.nb)}")
     tr = t.type.traits
     ne3, ne2, ne1, ne0 = t.shape
     nb0, nb1, nb2, nb3 = t.nb
@@ -95,21 +99,115 @@ def encode(t: Tensor, values: np.ndarray) -> np.ndarray:
     return np.frombuffer(np.ascontiguousarray(enc).tobytes(), dtype=np.uint8).copy()
 
 
-def feed_inputs(graph, inputs, write) -> None:
-    """Write each leaf's value from `inputs` (keys: tensors or names) with `write(leaf, values)`;
-    a graph input (INPUT flag, no host data) without a value, or a value of the wrong size, is
-    an error naming the tensor. Shared by every executor so they agree on what an input is."""
-    by_name = {k: v for k, v in inputs.items() if isinstance(k, str)}
-    by_id = {id(k): v for k, v in inputs.items() if not isinstance(k, str)}
-    for leaf in graph.leafs:
-        v = by_id.get(id(leaf))
-        if v is None and leaf.name in by_name:
+def check_layout(t: Tensor) -> None:
+    """Refuse a tensor whose strides could reach memory outside its own: a negative stride, or
+    a view whose bytes [view_offs, view_offs + nbytes) leave its root. Op constructors refuse
+    these at build time; executors check again because Tensor fields can be set directly."""
+    if min(t.nb) < 0:
+        raise ValueError(f"tensor {t.describe()} has a negative stride nb={list(t.nb)}: "
+                         f"strides must be >= 0")
+    root = t.view_src
+    if root is not None:
+        start, n, have = t.view_offs, t.nbytes, root.nbytes
+        if start < 0 or start > have or start + n > have:
+            raise ValueError(f"view {t.describe()} spans bytes [{start}, {start + n}) outside "
+                             f"its root {root.describe()} of {have} bytes")
+
+
+def _expected_shape(t: Tensor) -> tuple[int, ...]:
+    """t.shape without its leading 1-dims: the shortest value shape feed_inputs accepts."""
+    shape = t.shape
+    while len(shape) > 1 and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
+def check_input(t: Tensor, value: object) -> np.ndarray:
+    """`value` as an array ready to store in `t`, or a ValueError naming `t`.
+
+    The shape must be t.shape (numpy order) with leading 1-dims optionally left out, so a
+    transposed or flattened array of the right size is an error rather than silently
+    reshaped. A conversion that would lose information is refused: float, complex or
+    non-numeric values into an integer tensor, integers outside its type's range, complex
+    values into a float tensor. Floats into F16/BF16/quantized types round as ggml does."""
+    if value is None:
+        raise ValueError(f"input for {t.describe()} is None")
+    v = np.asarray(value)
+    if v.ndim > len(t.shape) or (1,) * (len(t.shape) - v.ndim) + v.shape != t.shape:
+        raise ValueError(f"input for {t.describe()} has shape {v.shape} ({v.size} elements), "
+                         f"expected {t.nelements} elements in shape {_expected_shape(t)} "
+                         f"(numpy order; leading 1-dims may be left out)")
+    kind = v.dtype.kind
+    if t.type.is_int:
+        if kind not in "biu":
+            raise ValueError(f"input for {t.describe()} has {v.dtype} values; an {t.type} "
+                             f"tensor takes integers (convert them explicitly, e.g. "
+                             f".astype(np.{t.type.traits.numpy_dtype}))")
+        info = np.iinfo(t.type.traits.numpy_dtype)
+        if v.size and kind != "b":
+            lo, hi = v.min(), v.max()
+            if lo < info.min or hi > info.max:
+                bad = lo if lo < info.min else hi
+                raise ValueError(f"input for {t.describe()} holds {bad}, outside the range "
+                                 f"[{info.min}, {info.max}] of {t.type}")
+    elif kind not in "biuf":
+        raise ValueError(f"input for {t.describe()} has {v.dtype} values; a {t.type} tensor "
+                         f"takes real numbers")
+    return v
+
+
+def _names(ts: list[Tensor], limit: int = 8) -> str:
+    shown = ", ".join(repr(t.name) if t.name else t.label for t in ts[:limit])
+    return shown + (f", ... ({len(ts)} in all)" if len(ts) > limit else "") if ts else "none"
+
+
+def feed_inputs(graph: Any, inputs: Mapping[Tensor | str, Any],
+                write: Callable[[Tensor, np.ndarray], None]) -> None:
+    """Write each leaf's value from `inputs` (keys: tensors or names) with `write(leaf, values)`.
+
+    Every value is checked by check_input before anything is written. Errors name the
+    tensor: a graph input (INPUT flag, no host data) without a value, a key that is neither
+    a leaf of `graph` nor the name of one (the message lists the graph's inputs), a value of
+    the wrong shape or one whose conversion would lose information. A name given to several
+    leafs feeds each of them; a tensor key wins over its name. Shared by every executor so
+    they agree on what an input is. Where a fed leaf carries host data, the executor's
+    `write` must not store into that array (Session copies it on write)."""
+    leafs = list(graph.leafs)
+    known = set(leafs)
+    names = {leaf.name for leaf in leafs if leaf.name}
+    by_name: dict[str, Any] = {}
+    by_tensor: dict[Tensor, Any] = {}
+    for k, v in inputs.items():
+        if isinstance(k, str):
+            if k not in names:
+                raise ValueError(f"input name {k!r} is not the name of a leaf of the graph; "
+                                 f"its inputs are {_names(_inputs_of(leafs))}")
+            by_name[k] = v
+        elif isinstance(k, Tensor):
+            if k not in known:
+                raise ValueError(f"input {k.describe()} is not a leaf of the graph"
+                                 f"{' (it is computed by op ' + str(k.op) + ')' if k.op else ''}"
+                                 f"; its inputs are {_names(_inputs_of(leafs))}")
+            by_tensor[k] = v
+        else:
+            raise ValueError(f"input keys must be tensors or names, got {type(k).__name__} "
+                             f"{k!r}")
+    values: list[tuple[Tensor, np.ndarray]] = []
+    for leaf in leafs:
+        if leaf in by_tensor:
+            v = by_tensor[leaf]
+        elif leaf.name in by_name:
             v = by_name[leaf.name]
-        if v is not None:
-            v = np.asarray(v)
-            if v.size != leaf.nelements:
-                raise ValueError(f"input for {leaf.describe()} has shape {v.shape} "
-                                 f"({v.size} elements), expected {leaf.nelements}")
-            write(leaf, v.reshape(leaf.shape))
-        elif leaf.is_input and leaf.data is None:
-            raise ValueError(f"graph input {leaf.describe()} was given no value")
+        else:
+            if leaf.data is None and leaf.is_input:  # weights (data) skip the flag test
+                raise ValueError(f"graph input {leaf.describe()} was given no value")
+            continue
+        values.append((leaf, check_input(leaf, v)))
+    for leaf, v in values:  # nothing is written unless every value is good
+        write(leaf, v.reshape(leaf.shape))
+
+
+def _inputs_of(leafs: list[Tensor]) -> list[Tensor]:
+    """The leafs a caller is expected to feed: graph inputs, else anything without memory."""
+    flagged = [t for t in leafs if t.is_input]
+    return flagged or [t for t in leafs if t.data is None and t.buffer is None]

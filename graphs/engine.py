@@ -8,8 +8,10 @@ holds, so a generated token costs one pass over bound kernel calls.
 """
 from __future__ import annotations
 
+import os
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
@@ -17,10 +19,11 @@ import numpy as np
 from ggraph.alloc import GraphAllocator
 from ggraph.tensor import Context
 
-from .arch import model_class
+from .arch import build_model
 from .gguf_file import load_gguf
 from .llama import ModelGraph
 from .placement import LayerMap, layer_map, parse_devices, place_tensors
+from .tensor_check import check_tensors
 from .tokenizer import Tokenizer
 
 MIB = 1 << 20
@@ -49,6 +52,10 @@ class EngineConfig:
     devices: str = ""
     n_gpu_layers: int = -1
     tensor_split: tuple[float, ...] | None = None
+    # scan the weights for inf/NaN at load (llama.cpp's --check-tensors); on by default where
+    # GGRAPH_CHECK_TENSORS=1 (the test suite)
+    check_tensors: bool = field(
+        default_factory=lambda: os.environ.get("GGRAPH_CHECK_TENSORS", "") == "1")
 
 
 @dataclass
@@ -72,8 +79,15 @@ class Engine:
         from ggraph.backends import get_backend
 
         cfg = self.cfg = config or EngineConfig()
+        # threads may share an Engine: eval, reset and each step of generate hold the lock,
+        # so callers take turns; _kv_epoch counts changes of the KV cache, which generate
+        # checks between its tokens
+        self.lock = threading.RLock()
+        self._kv_epoch = 0
         self.file = load_gguf(path, progress=progress)
-        self.model = model_class(self.file.arch, path)(self.file)
+        if cfg.check_tensors:
+            check_tensors(self.file)
+        self.model = build_model(self.file)
         hp = self.model.hp
         if cfg.n_ctx <= 0 or cfg.n_ubatch <= 0:
             raise ValueError("context and ubatch sizes must be positive")
@@ -201,47 +215,78 @@ class Engine:
         return lines
 
     # -- evaluation ---------------------------------------------------------------------------
-    def eval(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:
-        """Append tokens to the sequence; logits of the last token (or of every token)."""
-        out = []
-        cfg = self.cfg
-        if self.cache.n_used + len(tokens) > cfg.n_ctx:
-            raise ValueError(f"{self.cache.n_used + len(tokens)} tokens exceed the context of "
-                             f"{cfg.n_ctx}")
-        for start in range(0, len(tokens), cfg.n_ubatch):
-            chunk = np.asarray(tokens[start:start + cfg.n_ubatch], np.int32)
-            if chunk.size and (chunk.min() < 0 or chunk.max() >= self.model.hp.n_vocab):
+    def eval(self, tokens: list[int], all_logits: bool = False, n_past: int | None = None
+             ) -> np.ndarray:
+        """Append tokens to the sequence; logits of the last token (or of every token).
+
+        With `n_past`, the sequence is first cut back to its first n_past tokens (llama.cpp's
+        seq_rm), so `eval(tokens, n_past=0)` is self-contained: its result does not depend on
+        what other callers evaluated before. Calls from several threads take turns."""
+        with self.lock:
+            out = []
+            cfg = self.cfg
+            toks = np.asarray(tokens)
+            if toks.ndim != 1 or toks.size == 0 or toks.dtype.kind not in "iu":
+                raise ValueError(f"eval takes a non-empty list of integer token ids, got "
+                                 f"{toks.dtype} values of shape {toks.shape}")
+            if toks.min() < 0 or toks.max() >= self.model.hp.n_vocab:  # before any narrowing
                 raise ValueError(f"token id out of range [0, {self.model.hp.n_vocab})")
-            n = len(chunk)
-            last = start + n == len(tokens)
-            rows = np.arange(n) if all_logits else (np.array([n - 1]) if last else
-                                                     np.array([n - 1]))
-            n_past = self.cache.n_used
-            n_kv = min(cfg.n_ctx, -(-(n_past + n) // KV_PAD) * KV_PAD)
-            mg = self.build(n, n_kv, len(rows))
-            self.session.run(mg.graph, self.model.batch_inputs(mg, self.cache, chunk, n_past, rows))
-            self.cache.n_used += n
-            logits = self.session.read(mg.logits).reshape(len(rows), -1)
-            if all_logits or last:
-                out.append(logits)
-        return np.concatenate(out) if all_logits else out[-1][-1]
+            if n_past is not None:
+                if not 0 <= n_past <= self.cache.n_used:
+                    raise ValueError(f"n_past={n_past}: the sequence holds "
+                                     f"{self.cache.n_used} tokens")
+                self.cache.n_used = int(n_past)
+            if self.cache.n_used + len(toks) > cfg.n_ctx:
+                raise ValueError(f"{self.cache.n_used + len(toks)} tokens exceed the context "
+                                 f"of {cfg.n_ctx}")
+            self._kv_epoch += 1
+            for start in range(0, len(toks), cfg.n_ubatch):
+                chunk = toks[start:start + cfg.n_ubatch].astype(np.int32)
+                n = len(chunk)
+                last = start + n == len(toks)
+                rows = np.arange(n) if all_logits else np.array([n - 1])
+                n_past_now = self.cache.n_used
+                n_kv = min(cfg.n_ctx, -(-(n_past_now + n) // KV_PAD) * KV_PAD)
+                mg = self.build(n, n_kv, len(rows))
+                self.session.run(mg.graph, self.model.batch_inputs(mg, self.cache, chunk,
+                                                                   n_past_now, rows))
+                self.cache.n_used += n
+                logits = self.session.read(mg.logits).reshape(len(rows), -1)
+                if all_logits or last:
+                    out.append(logits)
+            return np.concatenate(out) if all_logits else out[-1][-1]
 
     def reset(self) -> None:
-        self.cache.n_used = 0
+        with self.lock:
+            self.cache.n_used = 0
+            self._kv_epoch += 1
 
     def generate(self, prompt: list[int], n_predict: int, stop_at_eos: bool = True
                  ) -> Iterator[int]:
-        """Greedy decoding: yields each new token."""
-        t0 = time.perf_counter()
-        logits = self.eval(prompt)
-        self.timings.prompt_tokens += len(prompt)
-        self.timings.prompt_s += time.perf_counter() - t0
-        for _ in range(n_predict):
+        """Greedy decoding: yields each new token, continuing the current sequence.
+
+        Other callers may use the Engine between tokens, but if one changes the KV cache
+        (eval, reset) the next step raises RuntimeError instead of continuing on a cache that
+        no longer holds this sequence."""
+        with self.lock:
+            t0 = time.perf_counter()
+            logits = self.eval(prompt)
+            epoch = self._kv_epoch
+            self.timings.prompt_tokens += len(prompt)
+            self.timings.prompt_s += time.perf_counter() - t0
+        for i in range(n_predict):
             tok = int(np.argmax(logits))
             yield tok
             if stop_at_eos and tok == self.tokenizer.eos:
                 return
-            t0 = time.perf_counter()
-            logits = self.eval([tok])
-            self.timings.gen_tokens += 1
-            self.timings.gen_s += time.perf_counter() - t0
+            with self.lock:
+                if self._kv_epoch != epoch:
+                    raise RuntimeError(f"generate: the KV cache was changed by another eval() "
+                                       f"or reset() after generated token {i + 1}; this "
+                                       f"sequence is gone (use one Engine per concurrent "
+                                       f"generation)")
+                t0 = time.perf_counter()
+                logits = self.eval([tok])
+                epoch = self._kv_epoch
+                self.timings.gen_tokens += 1
+                self.timings.gen_s += time.perf_counter() - t0

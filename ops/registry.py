@@ -109,20 +109,38 @@ def new_view(kind: OpKind, a: Tensor, ne: Sequence[int], nb: Sequence[int] | Non
 
     When `a` is itself a view, the offset may be negative as long as the result starts inside
     the root owner: builders use this to take a full view of a buffer through the last view
-    that wrote into it, which orders the view after that write."""
+    that wrote into it, which orders the view after that write.
+
+    Every byte the view can address must lie inside its root: strides are >= 0 (a negative
+    stride would let a kernel walk into a neighbour's memory), a VIEW keeps its source's nb0
+    (ggml's rule), and [offset, offset + nbytes) lies within the root. With strides >= 0 the
+    lowest addressed byte is the view's start and the highest is start + nbytes - 1, so a
+    permute or transpose of a legal view (same strides, reordered) stays legal."""
+    op = str(kind)
+    what = f"view {name!r}" if name else "a view"
     _require_blocks(kind, a.type, ne, a=a)
+    if nb is not None:
+        nb = tuple(int(x) for x in nb)
+        require(len(nb) == 4, op, f"{what} needs 4 strides, got nb={list(nb)}", a=a)
+        require(all(x >= 0 for x in nb), op,
+                f"{what} has a negative stride nb={list(nb)}: strides must be >= 0", a=a)
+        require(kind != OpKind.VIEW or nb[0] == a.nb[0], op,
+                f"{what} has nb0={nb[0]}; a view inherits its source's nb0={a.nb[0]}", a=a)
     t = Tensor(a.ctx, a.type, ne, nb=nb if nb is not None else contiguous_strides(a.type, ne),
                op=kind, params=params, src=srcs if srcs is not None else (a,),
                view_src=a, view_offs=offset, name=name)
     root = a.owner
     end = t.view_offs + t.nbytes
     if t.view_offs < 0:
-        raise op_error(str(kind), f"view offset {offset} starts {-t.view_offs} bytes before its "
+        raise op_error(op, f"{what} at offset {offset} starts {-t.view_offs} bytes before its "
                        f"root tensor {root.label}", a=a)
+    if t.view_offs > root.nbytes:
+        raise op_error(op, f"{what} at offset {offset} starts at byte {t.view_offs}, past the "
+                       f"end of its root tensor {root.label} ({root.nbytes} bytes)", a=a)
     if t.nelements and end > root.nbytes:
-        raise op_error(str(kind), f"a view of ne={fmt_ne(ne)} ({t.nbytes} bytes) at offset "
-                       f"{offset} ends at byte {offset + t.nbytes}, past the end of its source "
-                       f"({root.nbytes - (t.view_offs - offset)} bytes)", a=a)
+        raise op_error(op, f"{what} of ne={fmt_ne(ne)} nb={list(t.nb)} ({t.nbytes} bytes) at "
+                       f"offset {offset} ends at byte {offset + t.nbytes}, past the end of its "
+                       f"source ({root.nbytes - (t.view_offs - offset)} bytes)", a=a)
     if not name:
         t.name = f"{a.name} ({'view' if kind == OpKind.VIEW else str(kind) + 'd'})" \
             if a.name else ""
