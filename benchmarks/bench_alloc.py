@@ -22,8 +22,7 @@ from ggraph import Context, GGMLType, Graph, OpKind, Tensor
 from ggraph import ops as O
 from ggraph.alloc import plan_graph
 from ggraph.graphs.attention import AttentionShape, build_attention
-
-MIB = 1 << 20
+from ggraph.types import MIB
 
 
 def decoder_graph(n_nodes: int, n_embd: int = 4096, n_head: int = 32, n_head_kv: int = 8,
@@ -134,11 +133,16 @@ def main() -> None:
             print(f"{name:<8} {r['nodes']:>6} {strategy:<8} {r['seconds']:>8.3f} "
                   f"{r['nodes_per_second']:>9.0f} {r['buffer_bytes'] / MIB:>11.2f} "
                   f"{gain:>5.1f}%  {r['method']}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
+    write_results(args.json, args.repeat, rows)
+
+
+def write_results(path: str, repeat: int, rows: list[dict]) -> None:
+    """The rows of a benchmark as JSON, with the Python version and machine they ran on."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
         json.dump({"python": platform.python_version(), "machine": platform.machine(),
-                   "repeat": args.repeat, "results": rows}, f, indent=1)
-    print(f"wrote {args.json}")
+                   "repeat": repeat, "results": rows}, f, indent=1)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

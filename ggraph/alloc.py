@@ -19,22 +19,25 @@ Two strategies:
   computes the hungriest source first); and offline placement (lifetimes are all known before
   placing, so blocks go largest first into the lowest gap). A candidate whose most-bytes-live
   bound cannot beat the best plan so far is skipped.
+
+The steps live apart: ggraph.alloc_trace replays the bookkeeping (when each tensor takes and
+gives back memory), ggraph.alloc_fit chooses offsets, ggraph.alloc_order proposes node orders;
+this file checks graphs, runs the candidates and builds, reserves and reuses plans.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-
-from ggraph.graph import Graph, GraphCapacityError, GraphCycleError
-from ggraph.ops.registry import get_op
-from ggraph.tensor import Flag, Tensor, fmt_ne
-from ggraph.alloc_fit import _Fit, _fit_offline, _fit_online
+from ggraph.alloc_fit import Fit, fit_offline, fit_online
 from ggraph.alloc_order import greedy_order, subtree_order
+from ggraph.alloc_trace import ALLOC, Trace, live_peak, same_layout, trace_liveness
+from ggraph.graph import Graph, GraphCapacityError, GraphCycleError
+from ggraph.tensor import Flag, Tensor, fmt_ne
+from ggraph.types import MIB
 
 ALIGNMENTS = {"cpu": 32, "cuda": 128}   # ggml CPU TENSOR_ALIGNMENT, CUDA buffer alignment
 STRATEGIES = ("default", "ggml")
-MIB = 1 << 20
 
 
 # -- errors --------------------------------------------------------------------------------
@@ -94,6 +97,14 @@ class Placement:
         return self.offset + self.alloc_size
 
 
+class Failure(NamedTuple):
+    """The tensor that did not fit under max_bytes, where it would have gone, and when."""
+    tensor: Tensor
+    offset: int
+    size: int                 # its aligned size
+    step: int
+
+
 @dataclass
 class Plan:
     """Offsets of every planned tensor of one graph in one buffer, and the execution order."""
@@ -104,7 +115,7 @@ class Plan:
     size: int                                 # buffer bytes (high-water mark)
     graph: Graph = field(repr=False)
     order: list[Tensor] = field(repr=False)   # execution order the backend must use
-    placements: dict[int, Placement] = field(repr=False)  # id(tensor) -> placement
+    placements: dict[Tensor, Placement] = field(repr=False)   # tensor -> where it lives
     peak_step: int = -1                       # first step with the most bytes live
     peak_tensor: Tensor | None = None         # the tensor whose end is the high-water mark
     candidates: dict[str, int] = field(default_factory=dict, repr=False)  # label -> size
@@ -112,8 +123,7 @@ class Plan:
     complete: bool = True                     # False in the partial plan of an error
     error: str | None = None
     max_bytes: int | None = None
-    failed: tuple[Tensor, int, int, int] | None = None  # partial plans: (tensor, offset,
-    #                                           size, step) of the tensor that did not fit
+    failed: Failure | None = None             # partial plans: the tensor that did not fit
     _sig: list | None = field(default=None, repr=False)
     _perm: list[int] | None = field(default=None, repr=False)
 
@@ -136,10 +146,10 @@ class Plan:
         return self._perm is not None and self._perm != list(range(len(self._perm)))
 
     def __contains__(self, t: Tensor) -> bool:
-        return id(t) in self.placements
+        return t in self.placements
 
     def placement(self, t: Tensor) -> Placement:
-        p = self.placements.get(id(t))
+        p = self.placements.get(t)
         if p is None:
             why = ("it is a view (use address())" if t.is_view else
                    "it is pre-allocated (weights, KV cache, host data)" if t.is_preallocated
@@ -186,11 +196,7 @@ def _planned(t: Tensor) -> bool:
     return t.view_src is None and not t.is_preallocated
 
 
-def _same_layout(a: Tensor, b: Tensor) -> bool:
-    return a.type == b.type and a.ne == b.ne and a.nb == b.nb
-
-
-def check_graph(graph: Graph) -> dict[int, int]:
+def check_graph(graph: Graph) -> dict[Tensor, int]:
     """Validate order and capacity; return the byte size of every tensor the planner places."""
     nodes, leafs = graph.nodes, graph.leafs
     for kind, lst in (("nodes", nodes), ("leafs", leafs)):
@@ -199,46 +205,46 @@ def check_graph(graph: Graph) -> dict[int, int]:
             raise GraphOverCapacityError(
                 f"graph holds {len(lst)} {kind}, over its capacity of {graph.capacity}; the "
                 f"first one past it is {_what(t)}", tensor=t)
-    pos: dict[int, int] = {}
+    pos: dict[Tensor, int] = {}
     for i, t in enumerate(nodes):
-        if id(t) in pos:
+        if t in pos:
             raise GraphOrderError(f"node {_what(t)} appears twice in the node list "
-                                  f"(at {pos[id(t)]} and {i})", tensor=t)
-        pos[id(t)] = i
-    sizes: dict[int, int] = {}
+                                  f"(at {pos[t]} and {i})", tensor=t)
+        pos[t] = i
+    sizes: dict[Tensor, int] = {}
     for t in leafs:
         if _planned(t):
-            sizes[id(t)] = tensor_size(t)
-    leaf_ids = {id(t) for t in leafs}
+            sizes[t] = tensor_size(t)
+    leaf_set = set(leafs)
     for i, t in enumerate(nodes):
         for s in t.src:
             if s is None:
                 continue
             if s.op is None:
-                if _planned(s) and id(s) not in leaf_ids:
+                if _planned(s) and s not in leaf_set:
                     raise GraphOrderError(f"node {_what(t)} uses the scratch leaf {_what(s)}, "
                                           f"which is not among the graph's leafs", tensor=t)
                 continue
-            j = pos.get(id(s))
+            j = pos.get(s)
             if j is None:
                 raise GraphOrderError(f"node {_what(t)} uses {_what(s)}, which is not a node "
                                       f"of the graph", tensor=t)
             if j >= i:
                 raise GraphOrderError(_order_message(t, s, i, j), tensor=t)
         if _planned(t):
-            sizes[id(t)] = tensor_size(t)
+            sizes[t] = tensor_size(t)
     return sizes
 
 
 def _order_message(t: Tensor, s: Tensor, i: int, j: int) -> str:
     # follow src edges from s: reaching t again means the graph has a cycle
-    prev: dict[int, Tensor | None] = {id(s): None}
+    prev: dict[Tensor, Tensor | None] = {s: None}
     stack, found = [s], False
     while stack and not found:
         x = stack.pop()
         for y in x.src:
-            if y is not None and id(y) not in prev:
-                prev[id(y)] = x
+            if y is not None and y not in prev:
+                prev[y] = x
                 if y is t:
                     found = True
                     break
@@ -246,189 +252,43 @@ def _order_message(t: Tensor, s: Tensor, i: int, j: int) -> str:
     if not found:
         return (f"node {_what(t)} (position {i}) uses {_what(s)}, which comes later "
                 f"(position {j}): the node list is not in dependency order")
-    chain, x = [], prev[id(t)]
+    chain, x = [], prev[t]
     while x is not None:
         chain.append(x)
-        x = prev[id(x)]
+        x = prev[x]
     cycle = [t] + chain[::-1] + [t]
     return ("graph has a cycle: " + " uses ".join(c.label for c in cycle) +
             " (the nodes were changed after the graph was built)")
-
-
-# -- liveness: replay ggml-alloc's bookkeeping, record alloc/free events ---------------------
-
-class _Trace:
-    """The alloc/free events of one node order under one in-place rule, before placement."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[int, int, int]] = []   # (kind 0 alloc/1 free/2 shrink, block, keep)
-        self.ev_step: list[int] = []
-        self.bsize: list[int] = []                     # aligned block sizes
-        self.bowner: list[Tensor] = []                 # tensor that first took each block
-        # id -> [tensor, block, first, last, reused, seq]; seq orders the record among the
-        # events: an allocation's own event index, or (index of the next event) - 0.5
-        self.recs: dict[int, list] = {}
-        self.n_view_inplace = 0
-
-
-def _trace(nodes: Sequence[Tensor], leafs: Sequence[Tensor], sizes: dict[int, int],
-           align: int, views_inplace: bool) -> _Trace:
-    """Replay ggml_gallocr_alloc_graph_impl over `nodes` (in this order); `views_inplace`
-    lets an in-place op take over a planner-owned root through a view at offset 0."""
-    tr = _Trace()
-    # flags and in-place capability looked up once (enum flag arithmetic is slow in Python)
-    every = list(leafs) + list(nodes) + [s for t in nodes for s in t.src if s is not None]
-    inputs = {id(t) for t in every if t.flags & Flag.INPUT}
-    outputs = {id(t) for t in every if t.flags & Flag.OUTPUT}
-    inplace = {k for k in {t.op for t in nodes} if k is not None and get_op(k).inplace}
-    st: dict[int, list] = {}          # id -> [n_children, n_views, allocated, block]
-    step = -1
-    ev, evs, recs = tr.events, tr.ev_step, tr.recs
-
-    def S(t: Tensor) -> list:
-        s = st.get(id(t))
-        if s is None:
-            s = st[id(t)] = [0, 0, False, -1]
-        return s
-
-    def pad(n: int) -> int:
-        return (n + align - 1) // align * align
-
-    def take(t: Tensor, s: list, p: Tensor, owner: Tensor, os: list) -> None:
-        s[3] = b = os[3]
-        recs[id(t)] = [t, b, step, None, p, len(ev) - 0.5]
-        recs[id(p if p.view_src is None else owner)][3] = step
-        keep, have = pad(sizes[id(t)]), pad(sizes[id(owner)])
-        if have > keep:               # ggml_gallocr_free_extra_space
-            ev.append((2, b, keep))
-            evs.append(step)
-
-    def alloc(t: Tensor) -> None:
-        if id(t) not in sizes:         # views and pre-allocated tensors are never placed
-            return
-        s = S(t)
-        if s[2]:
-            return
-        s[2] = True
-        if t.op in inplace:
-            for p in t.src:
-                if p is None:
-                    continue
-                ps = S(p)
-                vs = p.view_src
-                if vs is None:
-                    if not ps[2]:
-                        continue      # not owned by the planner (or already handed on)
-                elif not views_inplace or not S(vs)[2]:
-                    continue          # ggml: a view is never "own", so never reused
-                if id(p) in outputs or (vs is not None and id(vs) in outputs):
-                    continue
-                if not _same_layout(t, p) or ps[0] != 1 or ps[1] != 0:
-                    continue
-                if vs is None:
-                    ps[2] = False
-                    take(t, s, p, p, ps)
-                    return
-                vss = S(vs)
-                if vss[1] == 1 and vss[0] == 0 and p.view_offs == 0:
-                    vss[2] = False
-                    tr.n_view_inplace += 1
-                    take(t, s, p, vs, vss)
-                    return
-        b = len(tr.bsize)
-        tr.bsize.append(pad(sizes[id(t)]))
-        tr.bowner.append(t)
-        s[3] = b
-        ev.append((0, b, 0))
-        evs.append(step)
-        recs[id(t)] = [t, b, step, None, None, len(ev) - 1]
-
-    def free(t: Tensor) -> None:
-        if id(t) in outputs:
-            return
-        s = S(t)
-        ev.append((1, s[3], 0))
-        evs.append(step)
-        s[2] = False
-        recs[id(t)][3] = step
-
-    for leaf in leafs:
-        alloc(leaf)
-    for node in nodes:
-        if node.view_src is not None:
-            S(node.view_src)[1] += 1
-        if id(node) in inputs:
-            alloc(node)
-        for src in node.src:
-            if src is not None:
-                S(src)[0] += 1
-                if id(src) in inputs:
-                    alloc(src)
-    for step, node in enumerate(nodes):
-        for p in node.src:
-            if p is not None:
-                alloc(p)
-        alloc(node)
-        for p in node.src:
-            if p is None:
-                continue
-            ps = S(p)
-            ps[0] -= 1
-            if ps[0] == 0 and ps[1] == 0:
-                vs = p.view_src
-                if vs is not None:
-                    vss = S(vs)
-                    vss[1] -= 1
-                    if vss[1] == 0 and vss[0] == 0 and vss[2]:
-                        free(vs)
-                elif ps[2]:
-                    free(p)
-    return tr
 
 
 # -- planning ------------------------------------------------------------------------------------
 
 @dataclass
 class _Candidate:
+    """One candidate plan: a node order, the trace of one in-place rule over it, a placement."""
     label: str
-    perm: list[int]
-    tr: _Trace
-    fit: _Fit
+    perm: list[int]           # node indices in execution order
+    trace: Trace
+    fit: Fit
 
 
-def _live_peak(tr: _Trace) -> int:
-    """Most bytes live at once: no placement of this trace can use a smaller buffer."""
-    live = peak = 0
-    bsz = list(tr.bsize)
-    for kind, b, keep in tr.events:
-        if kind == 0:
-            live += bsz[b]
-            peak = max(peak, live)
-        elif kind == 1:
-            live -= bsz[b]
-        else:
-            live -= bsz[b] - keep
-            bsz[b] = keep
-    return peak
-
-
-def _candidates(graph: Graph, sizes: dict[int, int], alignment: int,
+def _candidates(graph: Graph, sizes: dict[Tensor, int], alignment: int,
                 strategy: str, keep_order: bool = False) -> list[_Candidate]:
     ident = list(range(len(graph.nodes)))
     out: list[_Candidate] = []
 
     def run(perm: list[int], views: bool, tag: str) -> None:
         nodes = graph.nodes if perm is ident else [graph.nodes[i] for i in perm]
-        tr = _trace(nodes, graph.leafs, sizes, alignment, views)
+        tr = trace_liveness(nodes, graph.leafs, sizes, alignment, views)
         if views and not tr.n_view_inplace:
             return            # nothing new compared with the ggml in-place rule
-        bound = _live_peak(tr)
+        bound = live_peak(tr)
         if out and bound >= min(c.fit.size for c in out):
             return            # this trace cannot beat the best plan so far
-        fit = _fit_online(tr)
+        fit = fit_online(tr)
         out.append(_Candidate("ggml" + tag, perm, tr, fit))
         if strategy == "default" and fit.size > bound:  # offline placement may close gaps
-            out.append(_Candidate("offline" + tag, perm, tr, _fit_offline(tr)))
+            out.append(_Candidate("offline" + tag, perm, tr, fit_offline(tr)))
 
     run(ident, False, "")
     if strategy == "ggml":
@@ -446,42 +306,43 @@ def _candidates(graph: Graph, sizes: dict[int, int], alignment: int,
     return out
 
 
-def _build_plan(graph: Graph, c: _Candidate, sizes: dict[int, int], name: str,
+def _build_plan(graph: Graph, c: _Candidate, sizes: dict[Tensor, int], name: str,
                 alignment: int, strategy: str, upto_event: int | None = None) -> Plan:
     """Placements of candidate `c`; with `upto_event`, only blocks allocated before it."""
-    tr, fit = c.tr, c.fit
-    keys: dict[int, tuple[str, int]] = {id(t): ("l", j) for j, t in enumerate(graph.leafs)}
-    keys.update((id(t), ("n", i)) for i, t in enumerate(graph.nodes))
+    tr, fit = c.trace, c.fit
+    keys: dict[Tensor, tuple[str, int]] = {t: ("l", j) for j, t in enumerate(graph.leafs)}
+    keys.update((t, ("n", i)) for i, t in enumerate(graph.nodes))
     order = [graph.nodes[i] for i in c.perm]
     last_step = len(order) - 1
-    alloc_ev = [0] * len(tr.bsize)
-    for e, (kind, b, _) in enumerate(tr.events):
-        if kind == 0:
-            alloc_ev[b] = e
+    alloc_event = [0] * len(tr.block_sizes)     # index of each block's ALLOC event
+    for index, ev in enumerate(tr.events):
+        if ev.kind == ALLOC:
+            alloc_event[ev.block] = index
     upto = len(tr.events) if upto_event is None else upto_event
-    stop = last_step if upto_event is None else tr.ev_step[upto_event]   # the failing step
-    placements: dict[int, Placement] = {}
-    for t, b, first, last, reused, seq in tr.recs.values():
-        if seq >= upto:
+    stop = last_step if upto_event is None else tr.events[upto_event].step  # the failing step
+    placements: dict[Tensor, Placement] = {}
+    for life in tr.lifetimes.values():
+        if life.seq >= upto:
             continue
-        size = sizes[id(t)]
+        t, last = life.tensor, life.last
+        size = sizes[t]
         role = "leaf" if t.op is None else "input" if t.flags & Flag.INPUT else "node"
         freed = last is not None and (upto_event is None or last < stop)
-        placements[id(t)] = Placement(t, keys[id(t)], role, fit.offsets[b], size,
-                                      (size + alignment - 1) // alignment * alignment, first,
-                                      last if freed else stop, freed, reused)
+        placements[t] = Placement(t, keys[t], role, fit.offsets[life.block], size,
+                                  (size + alignment - 1) // alignment * alignment, life.first,
+                                  last if freed else stop, freed, life.reused)
     top = max((p.end for p in placements.values()), default=0)
-    top_b = fit.peak_block if upto_event is None else max(
-        (b for b in range(len(tr.bsize)) if alloc_ev[b] < upto),
-        key=lambda b: (fit.offsets[b] + tr.bsize[b], -alloc_ev[b]), default=-1)
+    top_block = fit.peak_block if upto_event is None else max(
+        (b for b in range(len(tr.block_sizes)) if alloc_event[b] < upto),
+        key=lambda b: (fit.offsets[b] + tr.block_sizes[b], -alloc_event[b]), default=-1)
     return Plan(name=name, alignment=alignment, strategy=strategy, method=c.label,
                 size=fit.size if upto_event is None else top, graph=graph, order=order,
                 placements=placements, peak_step=_peak_step(placements, len(order)),
-                peak_tensor=tr.bowner[top_b] if top_b >= 0 else None,
+                peak_tensor=tr.block_owners[top_block] if top_block >= 0 else None,
                 complete=upto_event is None, _perm=c.perm)
 
 
-def _peak_step(placements: dict[int, Placement], n: int) -> int:
+def _peak_step(placements: dict[Tensor, Placement], n: int) -> int:
     """The first step with the most bytes live (-1: before node 0). An in-place child shares
     its parent's bytes at the hand-over step, so it counts from the step after."""
     diff = [0] * (n + 2)
@@ -526,19 +387,19 @@ def plan_graph(graph: Graph, alignment: int = 32, strategy: str = "default",
     return plan
 
 
-def _limit_error(graph: Graph, c: _Candidate, plan: Plan, sizes: dict[int, int],
+def _limit_error(graph: Graph, c: _Candidate, plan: Plan, sizes: dict[Tensor, int],
                  limit: int) -> BufferLimitError:
-    tr, fit = c.tr, c.fit
-    e, b = next((e, b) for e, (kind, b, _) in enumerate(tr.events)
-                if kind == 0 and fit.offsets[b] + tr.bsize[b] > limit)
-    t = tr.bowner[b]
-    partial = _build_plan(graph, c, sizes, plan.name, plan.alignment, plan.strategy, e)
+    tr, fit = c.trace, c.fit
+    index, ev = next((i, ev) for i, ev in enumerate(tr.events) if ev.kind == ALLOC
+                     and fit.offsets[ev.block] + tr.block_sizes[ev.block] > limit)
+    t, offset, size = tr.block_owners[ev.block], fit.offsets[ev.block], tr.block_sizes[ev.block]
+    partial = _build_plan(graph, c, sizes, plan.name, plan.alignment, plan.strategy, index)
     partial.baseline, partial.candidates, partial.max_bytes = plan.baseline, plan.candidates, limit
-    partial.failed = (t, fit.offsets[b], tr.bsize[b], tr.ev_step[e])
+    partial.failed = Failure(t, offset, size, ev.step)
     ggml = f"; ggml's rules need {plan.ggml_size / MIB:.2f} MiB" if plan.baseline else ""
     msg = (f"{plan.name} compute buffer limit max_bytes={limit} ({limit / MIB:.2f} MiB) is too "
-           f"small: tensor {_what(t)} needs {tr.bsize[b]} bytes at offset {fit.offsets[b]}, "
-           f"ending at byte {fit.offsets[b] + tr.bsize[b]}; the whole graph needs "
+           f"small: tensor {_what(t)} needs {size} bytes at offset {offset}, "
+           f"ending at byte {offset + size}; the whole graph needs "
            f"{plan.size} bytes ({plan.size / MIB:.2f} MiB, {plan.method}){ggml}")
     partial.error = msg
     return BufferLimitError(msg, plan=partial, tensor=t)
@@ -547,13 +408,13 @@ def _limit_error(graph: Graph, c: _Candidate, plan: Plan, sizes: dict[int, int],
 # -- reserve / alloc -----------------------------------------------------------------------------
 
 def _signature(graph: Graph) -> list[tuple]:
-    ref: dict[int, tuple[str, int]] = {id(t): ("l", j) for j, t in enumerate(graph.leafs)}
-    ref.update((id(t), ("n", i)) for i, t in enumerate(graph.nodes))
+    ref: dict[Tensor, tuple[str, int]] = {t: ("l", j) for j, t in enumerate(graph.leafs)}
+    ref.update((t, ("n", i)) for i, t in enumerate(graph.nodes))
     sig: list[tuple] = [("leaf", _planned(t), t.view_src is not None, int(t.flags))
                         for t in graph.leafs]
     for t in graph.nodes:
-        srcs = tuple(None if s is None else ref.get(id(s), "outside") for s in t.src)
-        view = None if t.view_src is None else ref.get(id(t.view_src), "outside")
+        srcs = tuple(None if s is None else ref.get(s, "outside") for s in t.src)
+        view = None if t.view_src is None else ref.get(t.view_src, "outside")
         sig.append((t.op, srcs, view, _planned(t), int(t.flags)))
     return sig
 
@@ -632,7 +493,7 @@ class GraphAllocator:
                                 f"{_what(o)} (op, sources, view, pre-allocation or flags)",
                                 tensor=t)
         get = {"n": graph.nodes, "l": graph.leafs}
-        placements: dict[int, Placement] = {}
+        placements: dict[Tensor, Placement] = {}
         for p in res.placements.values():
             t = get[p.key[0]][p.key[1]]
             size = tensor_size(t)
@@ -644,15 +505,15 @@ class GraphAllocator:
             reused = None
             if p.reused is not None:
                 reused = t.src[p.tensor.src.index(p.reused)]
-                if not _same_layout(t, reused):
+                if not same_layout(t, reused):
                     raise TopologyError(
                         f"tensor {_what(t)} runs in place on {_what(reused)} in the reserved "
                         f"plan, but their layouts now differ", tensor=t)
-            placements[id(t)] = Placement(t, p.key, p.role, p.offset, size, p.alloc_size,
-                                          p.first, p.last, p.freed, reused)
+            placements[t] = Placement(t, p.key, p.role, p.offset, size, p.alloc_size,
+                                      p.first, p.last, p.freed, reused)
         peak = None
         if res.peak_tensor is not None:
-            kind, i = res.placements[id(res.peak_tensor)].key
+            kind, i = res.placements[res.peak_tensor].key
             peak = get[kind][i]
         perm = res._perm or list(range(len(graph.nodes)))
         return Plan(name=res.name, alignment=res.alignment, strategy=res.strategy,
@@ -662,7 +523,7 @@ class GraphAllocator:
                     baseline=res.baseline, max_bytes=res.max_bytes, _sig=sig, _perm=res._perm)
 
 
-__all__ = ["ALIGNMENTS", "STRATEGIES", "AllocError", "BufferLimitError", "GraphAllocator",
-           "GraphOrderError", "GraphOverCapacityError", "Placement", "Plan", "TensorGrewError",
-           "TensorSizeError", "TopologyError", "check_graph", "greedy_order", "plan_graph",
-           "subtree_order", "tensor_size"]
+__all__ = ["ALIGNMENTS", "STRATEGIES", "AllocError", "BufferLimitError", "Failure",
+           "GraphAllocator", "GraphOrderError", "GraphOverCapacityError", "Placement", "Plan",
+           "TensorGrewError", "TensorSizeError", "TopologyError", "check_graph", "greedy_order",
+           "plan_graph", "subtree_order", "tensor_size"]

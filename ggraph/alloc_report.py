@@ -14,8 +14,7 @@ from typing import Any
 
 from ggraph.alloc import Placement, Plan
 from ggraph.tensor import fmt_ne
-
-MIB = 1 << 20
+from ggraph.types import MIB
 
 
 def human(n: int) -> str:
@@ -52,10 +51,10 @@ def size_lines(plan: Plan) -> list[str]:
     else:
         lines.append(f"  strategy {plan.strategy}: {human(need)} (ggml-alloc's rules)")
     if not plan.complete:
-        t, off, size, step = plan.failed
+        failed = plan.failed
         lines.append(f"  partial plan ({plan.method}): {len(plan.placements)} tensors placed in "
-                     f"{human(plan.size)} before {_name(t)} ({human(size)}) did not fit at node "
-                     f"{_step(step)}")
+                     f"{human(plan.size)} before {_name(failed.tensor)} ({human(failed.size)}) "
+                     f"did not fit at node {_step(failed.step)}")
     ps = plan.placements.values()
     n_inplace = sum(1 for p in ps if p.reused is not None)
     n_pre = sum(1 for p in ps if p.role != "node")
@@ -74,8 +73,8 @@ def peak_info(plan: Plan) -> dict[str, Any]:
     step = plan.peak_step
     live = plan.live_at(step)
     # at an in-place hand-over the parent and its child share bytes: list the child only
-    handed = {id(p.reused.owner) for p in live if p.reused is not None and p.first == step}
-    uniq = sorted((p for p in live if id(p.tensor) not in handed), key=lambda p: -p.alloc_size)
+    handed = {p.reused.owner for p in live if p.reused is not None and p.first == step}
+    uniq = sorted((p for p in live if p.tensor not in handed), key=lambda p: -p.alloc_size)
     live_bytes = sum(p.alloc_size for p in uniq)
     node = plan.order[step] if 0 <= step < len(plan.order) else None
     return {"step": step, "node": node, "live": uniq, "live_bytes": live_bytes,
@@ -157,8 +156,9 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "method": plan.method, "size": plan.size, "size_mib": round(plan.size / MIB, 4),
         "ggml_size": plan.ggml_size, "complete": plan.complete, "error": plan.error,
         "max_bytes": plan.max_bytes, "needed": plan.needed, "candidates": plan.candidates,
-        "failed": None if plan.failed is None else dict(zip(
-            ("name", "offset", "size", "step"), (_name(plan.failed[0]), *plan.failed[1:]))),
+        "failed": None if plan.failed is None else {
+            "name": _name(plan.failed.tensor), "offset": plan.failed.offset,
+            "size": plan.failed.size, "step": plan.failed.step},
         "n_nodes": len(plan.graph.nodes), "n_leafs": len(plan.graph.leafs),
         "reordered": plan.reordered, "order": [_name(t) for t in plan.order],
         "peak": {"step": info["step"], "node": _name(node) if node is not None else None,
@@ -188,7 +188,7 @@ def render_png(plan: Plan, path: str, label_min: float = 0.04) -> None:
     fig, axes = plt.subplots(1, len(plans), figsize=(7.5 * len(plans), 6.2), squeeze=False,
                              sharey=True)
     top = max([p.size for p in plans] + [plan.max_bytes or 0] +
-              [plan.failed[1] + plan.failed[2] if plan.failed else 0])
+              [plan.failed.offset + plan.failed.size if plan.failed else 0])
     unit, uname = (MIB, "MiB") if top >= MIB else (1024, "KiB") if top >= 1024 else (1, "B")
     ops = sorted({str(p.tensor.op or "leaf") for q in plans for p in q.placements.values()})
     cmap = plt.get_cmap("tab20")
@@ -201,7 +201,7 @@ def render_png(plan: Plan, path: str, label_min: float = 0.04) -> None:
         size = f"{q.name} compute buffer {human(q.size)}"
         if not q.complete:
             title = f"partial plan ({q.method})"
-            size = f"{human(q.size)} placed before {_name(q.failed[0])} did not fit"
+            size = f"{human(q.size)} placed before {_name(q.failed.tensor)} did not fit"
         ax.set_title(f"{title}\n{size}", fontsize=10)
         ax.set_xlabel("node index (execution order; 'in' = before node 0)")
         if plan.max_bytes:
@@ -227,13 +227,13 @@ def _draw(ax: Any, plan: Plan, unit: int, colour: dict, label_bytes: float) -> N
     from matplotlib.collections import PolyCollection
 
     # a tensor handed over in place ends where its child starts, so the pair reads as one slot
-    handed = {id(p.reused.owner) for p in plan.placements.values() if p.reused is not None}
+    handed = {p.reused.owner for p in plan.placements.values() if p.reused is not None}
     n = max(len(plan.order), 1)
     top = max(plan.size, 1)
     polys, faces, edges, labels = [], [], [], []
     for p in plan.placements.values():
         x0 = p.first - 0.45
-        x1 = p.last - 0.5 if id(p.tensor) in handed and p.last > p.first else p.last + 0.45
+        x1 = p.last - 0.5 if p.tensor in handed and p.last > p.first else p.last + 0.45
         y0, y1 = p.offset / unit, (p.offset + max(p.alloc_size, 1)) / unit
         polys.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
         faces.append(colour[str(p.tensor.op or "leaf")])
@@ -264,11 +264,12 @@ def _draw(ax: Any, plan: Plan, unit: int, colour: dict, label_bytes: float) -> N
         boxes.append((fx, fy, hw, hh))
         ax.text(x, y, text, ha="center", va="center", fontsize=7, rotation=rot, clip_on=True)
     if plan.failed is not None:                 # where the tensor that did not fit would go
-        t, off, size, step = plan.failed
+        failed = plan.failed
         ax.add_patch(matplotlib.patches.Rectangle(
-            (step - 0.45, off / unit), max(0.9, n / 150), size / unit, fill=False,
-            edgecolor="red", hatch="///", lw=1.2))
-        ax.annotate(f"{_name(t)} does not fit", (step, (off + size) / unit), color="red",
+            (failed.step - 0.45, failed.offset / unit), max(0.9, n / 150), failed.size / unit,
+            fill=False, edgecolor="red", hatch="///", lw=1.2))
+        ax.annotate(f"{_name(failed.tensor)} does not fit",
+                    (failed.step, (failed.offset + failed.size) / unit), color="red",
                     textcoords="offset points", xytext=(4, 2), fontsize=8)
     ax.axhline(plan.size / unit, color="black", lw=1, ls="--")
     if plan.placements:

@@ -55,20 +55,20 @@ class CanaryPlan:
 
     def __init__(self, graph: Graph, alignment: int) -> None:
         self.order = list(graph.nodes)
-        self.slots: dict[int, tuple[int, int]] = {}
+        self.slots: dict[Tensor, tuple[int, int]] = {}   # root -> (offset, bytes)
         pad = -(-CANARY // alignment) * alignment
         cur = pad
         for t in list(graph.leafs) + list(graph.nodes):
             root = t.owner
-            if root.is_preallocated or id(root) in self.slots:
+            if root.is_preallocated or root in self.slots:
                 continue
-            self.slots[id(root)] = (cur, root.nbytes)
+            self.slots[root] = (cur, root.nbytes)
             cur += -(-max(root.nbytes, 1) // alignment) * alignment + pad
         self.size = cur
         self._graph = graph
 
     def offset(self, t: Tensor) -> int:
-        return self.slots[id(t)][0]
+        return self.slots[t][0]
 
     def canary_damage(self, arena: np.ndarray) -> list[str]:
         """Names of tensors whose surrounding bytes changed."""
@@ -81,8 +81,8 @@ class CanaryPlan:
             return []
         names = []
         for t in self._graph.nodes:
-            if id(t.owner) in self.slots:
-                off, n = self.slots[id(t.owner)]
+            if t.owner in self.slots:
+                off, n = self.slots[t.owner]
                 if np.any((bad >= off - CANARY) & (bad < off + n + CANARY)):
                     names.append(t.describe())
         return names or [f"{bad.size} bytes at offsets {bad[:4].tolist()}..."]
@@ -131,7 +131,7 @@ def run_case(case: Case, backend: Any, reference: Any = None) -> Result:
                     else run_reference(graph).read(out))
     except NotImplementedError as e:  # a reference that cannot express this case
         return Result(case, "not supported", detail=f"by the reference: {e}")
-    leaf_data = {id(t): t.data.copy() for t in graph.leafs if t.data is not None}
+    leaf_data = {t: t.data.copy() for t in graph.leafs if t.data is not None}
     alloc = CanaryAllocator(backend.alignment)
     session = backend.session(allocator=alloc)
     session.prepare(graph)
@@ -143,7 +143,7 @@ def run_case(case: Case, backend: Any, reference: Any = None) -> Result:
     problems = [f"canary overwritten around {n}" for n in
                 alloc.plan.canary_damage(session.host_arena())]
     problems += [f"input {t.describe()} modified" for t in graph.leafs
-                 if id(t) in leaf_data and not np.array_equal(t.data, leaf_data[id(t)])]
+                 if t in leaf_data and not np.array_equal(t.data, leaf_data[t])]
     ok, err, why = compare(expected, got, case.tol)
     if problems:
         return Result(case, "FAIL", err, "; ".join(problems), dt)

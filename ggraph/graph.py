@@ -6,7 +6,7 @@ everything else (views included) is a node.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from ggraph.tensor import Tensor
 
@@ -28,8 +28,17 @@ class Graph:
         self.capacity = capacity
         self.nodes: list[Tensor] = []
         self.leafs: list[Tensor] = []
-        self._visited: set[int] = set()
+        self._visited: set[Tensor] = set()   # nodes and leafs already in the graph
         self._by_name: dict[str, Tensor] = {}
+
+    @classmethod
+    def from_lists(cls, nodes: Sequence[Tensor], leafs: Sequence[Tensor]) -> "Graph":
+        """A graph over node and leaf lists already in execution order, with just enough
+        capacity (the scheduler's device graphs: clones, copies and dependency views)."""
+        g = cls(max(len(nodes), len(leafs), 1))
+        g.nodes, g.leafs = list(nodes), list(leafs)
+        g._visited = set(g.nodes) | set(g.leafs)
+        return g
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -45,27 +54,27 @@ class Graph:
     def build_forward_expand(self, tensor: Tensor) -> "Graph":
         """Append `tensor` and every source not yet in the graph, sources first."""
         # iterative DFS: model graphs are thousands of nodes deep, past Python's recursion limit
-        on_stack: set[int] = set()
+        on_stack: set[Tensor] = set()
         stack: list[tuple[Tensor, int]] = [(tensor, 0)]
-        if id(tensor) in self._visited:
+        if tensor in self._visited:
             return self
-        on_stack.add(id(tensor))
+        on_stack.add(tensor)
         while stack:
             t, i = stack[-1]
             if i < len(t.src):
                 stack[-1] = (t, i + 1)
                 s = t.src[i]
-                if s is None or id(s) in self._visited:
+                if s is None or s in self._visited:
                     continue
-                if id(s) in on_stack:
+                if s in on_stack:
                     path = " -> ".join(x.label for x, _ in stack) + " -> " + s.label
                     raise GraphCycleError(f"graph has a cycle: {path}")
-                on_stack.add(id(s))
+                on_stack.add(s)
                 stack.append((s, 0))
                 continue
             stack.pop()
-            on_stack.discard(id(t))
-            self._visited.add(id(t))
+            on_stack.discard(t)
+            self._visited.add(t)
             self._add(t)
         return self
 
@@ -92,7 +101,7 @@ class Graph:
                        f"{self.n_leafs} leafs")
 
     def __contains__(self, t: Tensor) -> bool:
-        return id(t) in self._visited
+        return t in self._visited
 
     def __iter__(self) -> Iterator[Tensor]:
         return iter(self.nodes)

@@ -31,6 +31,8 @@ from typing import Callable, Mapping, Sequence
 from ggraph.graph import Graph
 from ggraph.opkind import OpKind
 from ggraph.tensor import Context, Flag, Tensor
+from ggraph.tensor_keys import TensorKeyed, lookup
+from ggraph.types import MIB
 
 Supports = Callable[[Tensor], bool]
 
@@ -49,13 +51,15 @@ class Split:
 
 @dataclass
 class Schedule:
+    """The plan of one graph over devices. The maps are TensorKeyed: keyed by the original
+    tensor, they still answer lookups by id(tensor) for callers written before."""
     graph: Graph
     names: list[str]                       # device names; the host is `host`
     host: int
-    node_device: dict[int, int]            # id(original node) -> device
+    node_device: dict[Tensor, int]         # original node -> device
     splits: list[Split]
-    copies: dict[tuple[int, int], Tensor]  # (id(original), device) -> its copy there
-    clones: dict[int, Tensor]              # id(original node) -> clone in its device graph
+    copies: dict[tuple[Tensor, int], Tensor]  # (original, device) -> its copy there
+    clones: dict[Tensor, Tensor]           # original node -> clone in its device graph
     device_graphs: list[Graph]             # per device (empty graphs for idle devices)
     moved: list[tuple[Tensor, int, int]]   # (node, wanted device, device that runs it)
     device_fn: Callable[[Tensor], int] = field(repr=False)   # original tensor -> its device
@@ -68,10 +72,10 @@ class Schedule:
 
     def local(self, t: Tensor, device: int) -> Tensor:
         """The tensor standing for original `t` on `device`: its clone, its copy, or itself."""
-        c = self.copies.get((id(t), device))
+        c = self.copies.get((t, device))
         if c is not None:
             return c
-        return self.clones.get(id(t), t)
+        return self.clones.get(t, t)
 
     def copy_bytes(self) -> list[int]:
         """Bytes copied into each device per run of the graph."""
@@ -93,12 +97,13 @@ def _is_pure_view(n: Tensor) -> bool:
 
 
 def schedule_graph(graph: Graph, names: Sequence[str], supports: Sequence[Supports],
-                   placement: Mapping[int, int], host: int | None = None,
+                   placement: Mapping[Tensor, int], host: int | None = None,
                    n_copies: int = 1) -> Schedule:
     """Plan `graph` over devices `names` (priority order; the host defaults to the last).
 
-    placement: id(pre-allocated leaf) -> device for weights and caches. Every other leaf
-    (graph inputs, scratch leafs, constants with host data) lives on the host.
+    placement: pre-allocated leaf -> device for weights and caches (a mapping keyed by
+    id(leaf) is still read). Every other leaf (graph inputs, scratch leafs, constants with
+    host data) lives on the host.
     n_copies: ggml's pipeline parallelism keeps this many copies of the graph inputs and of
     every split input, so that the next ubatch's inputs can be written while the devices
     still run the current one (llama.cpp uses 4 with several devices and every layer
@@ -112,18 +117,19 @@ def schedule_graph(graph: Graph, names: Sequence[str], supports: Sequence[Suppor
     host = n_dev - 1 if host is None else host
     if not 0 <= host < n_dev:
         raise SchedulerError(f"host device {host} is not one of the {n_dev} devices")
-    for tid, d in placement.items():
+    for d in placement.values():
         if not 0 <= d < n_dev:
             raise SchedulerError(f"a tensor is placed on device {d}; there are {n_dev} devices")
     nodes = graph.nodes
-    dev: dict[int, int] = {}
+    dev: dict[Tensor, int] = {}          # node -> device
     moved: list[tuple[Tensor, int, int]] = []
 
     def leaf_device(t: Tensor) -> int:
-        return placement.get(id(t.owner), host)
+        d = lookup(placement, t.owner)
+        return host if d is None else d
 
     def tensor_device(t: Tensor) -> int:
-        return dev[id(t)] if t.op is not None else leaf_device(t)
+        return dev[t] if t.op is not None else leaf_device(t)
 
     def movable(n: Tensor) -> bool:
         # a node that owns its memory, or a view of a graph input / scratch leaf (which can
@@ -144,17 +150,17 @@ def schedule_graph(graph: Graph, names: Sequence[str], supports: Sequence[Suppor
                 raise SchedulerError(
                     f"node {n.describe()} ({n.op}) writes into {o.describe()} on {names[d]}, "
                     f"which cannot run {n.op}: place that tensor on a device that can")
-            dev[id(n)] = d
+            dev[n] = d
             continue
         if o is not n:
             continue                         # views of nodes: step 4; views of inputs: 2
         for s in n.src:
             if s is None or s.owner.op is not None:
                 continue
-            d = placement.get(id(s.owner))
+            d = lookup(placement, s.owner)
             if d is not None:
                 if ok(d, n):
-                    dev[id(n)] = d
+                    dev[n] = d
                 else:
                     moved.append((n, d, -1))
                 break
@@ -165,11 +171,11 @@ def schedule_graph(graph: Graph, names: Sequence[str], supports: Sequence[Suppor
     def expand(seq: Sequence[Tensor], with_host: bool) -> None:
         cur: int | None = None
         for n in seq:
-            d = dev.get(id(n))
+            d = dev.get(n)
             if d is not None:
                 cur = d if (with_host or d != host) else None
             elif cur is not None and ok(cur, n):
-                dev[id(n)] = cur
+                dev[n] = cur
 
     expand(compute, False)
     expand(compute[::-1], False)
@@ -179,20 +185,20 @@ def schedule_graph(graph: Graph, names: Sequence[str], supports: Sequence[Suppor
     # 3. fallback in priority order (devices first, the host last)
     order = [d for d in range(n_dev) if d != host] + [host]
     for n in compute:
-        if id(n) in dev:
+        if n in dev:
             continue
         d = next((d for d in order if ok(d, n)), None)
         if d is None:
             raise SchedulerError(f"no device can run {n.op} on {n.describe()} (devices: "
                                  f"{', '.join(names)})")
-        dev[id(n)] = d
-    moved = [(n, want, dev[id(n)]) for n, want, _ in moved]
+        dev[n] = d
+    moved = [(n, want, dev[n]) for n, want, _ in moved]
 
     # 4. views of nodes, and nodes writing into another node's memory, run where it lives
     for n in nodes:
         o = n.owner
         if o is not n and o.op is not None:
-            d = dev[id(n)] = dev[id(o)]
+            d = dev[n] = dev[o]
             if not _is_pure_view(n) and not ok(d, n):
                 raise SchedulerError(
                     f"node {n.describe()} ({n.op}) writes into {o.describe()} on {names[d]}, "
@@ -201,23 +207,23 @@ def schedule_graph(graph: Graph, names: Sequence[str], supports: Sequence[Suppor
     return _split(graph, list(names), host, dev, moved, tensor_device, n_copies)
 
 
-def _split(graph: Graph, names: list[str], host: int, dev: dict[int, int],
+def _split(graph: Graph, names: list[str], host: int, dev: dict[Tensor, int],
            moved: list[tuple[Tensor, int, int]],
            tensor_device: Callable[[Tensor], int], n_copies: int) -> Schedule:
     n_dev = len(names)
     splits: list[Split] = []
-    last_on: dict[int, Split] = {}
-    copies: dict[tuple[int, int], Tensor] = {}
-    clones: dict[int, Tensor] = {}
+    last_on: dict[int, Split] = {}             # device -> its latest split
+    copies: dict[tuple[Tensor, int], Tensor] = {}
+    clones: dict[Tensor, Tensor] = {}
     dev_nodes: list[list[Tensor]] = [[] for _ in range(n_dev)]
     dev_leafs: list[list[Tensor]] = [[] for _ in range(n_dev)]
-    leaf_seen: list[set[int]] = [set() for _ in range(n_dev)]
+    leaf_seen: list[set[Tensor]] = [set() for _ in range(n_dev)]
     ctx = Context("sched")
-    pending: dict[int, Split] = {}
+    pending: dict[int, Split] = {}             # device -> split opened by views, not yet run
 
     def add_leaf(d: int, t: Tensor) -> None:
-        if id(t) not in leaf_seen[d]:
-            leaf_seen[d].add(id(t))
+        if t not in leaf_seen[d]:
+            leaf_seen[d].add(t)
             dev_leafs[d].append(t)
 
     # every scratch leaf and input of the graph belongs to its device's graph, used there or not
@@ -231,8 +237,8 @@ def _split(graph: Graph, names: list[str], host: int, dev: dict[int, int],
             if s.op is None:
                 add_leaf(d, s)
                 return s
-            return clones[id(s)]
-        key = (id(s), d)
+            return clones[s]
+        key = (s, d)
         c = copies.get(key)
         if c is None:
             c = Tensor(ctx, s.type, s.ne, nb=s.nb, name=f"{names[d]}#{s.name or s.id}#0")
@@ -241,14 +247,14 @@ def _split(graph: Graph, names: list[str], host: int, dev: dict[int, int],
             split.inputs.append(s)
             add_leaf(d, c)
             if s.owner.data is None and s.owner.buffer is None:   # planned on its device:
-                src = clones[id(s)] if s.op is not None else s      # keep it alive until now
+                src = clones[s] if s.op is not None else s          # keep it alive until now
                 dep = Tensor(ctx, src.type, src.ne, nb=src.nb, op=OpKind.VIEW, src=(src,),
                              view_src=src, view_offs=0, name=f"{src.name} (dep)")
                 dev_nodes[sd].append(dep)
         return c
 
     for n in graph.nodes:
-        d = dev[id(n)]
+        d = dev[n]
         root, pure = n.owner, _is_pure_view(n)
         if pure:
             # views compute nothing, so they never cut: they join the device's last split, or
@@ -263,19 +269,19 @@ def _split(graph: Graph, names: list[str], host: int, dev: dict[int, int],
         if pure and root.op is None:           # a view of a leaf: of the leaf here or its copy
             vs = local_src(root, d, split)
             src = tuple(None if s is None else
-                        clones[id(s)] if s.op is not None and dev[id(s)] == d else vs
+                        clones[s] if s.op is not None and dev[s] == d else vs
                         for s in n.src)
         else:
             src = tuple(None if s is None else local_src(s, d, split) for s in n.src)
             vs = None
             if n.view_src is not None:
-                vs = n.view_src if n.view_src.op is None else clones[id(n.view_src)]
+                vs = n.view_src if n.view_src.op is None else clones[n.view_src]
                 if vs.op is None:
                     add_leaf(d, vs)
         c = Tensor(n.ctx, n.type, n.ne, nb=n.nb, op=n.op, params=n.params, src=src,
                    view_src=vs, view_offs=n.view_offs, name=n.name)
         c.flags = n.flags
-        clones[id(n)] = c
+        clones[n] = c
         dev_nodes[d].append(c)
 
     splits.extend(pending.values())           # views of leafs no split of theirs followed
@@ -289,15 +295,9 @@ def _split(graph: Graph, names: list[str], host: int, dev: dict[int, int],
                         x.flags = Flag.INPUT | Flag.OUTPUT
                         dev_leafs[d].append(x)
                         extra[d] += x.nbytes
-    graphs = []
-    for d in range(n_dev):
-        g = Graph(max(len(dev_nodes[d]), len(dev_leafs[d]), 1))
-        g.nodes = dev_nodes[d]
-        g.leafs = dev_leafs[d]
-        g._visited = {id(t) for t in dev_nodes[d]} | {id(t) for t in dev_leafs[d]}
-        graphs.append(g)
-    return Schedule(graph, names, host, dev, splits, copies, clones, graphs, moved,
-                    tensor_device, n_copies, extra)
+    graphs = [Graph.from_lists(dev_nodes[d], dev_leafs[d]) for d in range(n_dev)]
+    return Schedule(graph, names, host, TensorKeyed(dev), splits, TensorKeyed(copies),
+                    TensorKeyed(clones), graphs, moved, tensor_device, n_copies, extra)
 
 
 def describe(sch: Schedule, limit: int = 20) -> list[str]:
@@ -305,7 +305,7 @@ def describe(sch: Schedule, limit: int = 20) -> list[str]:
     lines = [f"graph splits = {sch.n_splits}"]
     for i, s in enumerate(sch.splits[:limit]):
         first, last = s.nodes[0], s.nodes[-1]
-        ins = ", ".join(f"{t.name or t.id} [{t.nbytes / 2**20:.2f} MiB]" for t in s.inputs)
+        ins = ", ".join(f"{t.name or t.id} [{t.nbytes / MIB:.2f} MiB]" for t in s.inputs)
         lines.append(f"  split {i}: {sch.names[s.device]}, {len(s.nodes)} nodes "
                      f"({first.name or first.op} .. {last.name or last.op})"
                      + (f"; inputs: {ins}" if ins else ""))

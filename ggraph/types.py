@@ -1,4 +1,5 @@
-"""Tensor element types: the GGMLType enum with ggml's numeric ids, block and type sizes.
+"""Tensor element types: the GGMLType enum with ggml's numeric ids, block and type sizes, and
+the byte unit (MIB) that sizes are reported in.
 
 Only the types ggraph can compute with are listed; their ids match ggml's `enum ggml_type`
 so that GGUF files map onto them directly.
@@ -7,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+
+MIB = 1 << 20   # bytes in a MiB: llama.cpp reports buffer sizes in MiB, and so does ggraph
 
 
 class GGMLType(IntEnum):

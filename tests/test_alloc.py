@@ -15,11 +15,12 @@ from ggraph import alloc_report as R
 from ggraph import ops as O
 from ggraph.alloc import (BufferLimitError, GraphAllocator, GraphOrderError,
                           GraphOverCapacityError, TensorGrewError, TensorSizeError,
-                          TopologyError, plan_graph)
+                          TopologyError, check_graph, plan_graph)
+from ggraph.alloc_trace import ALLOC, FREE, trace_liveness
+from ggraph.alloc_trace import live_peak as trace_peak
 from ggraph.cli import main as cli_main
 from ggraph.graphs.attention import AttentionShape, build_attention, split_heads
-
-MIB = 1 << 20
+from ggraph.types import MIB
 
 
 # -- the attention graph, reserved as llama.cpp does --------------------------------------------
@@ -90,8 +91,8 @@ def live_peak(plan) -> int:
     peak = 0
     for step in range(-1, len(plan.order)):
         live = plan.live_at(step)
-        handed = {id(p.reused.owner) for p in live if p.reused is not None and p.first == step}
-        peak = max(peak, sum(p.alloc_size for p in live if id(p.tensor) not in handed))
+        handed = {p.reused.owner for p in live if p.reused is not None and p.first == step}
+        peak = max(peak, sum(p.alloc_size for p in live if p.tensor not in handed))
     return peak
 
 
@@ -210,6 +211,32 @@ def test_outputs_are_never_freed_nor_reused():
         assert plan.placement(b).reused is None
         assert not plan.placement(a).freed and plan.placement(a).last == len(plan.order) - 1
         check_plan(plan, 32)
+
+
+def test_trace_events_and_lifetimes():
+    # x -> a -> b (scale, in place on a) -> c: b takes a's block, which c's step frees
+    ctx = Context()
+    x = _chain(ctx)
+    a = O.cont(x, name="a")
+    b = O.scale(a, 2.0, name="b")
+    c = O.cont(b, name="c").set_output()
+    g = build_graph(c)
+    tr = trace_liveness(g.nodes, g.leafs, check_graph(g), 32, views_inplace=False)
+    assert [(e.kind, tr.block_owners[e.block].name, e.step) for e in tr.events] == [
+        (ALLOC, "x", -1), (ALLOC, "a", 0), (FREE, "x", 0), (ALLOC, "c", 2), (FREE, "a", 2)]
+    life = {t.name: (lt.block, lt.first, lt.last, lt.reused) for t, lt in tr.lifetimes.items()}
+    assert life == {"x": (0, -1, 0, None), "a": (1, 0, 1, None), "b": (1, 1, 2, a),
+                    "c": (2, 2, None, None)}
+    assert trace_peak(tr) == 2 * 4000 and tr.block_sizes == [4000] * 3
+
+
+def test_placements_are_keyed_by_tensor():
+    ctx = Context()
+    x = _chain(ctx)
+    y = O.cont(x, name="y").set_output()
+    plan = plan_graph(build_graph(y))
+    assert list(plan.placements) == [x, y] and plan.placements[y] is plan.placement(y)
+    assert x in plan and id(x) not in plan.placements
 
 
 def test_scratch_leafs_are_planned_and_weights_are_not():
@@ -343,7 +370,7 @@ def test_buffer_limit_names_the_tensor_and_keeps_the_partial_plan(capsys, tmp_pa
     partial = err.plan
     assert not partial.complete and {p.tensor.name for p in partial.placements.values()} == \
         {"q", "kq_mask"}
-    assert partial.failed[0] is err.tensor and partial.needed == 272 * MIB
+    assert partial.failed.tensor is err.tensor and partial.needed == 272 * MIB
     assert all(p.end <= 100 * MIB for p in partial.placements.values())
     text = R.format_report(partial)
     assert text.startswith("error: CPU compute buffer limit")

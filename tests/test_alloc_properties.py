@@ -9,6 +9,7 @@ and two tensors needed at the same step may share bytes only as an in-place pair
 from __future__ import annotations
 
 import random
+from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
@@ -85,33 +86,33 @@ def random_graph(rnd: random.Random, max_nodes: int = 40):
         add(t)
         if rnd.random() < 0.08:
             t.set_output()
-    used = {id(s) for t in made for s in t.src if s is not None}
-    roots = [t for t in made if t.op is not None and (id(t) not in used or t.is_output)]
+    used = {s for t in made for s in t.src if s is not None}
+    roots = [t for t in made if t.op is not None and (t not in used or t.is_output)]
     rnd.shuffle(roots)
     return build_graph(*roots, capacity=4096), made, roots
 
 
 # -- independent checks ----------------------------------------------------------------------
 
-def needed_intervals(plan: Plan) -> dict[int, tuple[int, int]]:
+def needed_intervals(plan: Plan) -> dict[Tensor, tuple[int, int]]:
     """[first, last] steps each planned tensor's bytes are needed, from the plan's order alone."""
-    step = {id(t): i for i, t in enumerate(plan.order)}
+    step = {t: i for i, t in enumerate(plan.order)}
     n = len(plan.order)
-    last: dict[int, int] = {}
+    last: dict[Tensor, int] = {}
     for i, t in enumerate(plan.order):
         for s in t.src:
             if s is not None:
-                last[id(s.owner)] = max(last.get(id(s.owner), -1), i)
+                last[s.owner] = max(last.get(s.owner, -1), i)
         if t.view_src is not None:  # a write through a view touches the root
-            last[id(t.view_src)] = max(last.get(id(t.view_src), -1), i)
+            last[t.view_src] = max(last.get(t.view_src, -1), i)
     out = {}
     for p in plan.placements.values():
         t = p.tensor
-        first = step.get(id(t), -1)
+        first = step.get(t, -1)
         if p.role != "node" or t.is_input:
             first = -1
-        end = n - 1 if t.is_output else max(last.get(id(t), first), first)
-        out[id(t)] = (first, end)
+        end = n - 1 if t.is_output else max(last.get(t, first), first)
+        out[t] = (first, end)
     return out
 
 
@@ -122,7 +123,7 @@ def check_plan(plan: Plan, alignment: int) -> None:
         assert p.offset % alignment == 0, f"{p.tensor.label} at {p.offset}"
         assert p.alloc_size % alignment == 0 and p.alloc_size >= p.size
         assert p.end <= plan.size, f"{p.tensor.label} ends at {p.end} > {plan.size}"
-        first, last = need[id(p.tensor)]
+        first, last = need[p.tensor]
         assert p.first <= max(first, -1) and p.last >= last, \
             f"{p.tensor.label}: planned live {p.first}..{p.last}, needed {first}..{last}"
     for i, a in enumerate(ps):
@@ -133,8 +134,8 @@ def check_plan(plan: Plan, alignment: int) -> None:
                 break
             if b.size == 0:
                 continue
-            fa, la = need[id(a.tensor)]
-            fb, lb = need[id(b.tensor)]
+            fa, la = need[a.tensor]
+            fb, lb = need[b.tensor]
             if fa > lb or fb > la:
                 continue
             # overlapping in space and time: only along an in-place chain, handed over at the
@@ -146,23 +147,22 @@ def check_plan(plan: Plan, alignment: int) -> None:
 
 def _chained(plan: Plan, a, b, need) -> bool:
     # in-place chains: x -> y -> z share bytes; each hands over at the step the next starts
-    byid = {id(p.tensor): p for p in plan.placements.values()}
     for x, y in ((a, b), (b, a)):
         cur = y
         while cur.reused is not None:
-            parent = byid.get(id(cur.reused.owner))
+            parent = plan.placements.get(cur.reused.owner)
             if parent is None:
                 break
             if parent is x:
-                _, lx = need[id(x.tensor)]
-                fy, _ = need[id(y.tensor)]
+                _, lx = need[x.tensor]
+                fy, _ = need[y.tensor]
                 return lx <= fy
             cur = parent
     return False
 
 
 def check_inplace_rules(plan: Plan, views: bool) -> None:
-    step = {id(t): i for i, t in enumerate(plan.order)}
+    step = {t: i for i, t in enumerate(plan.order)}
     for p in plan.placements.values():
         if p.reused is None:
             continue
@@ -174,7 +174,7 @@ def check_inplace_rules(plan: Plan, views: bool) -> None:
         assert not r.is_output and not root.is_output and not root.is_preallocated
         if r.is_view:
             assert views and r.view_offs == 0, f"{t.label} reused view {r.label}"
-        i = step[id(t)]
+        i = step[t]
         for u in plan.order[i + 1:]:  # nobody reads or aliases the memory afterwards
             assert u.view_src is not root, f"{u.label} aliases {root.label} after {t.label}"
             for s in u.src:
@@ -185,12 +185,12 @@ def check_inplace_rules(plan: Plan, views: bool) -> None:
 
 def check_order(plan: Plan) -> None:
     g = plan.graph
-    assert sorted(map(id, plan.order)) == sorted(map(id, g.nodes))
-    step = {id(t): i for i, t in enumerate(plan.order)}
+    assert Counter(plan.order) == Counter(g.nodes)
+    step = {t: i for i, t in enumerate(plan.order)}
     for i, t in enumerate(plan.order):
         for s in t.src:
-            if s is not None and id(s) in step:
-                assert step[id(s)] < i
+            if s is not None and s in step:
+                assert step[s] < i
 
 
 # -- properties --------------------------------------------------------------------------------
@@ -288,8 +288,8 @@ def random_valid_graph(rnd: random.Random):
         pool.append(t)
         if rnd.random() < 0.15:
             t.set_output()
-    used = {id(s) for t in pool for s in t.src if s is not None}
-    outs = [t.set_output() for t in pool[2:] if id(t) not in used or t.is_output]
+    used = {s for t in pool for s in t.src if s is not None}
+    outs = [t.set_output() for t in pool[2:] if t not in used or t.is_output]
     return build_graph(*outs), x, outs
 
 

@@ -28,9 +28,9 @@ def small_example():
 
 def ggml_visit(node, visited, nodes, leafs):
     """ggml_visit_parents_graph, written out recursively: src[0..] first, then the node."""
-    if id(node) in visited:
+    if node in visited:
         return
-    visited.add(id(node))
+    visited.add(node)
     for s in node.src:
         if s is not None:
             ggml_visit(s, visited, nodes, leafs)
@@ -149,6 +149,16 @@ def test_get_tensor_by_name():
         g.get_tensor("s")
     with pytest.raises(KeyError, match="no tensor named 'nope'"):
         g.get_tensor("nope")
+
+
+def test_graph_from_lists():
+    ctx, t = small_example()
+    g = build_graph(t["out2"])
+    h = Graph.from_lists(g.nodes, g.leafs)
+    assert h.nodes == g.nodes and h.leafs == g.leafs and h.nodes is not g.nodes
+    assert h.capacity == max(g.n_nodes, g.n_leafs) and all(x in h for x in g.nodes + g.leafs)
+    assert t["out2"] in h and ctx.new_tensor("f32", (1,)) not in h
+    assert h.get_tensor("h2") is t["h2"] and Graph.from_lists([], []).capacity == 1
 
 
 def test_cycle_is_reported():

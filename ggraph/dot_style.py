@@ -1,0 +1,286 @@
+"""How a picture reads, shared by the full view (ggraph.dot) and the summary view
+(ggraph.dot_summary): colours of op families and leaf kinds, the text and attributes of a
+drawn tensor (with a plan: offset, size, lifetime, in-place reuse, the peak), the title with
+its legend, and the writer of indented DOT lines.
+
+A DrawContext holds what both views know about one graph and its plan: layers, node and leaf
+indices, execution steps and the tensors live at the peak.
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ggraph.dot_errors import DotError
+from ggraph.dot_layers import Where, assign_layers, graph_layers, layer_span
+from ggraph.graph import Graph
+from ggraph.opkind import OpKind
+from ggraph.tensor import Tensor
+from ggraph.types import MIB
+
+if TYPE_CHECKING:
+    from ggraph.alloc import Plan
+
+# op family -> (fill colour, ops); the legend lists the families a picture uses in this order
+FAMILIES: dict[str, tuple[str, frozenset[OpKind]]] = {
+    "matmul": ("#9ecae1", frozenset({OpKind.MUL_MAT, OpKind.MUL_MAT_ID})),
+    "attention": ("#fdae6b", frozenset({OpKind.SOFT_MAX, OpKind.FLASH_ATTN_EXT})),
+    "rope": ("#cbc3e3", frozenset({OpKind.ROPE})),
+    "norm": ("#a1d99b", frozenset({OpKind.RMS_NORM, OpKind.NORM})),
+    "arithmetic": ("#fff3a3", frozenset({OpKind.ADD, OpKind.MUL, OpKind.DIV, OpKind.SCALE,
+                                         OpKind.CLAMP, OpKind.FILL})),
+    "activation": ("#f4b6c2", frozenset({OpKind.SILU, OpKind.GELU, OpKind.SIGMOID,
+                                         OpKind.SWIGLU})),
+    "copy/rows": ("#e3cfae", frozenset({OpKind.CPY, OpKind.CONT, OpKind.GET_ROWS,
+                                        OpKind.SET_ROWS, OpKind.CONCAT, OpKind.REPEAT})),
+    "reduce": ("#99d8c9", frozenset({OpKind.SUM_ROWS, OpKind.ARGSORT, OpKind.TOP_K})),
+    "view": ("#ffffff", frozenset({OpKind.VIEW, OpKind.RESHAPE, OpKind.PERMUTE,
+                                   OpKind.TRANSPOSE})),
+}
+_FAMILY_OF = {op: fam for fam, (_, ops) in FAMILIES.items() for op in ops}
+# leaf kinds -> (fill, shape)
+LEAF_STYLE = {"weight": ("#fbd3e9", "box"), "input": ("#c7e9c0", "box"),
+              "cache": ("#dadaeb", "cylinder"), "leaf": ("#f0f0f0", "box")}
+PEAK_COLOR = "#d7191c"
+INPLACE_COLOR = "#e66101"
+OUTPUT_COLOR = "#08519c"
+
+
+# -- text ---------------------------------------------------------------------------------------
+
+def human(n: int) -> str:
+    return f"{n / MIB:.2f} MiB" if n >= MIB else f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
+
+
+def ne_text(t: Tensor) -> str:
+    """ne without the trailing 1-dims past the second: [64, 8, 4]."""
+    return "[" + ", ".join(str(x) for x in t.ne[:max(t.n_dims, 2)]) + "]"
+
+
+def esc(s: str, limit: int = 44) -> str:
+    """`s` shortened to `limit` characters and escaped for an HTML label."""
+    if len(s) > limit:   # long derived names: keep the base and the end, which say the most
+        s = s[:limit - 15] + "…" + s[-14:]
+    return html.escape(s, quote=True)
+
+
+def display_name(t: Tensor) -> str:
+    """The tensor's name, or #id when it has none."""
+    return t.name or f"#{t.id}"
+
+
+def leaf_kind(t: Tensor) -> str:
+    if t.is_input:
+        return "input"
+    if t.buffer == "model" or (t.data is not None and t.buffer is None):
+        return "weight"
+    if t.buffer is not None:
+        return "cache"
+    return "leaf"
+
+
+def family(t: Tensor) -> str:
+    return "leaf" if t.op is None else _FAMILY_OF.get(t.op, "other")
+
+
+def _op_text(t: Tensor) -> str:
+    from ggraph.ops.registry import REGISTRY
+
+    sym = REGISTRY[t.op].symbol if t.op in REGISTRY else str(t.op)
+    return str(t.op) if sym == str(t.op) else f"{sym}  {t.op}"
+
+
+# -- what a picture knows -----------------------------------------------------------------------
+
+@dataclass
+class DrawContext:
+    """One graph (and its plan) as both views draw it."""
+    graph: Graph
+    plan: Plan | None
+    where: dict[Tensor, Where]     # (layer, split step) of every node and leaf
+    index: dict[Tensor, int]       # node index in graph.nodes
+    leaf_index: dict[Tensor, int]  # leaf index in graph.leafs (Tensor.id repeats across
+    #                                contexts, so DOT ids come from these indices)
+    step: dict[Tensor, int]        # step in plan.order
+    live: set[Tensor]              # live at the peak
+    peak_node: Tensor | None
+
+
+def draw_context(graph: Graph, plan: Plan | None) -> DrawContext:
+    """DotError when `plan` belongs to another graph."""
+    step: dict[Tensor, int] = {}
+    live: set[Tensor] = set()
+    peak = None
+    if plan is not None:
+        if plan.graph is not graph:
+            raise DotError("the plan was made for another graph: plan this graph (or pass the "
+                           "graph the plan belongs to, plan.graph)")
+        from ggraph.alloc_report import peak_info
+
+        step = {t: i for i, t in enumerate(plan.order)}
+        info = peak_info(plan)
+        live = {p.tensor for p in info["live"]}
+        peak = info["node"]
+    return DrawContext(graph, plan, assign_layers(graph),
+                       {t: i for i, t in enumerate(graph.nodes)},
+                       {t: i for i, t in enumerate(graph.leafs)}, step, live, peak)
+
+
+def node_id(c: DrawContext, t: Tensor) -> str:
+    """DOT id of a drawn tensor: n{node index} or l{leaf index}."""
+    i = c.index.get(t)
+    return f"n{i}" if i is not None else f"l{c.leaf_index[t]}"
+
+
+# -- a drawn tensor -----------------------------------------------------------------------------
+
+def node_attrs(c: DrawContext, t: Tensor) -> dict[str, str]:
+    """Attributes of one drawn tensor: an HTML label of rows, fill, shape, border."""
+    rows = [f"<B>{esc(display_name(t))}</B>"]
+    attrs: dict[str, str] = {}
+    if t.op is None:
+        kind = leaf_kind(t)
+        fill, shape = LEAF_STYLE[kind]
+        where = {"weight": "weight", "input": "input", "cache": f"{t.buffer}",
+                 "leaf": "leaf"}[kind]
+        rows.append(f"<FONT POINT-SIZE=\"9\">{where}  {t.type} {ne_text(t)}</FONT>")
+        attrs.update(shape=shape, style="filled", fillcolor=fill)
+        if kind == "input":
+            attrs.update(color="#238b45", penwidth="1.6")
+    else:
+        fam = family(t)
+        fill = FAMILIES.get(fam, ("#eeeeee",))[0]
+        idx = c.step.get(t, c.index.get(t))
+        rows.append(f"{esc(_op_text(t))}  <FONT COLOR=\"#555555\">#{idx}</FONT>")
+        rows.append(f"<FONT POINT-SIZE=\"9\">{t.type} {ne_text(t)}</FONT>")
+        if t.is_view:
+            attrs.update(style="dashed,rounded,filled", fillcolor=fill, color="#888888",
+                         fontcolor="#444444")
+        else:
+            attrs.update(style="rounded,filled", fillcolor=fill)
+    if c.plan is not None:
+        rows += _plan_rows(c, t)
+    if t.is_output:
+        rows.append(f"<FONT COLOR=\"{OUTPUT_COLOR}\"><B>OUTPUT</B></FONT>")
+        attrs.update(peripheries="2", color=OUTPUT_COLOR)
+    if t in c.live:
+        attrs.update(color=PEAK_COLOR, penwidth="3")
+    if c.peak_node is t:
+        rows.append(f"<FONT COLOR=\"{PEAK_COLOR}\"><B>▲ PEAK: runs at the high-water mark"
+                    f"</B></FONT>")
+    attrs["label"] = "<" + "<BR/>".join(rows) + ">"
+    return attrs
+
+
+def _plan_rows(c: DrawContext, t: Tensor) -> list[str]:
+    plan = c.plan
+    assert plan is not None
+    p = plan.placements.get(t)
+    if p is not None:
+        last = str(p.last) if p.freed else "end"
+        first = "in" if p.first < 0 else str(p.first)
+        row = (f"@ {human(p.offset)}  <B>{human(p.size)}</B>  "
+               f"<FONT COLOR=\"#555555\">steps {first}–{last}</FONT>")
+        out = [f"<FONT POINT-SIZE=\"9\">{row}</FONT>"]
+        if p.reused is not None:
+            out.append(f"<FONT POINT-SIZE=\"9\" COLOR=\"{INPLACE_COLOR}\">in place of "
+                       f"{esc(display_name(p.reused.owner), 30)}</FONT>")
+        if t in c.live:
+            out.append(f"<FONT POINT-SIZE=\"9\" COLOR=\"{PEAK_COLOR}\"><B>live at the peak"
+                       f"</B></FONT>")
+        return out
+    if t.is_view and t.view_src is not None and t.view_src in plan:
+        root = t.view_src
+        return [(f"<FONT POINT-SIZE=\"9\" COLOR=\"#555555\">aliases "
+                 f"{esc(display_name(root), 28)} +{human(t.view_offs)}</FONT>")]
+    if t.is_preallocated:
+        return [(f"<FONT POINT-SIZE=\"9\" COLOR=\"#555555\">{t.owner.buffer or 'host'} buffer, "
+                f"{human(t.owner.nbytes)}</FONT>")]
+    return []
+
+
+def attr_str(attrs: dict[str, str]) -> str:
+    """DOT attributes; an HTML label (<...>) goes unquoted."""
+    return "[" + ", ".join(f"{k}={v}" if k == "label" and v.startswith("<") else f'{k}="{v}"'
+                           for k, v in attrs.items()) + "]"
+
+
+# -- writing ------------------------------------------------------------------------------------
+
+class Writer:
+    """DOT lines, indented by the depth of the subgraph being written."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.depth = 1
+
+    def add(self, s: str) -> None:
+        self.lines.append("  " * self.depth + s)
+
+
+def write_header(w: Writer, c: DrawContext, layers: tuple[int, int] | None, title: str,
+                 n_nodes: int, n_leafs: int, extra: str = "") -> None:
+    """Graph, node and edge defaults, and the title: what is drawn, the plan, the keys and
+    the legend. `extra`: more graph attributes, each followed by ", "."""
+    graph = c.graph
+    have = graph_layers(graph)
+    what = "whole graph" if layers is None else (
+        f"layer {layers[0]}" if layers[0] == layers[1] else f"layers {layers[0]}-{layers[1]}")
+    of = f" of {layer_span(have)}" if have and layers is not None else ""
+    lines = [f"<B>{esc(title, 120)}</B>"] if title else []
+    lines.append(f"{what}{of}: {n_nodes} nodes, {n_leafs} leafs drawn "
+                 f"(graph: {graph.n_nodes} nodes, {graph.n_leafs} leafs)")
+    if c.plan is not None:
+        lines.append(_plan_line(c))
+    lines.append(_keys(c))
+    br = '<BR ALIGN="LEFT"/>'
+    w.add(f"graph [fontname=\"Helvetica\", fontsize=12, rankdir=TB, {extra}"
+          "nodesep=0.25, ranksep=0.32, labelloc=t, labeljust=l, "
+          f"label=<{br.join(lines)}{br}>];")
+    w.add("node [fontname=\"Helvetica\", fontsize=10, shape=box, margin=\"0.10,0.04\"];")
+    w.add("edge [color=\"#555555\", arrowsize=0.6];")
+    w.add(f"legend [shape=plaintext, label=<{_legend(graph)}>];")
+
+
+def _plan_line(c: DrawContext) -> str:
+    plan = c.plan
+    assert plan is not None
+    base = f" (ggml-alloc's rules: {human(plan.ggml_size)})" \
+        if plan.baseline is not None and plan.ggml_size != plan.size else ""
+    s = f"{plan.name} compute buffer {human(plan.size)}{base}"
+    if c.peak_node is not None:
+        il = c.where.get(c.peak_node, (None,))[0]
+        at = f" in layer {il}" if il is not None else ""
+        live = sum(p.alloc_size for p in plan.placements.values() if p.tensor in c.live)
+        s += (f"; peak at step {plan.peak_step}, {esc(display_name(c.peak_node))}{at}: "
+              f"{human(live)} live in {len(c.live)} tensors (red outlines)")
+    return s
+
+
+def _legend(graph: Graph) -> str:
+    """Colour swatches of the op families and leaf kinds this graph has."""
+    fams = {family(t) for t in graph.nodes}
+    kinds = {leaf_kind(t) for t in graph.leafs}
+    cells = [f"<TD BGCOLOR=\"{col}\" BORDER=\"1\">{f}</TD>" for f, (col, _) in FAMILIES.items()
+             if f in fams]
+    cells += [f"<TD BGCOLOR=\"{LEAF_STYLE[k][0]}\" BORDER=\"1\">{k}</TD>"
+              for k in LEAF_STYLE if k in kinds]
+    return ("<TABLE BORDER=\"0\" CELLBORDER=\"0\" CELLSPACING=\"2\" CELLPADDING=\"3\"><TR>"
+            + "".join(cells) + "</TR></TABLE>")
+
+
+def _keys(c: DrawContext) -> str:
+    """What line styles mean (in the title: under the swatches graphviz would stretch them)."""
+    keys = ["dashed: view (no memory of its own)",
+            f"<FONT COLOR=\"{OUTPUT_COLOR}\">double border: output</FONT>"]
+    if c.plan is not None:
+        keys += [f"<FONT COLOR=\"{INPLACE_COLOR}\">orange edge: in place</FONT>",
+                 f"<FONT COLOR=\"{PEAK_COLOR}\">red outline: live at the peak</FONT>",
+                 "@ offset  size  steps first–last"]
+    return f"<FONT POINT-SIZE=\"10\">{'   ·   '.join(keys)}</FONT>"
+
+
+__all__ = ["FAMILIES", "INPLACE_COLOR", "LEAF_STYLE", "OUTPUT_COLOR", "PEAK_COLOR",
+           "DrawContext", "Writer", "attr_str", "display_name", "draw_context", "esc", "family",
+           "human", "leaf_kind", "ne_text", "node_attrs", "node_id", "write_header"]
