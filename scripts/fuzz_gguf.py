@@ -16,6 +16,7 @@ import platform
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -42,8 +43,7 @@ def main() -> int:
             print(f"{name}: {n} cases", file=sys.stderr, flush=True)
             r = fuzz(path, n, seed=args.seed + i, timeout=args.timeout, progress=True)
             for c in r.results:
-                c.mutant = c.mutant.__class__(c.mutant.index, f"{name} {c.mutant.kind}",
-                                              c.mutant.what, b"")
+                c.mutant = replace(c.mutant, kind=f"{name} {c.mutant.kind}")
             report.results += r.results
     print(report.table())
     for b in report.bad():
