@@ -14,7 +14,7 @@ import numpy as np
 
 from ggraph.graph import Graph, build_graph
 from ggraph.opkind import OpKind
-from ggraph.ops.cases import Case
+from ggraph.ops.case import Case
 from ggraph.ops.registry import REGISTRY
 from ggraph.reference import run_reference
 from ggraph.tensor import Tensor

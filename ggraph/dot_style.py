@@ -15,30 +15,21 @@ from typing import TYPE_CHECKING
 from ggraph.dot_errors import DotError
 from ggraph.dot_layers import Where, assign_layers, graph_layers, layer_span
 from ggraph.graph import Graph
-from ggraph.opkind import OpKind
+from ggraph.opkind import Family
 from ggraph.tensor import Tensor
 from ggraph.types import MIB
 
 if TYPE_CHECKING:
     from ggraph.alloc import Plan
 
-# op family -> (fill colour, ops); the legend lists the families a picture uses in this order
-FAMILIES: dict[str, tuple[str, frozenset[OpKind]]] = {
-    "matmul": ("#9ecae1", frozenset({OpKind.MUL_MAT, OpKind.MUL_MAT_ID})),
-    "attention": ("#fdae6b", frozenset({OpKind.SOFT_MAX, OpKind.FLASH_ATTN_EXT})),
-    "rope": ("#cbc3e3", frozenset({OpKind.ROPE})),
-    "norm": ("#a1d99b", frozenset({OpKind.RMS_NORM, OpKind.NORM})),
-    "arithmetic": ("#fff3a3", frozenset({OpKind.ADD, OpKind.MUL, OpKind.DIV, OpKind.SCALE,
-                                         OpKind.CLAMP, OpKind.FILL})),
-    "activation": ("#f4b6c2", frozenset({OpKind.SILU, OpKind.GELU, OpKind.SIGMOID,
-                                         OpKind.SWIGLU})),
-    "copy/rows": ("#e3cfae", frozenset({OpKind.CPY, OpKind.CONT, OpKind.GET_ROWS,
-                                        OpKind.SET_ROWS, OpKind.CONCAT, OpKind.REPEAT})),
-    "reduce": ("#99d8c9", frozenset({OpKind.SUM_ROWS, OpKind.ARGSORT, OpKind.TOP_K})),
-    "view": ("#ffffff", frozenset({OpKind.VIEW, OpKind.RESHAPE, OpKind.PERMUTE,
-                                   OpKind.TRANSPOSE})),
+# op family -> fill colour; the legend lists the families a picture uses in this order (which
+# ops belong to a family is their records' business: OpKind.family)
+FAMILIES: dict[str, str] = {
+    str(Family.MATMUL): "#9ecae1", str(Family.ATTENTION): "#fdae6b", str(Family.ROPE): "#cbc3e3",
+    str(Family.NORM): "#a1d99b", str(Family.ARITHMETIC): "#fff3a3",
+    str(Family.ACTIVATION): "#f4b6c2", str(Family.COPY): "#e3cfae",
+    str(Family.REDUCE): "#99d8c9", str(Family.VIEW): "#ffffff",
 }
-_FAMILY_OF = {op: fam for fam, (_, ops) in FAMILIES.items() for op in ops}
 # leaf kinds -> (fill, shape)
 LEAF_STYLE = {"weight": ("#fbd3e9", "box"), "input": ("#c7e9c0", "box"),
               "cache": ("#dadaeb", "cylinder"), "leaf": ("#f0f0f0", "box")}
@@ -81,7 +72,7 @@ def leaf_kind(t: Tensor) -> str:
 
 
 def family(t: Tensor) -> str:
-    return "leaf" if t.op is None else _FAMILY_OF.get(t.op, "other")
+    return "leaf" if t.op is None else str(t.op.family)
 
 
 def _op_text(t: Tensor) -> str:
@@ -150,7 +141,7 @@ def node_attrs(c: DrawContext, t: Tensor) -> dict[str, str]:
             attrs.update(color="#238b45", penwidth="1.6")
     else:
         fam = family(t)
-        fill = FAMILIES.get(fam, ("#eeeeee",))[0]
+        fill = FAMILIES.get(fam, "#eeeeee")
         idx = c.step.get(t, c.index.get(t))
         rows.append(f"{esc(_op_text(t))}  <FONT COLOR=\"#555555\">#{idx}</FONT>")
         rows.append(f"<FONT POINT-SIZE=\"9\">{t.type} {ne_text(t)}</FONT>")
@@ -262,7 +253,7 @@ def _legend(graph: Graph) -> str:
     """Colour swatches of the op families and leaf kinds this graph has."""
     fams = {family(t) for t in graph.nodes}
     kinds = {leaf_kind(t) for t in graph.leafs}
-    cells = [f"<TD BGCOLOR=\"{col}\" BORDER=\"1\">{f}</TD>" for f, (col, _) in FAMILIES.items()
+    cells = [f"<TD BGCOLOR=\"{col}\" BORDER=\"1\">{f}</TD>" for f, col in FAMILIES.items()
              if f in fams]
     cells += [f"<TD BGCOLOR=\"{LEAF_STYLE[k][0]}\" BORDER=\"1\">{k}</TD>"
               for k in LEAF_STYLE if k in kinds]

@@ -191,17 +191,11 @@ INSTALL_HINT = ("install it with `pip install llama-cpp-python` (builds ggml fro
                 "libggml-cpu")
 _EXT = ".dylib" if sys.platform == "darwin" else ".so"
 
-# ggraph op -> (ggml op name, unary/GLU sub-op name or None)
-GGML_OPS: dict[OpKind, tuple[str, str | None]] = {
-    OpKind.SILU: ("UNARY", "SILU"), OpKind.GELU: ("UNARY", "GELU"),
-    OpKind.SIGMOID: ("UNARY", "SIGMOID"), OpKind.SWIGLU: ("GLU", "SWIGLU"),
-    **{k: (k.name, None) for k in (
-        OpKind.VIEW, OpKind.RESHAPE, OpKind.PERMUTE, OpKind.TRANSPOSE, OpKind.CPY, OpKind.CONT,
-        OpKind.GET_ROWS, OpKind.SET_ROWS, OpKind.CONCAT, OpKind.REPEAT, OpKind.MUL_MAT,
-        OpKind.MUL_MAT_ID, OpKind.SOFT_MAX, OpKind.FLASH_ATTN_EXT, OpKind.ROPE, OpKind.RMS_NORM,
-        OpKind.NORM, OpKind.ADD, OpKind.MUL, OpKind.DIV, OpKind.SCALE, OpKind.CLAMP,
-        OpKind.FILL, OpKind.SUM_ROWS, OpKind.ARGSORT, OpKind.TOP_K)},
-}
+def ggml_ops() -> dict[OpKind, tuple[str, str | None]]:
+    """ggraph op -> (ggml op name, unary/GLU sub-op name or None), from the op records."""
+    from ggraph.ops import REGISTRY
+
+    return {k: d.ggml_op for k, d in REGISTRY.items() if d.ggml_op is not None}
 
 
 class GGMLUnavailable(RuntimeError):
@@ -294,8 +288,8 @@ def load() -> GGML:
     return _LIB
 
 
-def _ctx(lib: GGML, n_tensors: int, no_alloc: bool, data_bytes: int = 0,
-         graph_size: int = 0) -> Any:
+def new_context(lib: GGML, n_tensors: int, no_alloc: bool, data_bytes: int = 0,
+                graph_size: int = 0) -> Any:
     b = lib.base
     mem = (n_tensors + 4) * b.ggml_tensor_overhead() + data_bytes + 1024
     if graph_size:
@@ -314,7 +308,7 @@ def _check_layout(lib: GGML) -> None:
         raise GGMLUnavailable(f"struct ggml_tensor of ggraph.ggml_cdefs is {lib.tensor_size} "
                               f"bytes but {lib.dir} reports a tensor overhead of "
                               f"{b.ggml_tensor_overhead()}: the library's ggml.h differs")
-    ctx = _ctx(lib, 4, no_alloc=False, data_bytes=4096)
+    ctx = new_context(lib, 4, no_alloc=False, data_bytes=4096)
     try:
         t = b.ggml_new_tensor_4d(ctx, int(GGMLType.F32), 2, 3, 5, 7)
         b.ggml_set_name(t, b"probe")
@@ -347,7 +341,7 @@ def _read_enums(lib: GGML) -> None:
             raise GGMLUnavailable(f"{lib.dir}: ggml type {int(t)} is {lib.s(name)!r} "
                                   f"({b.ggml_type_size(int(t))} bytes per "
                                   f"{b.ggml_blck_size(int(t))}), ggraph expects {t}")
-    ctx = _ctx(lib, 64, no_alloc=True)
+    ctx = new_context(lib, 64, no_alloc=True)
     try:
         f32, i32 = int(GGMLType.F32), int(GGMLType.I32)
         a = b.ggml_new_tensor_4d(ctx, f32, 64, 4, 2, 1)
@@ -387,6 +381,13 @@ def _read_enums(lib: GGML) -> None:
             OpKind.ARGSORT: lambda: b.ggml_argsort(ctx, a, 0),
             OpKind.TOP_K: lambda: b.ggml_top_k(ctx, a, 4),
         }
+        ops = ggml_ops()
+        for kind, (name, sub) in ops.items():  # element-wise ops: ggml_<op>(ctx, a[, a])
+            if kind not in probes and (sub is not None or name in ("ADD", "MUL", "DIV")):
+                fn = getattr(b, f"ggml_{kind.value}", None)
+                n_src = 2 if name in ("ADD", "MUL", "DIV", "GLU") else 1
+                probes[kind] = (lambda fn=fn, n=n_src: fn(ctx, *([a] * n))) if fn else \
+                    (lambda k=kind: getattr(b, f"ggml_{k.value}"))
         for kind, make in probes.items():
             try:
                 t = make()
@@ -394,7 +395,7 @@ def _read_enums(lib: GGML) -> None:
                 lib.missing[kind] = f"this libggml lacks ggml's constructor for {kind} ({e})"
                 continue
             lib.op[kind] = int(t.op)
-            want, sub = GGML_OPS[kind]
+            want, sub = ops[kind]
             if want == "UNARY":
                 lib.sub[kind] = int(b.ggml_get_unary_op(t))
             elif want == "GLU":
@@ -402,7 +403,7 @@ def _read_enums(lib: GGML) -> None:
         top = max(lib.op.values())
         lib.op_names = [lib.s(b.ggml_op_name(j)) for j in range(top + 1)]
         for kind, v in lib.op.items():
-            want, sub = GGML_OPS[kind]
+            want, sub = ops[kind]
             got = lib.op_names[v]
             if kind in lib.sub:
                 got += "/" + lib.s(b.ggml_unary_op_name(lib.sub[kind]) if want == "UNARY"

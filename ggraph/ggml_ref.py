@@ -32,10 +32,11 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 
 from ggraph import buffers
-from ggraph.ggml_cdefs import (ENV_VAR, GGML, GGMLUnavailable, _ctx, find_libggml,  # noqa: F401
+from ggraph.ggml_cdefs import (ENV_VAR, GGML, GGMLUnavailable, new_context, find_libggml,  # noqa: F401
                                load)
 from ggraph.graph import Graph
 from ggraph.opkind import OpKind
+from ggraph.ops.registry import get_op
 from ggraph.tensor import Flag, Tensor
 from ggraph.types import GGMLType
 
@@ -142,12 +143,12 @@ class _Translation:
         b = lib.base
         tensors = list(graph.leafs) + list(graph.nodes)
         size = max(2048, len(graph.nodes), len(graph.leafs)) + 16
-        self.ctx = _ctx(lib, len(tensors), no_alloc=True, graph_size=size)
+        self.ctx = new_context(lib, len(tensors), no_alloc=True, graph_size=size)
         try:
             if plan_only:  # weights, caches, leafs with data: memory outside the compute buffer
                 pre = [t for t in graph.leafs if t.view_src is None and t.is_preallocated]
                 if pre:
-                    self.pre_ctx = _ctx(lib, len(pre), no_alloc=True)
+                    self.pre_ctx = new_context(lib, len(pre), no_alloc=True)
                     for t in pre:
                         self._leaf(t, self.pre_ctx)
                     buft = b.ggml_backend_cpu_buffer_type()
@@ -204,55 +205,7 @@ class _Translation:
             raise GGMLUnsupported(why)
         b, ffi, ctx = self.lib.base, self.lib.ffi, self.ctx
         S = [self.T[id(x)] if x is not None else ffi.NULL for x in t.src]
-        p, k, ne = t.params, t.op, t.ne
-        if k == OpKind.VIEW:
-            src = t.src[0]
-            rel = (t.view_offs - (src.view_offs if src.view_src is not None else 0)) % (1 << 64)
-            g = b.ggml_view_4d(ctx, S[0], *ne, *t.nb[1:], rel)
-        elif k == OpKind.RESHAPE:
-            g = b.ggml_reshape_4d(ctx, S[0], *ne)
-        elif k == OpKind.PERMUTE:
-            g = b.ggml_permute(ctx, S[0], *p.axes)
-        elif k == OpKind.TRANSPOSE:
-            g = b.ggml_transpose(ctx, S[0])
-        elif k == OpKind.CONT:
-            g = b.ggml_cont_4d(ctx, S[0], *ne)
-        elif k == OpKind.SET_ROWS:
-            g = b.ggml_set_rows(ctx, S[0], S[1], S[2])
-        elif k == OpKind.CONCAT:
-            g = b.ggml_concat(ctx, S[0], S[1], p.dim)
-        elif k == OpKind.SOFT_MAX:
-            g = b.ggml_soft_max_ext(ctx, S[0], S[1], p.scale, p.max_bias)
-            if t.src[2] is not None:
-                b.ggml_soft_max_add_sinks(g, S[2])
-        elif k == OpKind.FLASH_ATTN_EXT:
-            g = b.ggml_flash_attn_ext(ctx, *S[:4], p.scale, p.max_bias, p.softcap)
-        elif k == OpKind.ROPE:
-            g = b.ggml_rope_ext(ctx, *S[:3], p.n_dims, int(p.mode), p.n_ctx_orig, p.freq_base,
-                                p.freq_scale, p.ext_factor, p.attn_factor, p.beta_fast,
-                                p.beta_slow)
-        elif k in (OpKind.RMS_NORM, OpKind.NORM):
-            g = (b.ggml_rms_norm if k == OpKind.RMS_NORM else b.ggml_norm)(ctx, S[0], p.eps)
-        elif k == OpKind.SCALE:
-            g = b.ggml_scale_bias(ctx, S[0], p.s, p.b)
-        elif k == OpKind.CLAMP:
-            g = b.ggml_clamp(ctx, S[0], p.min, p.max)
-        elif k == OpKind.FILL:
-            g = b.ggml_fill(ctx, S[0], p.value)
-        elif k == OpKind.ARGSORT:
-            g = b.ggml_argsort(ctx, S[0], int(p.order))
-        elif k == OpKind.TOP_K:
-            g = b.ggml_top_k(ctx, S[0], p.k)
-        else:
-            fn = {OpKind.CPY: b.ggml_cpy, OpKind.GET_ROWS: b.ggml_get_rows,
-                  OpKind.REPEAT: b.ggml_repeat, OpKind.MUL_MAT: b.ggml_mul_mat,
-                  OpKind.MUL_MAT_ID: b.ggml_mul_mat_id, OpKind.ADD: b.ggml_add,
-                  OpKind.MUL: b.ggml_mul, OpKind.DIV: b.ggml_div, OpKind.SILU: b.ggml_silu,
-                  OpKind.GELU: b.ggml_gelu, OpKind.SIGMOID: b.ggml_sigmoid,
-                  OpKind.SWIGLU: b.ggml_swiglu_split, OpKind.SUM_ROWS: b.ggml_sum_rows}.get(k)
-            if fn is None:
-                raise GGMLUnsupported(f"no translation of ggraph's {k} to ggml")
-            g = fn(ctx, *S)
+        g = get_op(t.op).ggml_build(b, ctx, t, S)  # each op record knows its ggml call
         self._name(g, t)
         return g
 

@@ -89,11 +89,8 @@ class Schedule:
         return len(self.splits)
 
 
-_VIEWS = frozenset({OpKind.VIEW, OpKind.RESHAPE, OpKind.PERMUTE, OpKind.TRANSPOSE})
-
-
 def _is_pure_view(n: Tensor) -> bool:
-    return n.op in _VIEWS
+    return n.op is not None and n.op.is_view
 
 
 def schedule_graph(graph: Graph, names: Sequence[str], supports: Sequence[Supports],

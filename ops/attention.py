@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
-from ggraph.opkind import OpKind
+from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor
-from ggraph.types import GGMLType
-from .registry import OpDef, new_node, register, require, require_type
+from ggraph.types import GGMLType, GGMLType as T
+from .case import KV, TOL_MATMUL, TOL_SOFTMAX, Case, case
+from .registry import FLOATS, GGMLMap, OpDef, new_node, register, require, require_type, types_ok
+
+SOFT_MAX = OpKind.define("soft_max", Family.ATTENTION)
+FLASH_ATTN_EXT = OpKind.define("flash_attn_ext", Family.ATTENTION)
 
 KV_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0,
             GGMLType.Q4_1)
@@ -193,5 +198,65 @@ def _ref_flash_attn_ext(node: Tensor, ex) -> np.ndarray:
     return np.swapaxes(out, 1, 2)               # (S, T, H, Dv) = ne [Dv, H, T, S]
 
 
-register(OpDef(OpKind.SOFT_MAX, "soft_max", _ref_soft_max, SoftMaxParams, inplace=True))
-register(OpDef(OpKind.FLASH_ATTN_EXT, "flash_attn_ext", _ref_flash_attn_ext, FlashAttnParams))
+# -- conformance cases --------------------------------------------------------------------
+
+def _soft_max_cases() -> Iterator[Case]:
+    for mt in (None, T.F16, T.F32):
+        for scale, max_bias in ((1.0, 0.0), (0.125, 0.0), (0.5, 8.0)):
+            if max_bias and mt is None:
+                continue
+            yield case(OpKind.SOFT_MAX, lambda B, mt=mt, s=scale, mb=max_bias: soft_max_ext(
+                B.inp(T.F32, 33, 5, 6, 2), B.mask(33, 7, mt, 3, 1) if mt is not None else None,
+                s, mb), TOL_SOFTMAX, mask=str(mt) if mt is not None else "none", scale=scale,
+                max_bias=max_bias, ne=[33, 5, 6, 2])
+    yield case(OpKind.SOFT_MAX, lambda B: soft_max_ext(
+        B.inp(T.F32, 16, 4, 3), B.mask(16, 4), 0.5, 0.0, B.inp(T.F32, 3)), TOL_SOFTMAX,
+        sinks=True, ne=[16, 4, 3])
+    yield case(OpKind.SOFT_MAX, lambda B: soft_max_ext(
+        B.inp(T.F32, 16, 4, 3), B.mask(16, 4), 0.5, 8.0, head_offset=2, n_head=8),
+        TOL_SOFTMAX, head_offset=2, n_head=8, max_bias=8.0)
+
+
+def fa_flops(t: Tensor) -> float:
+    q, k, v, _ = t.src
+    return 2.0 * q.ne[1] * q.ne[2] * q.ne[3] * k.ne[1] * (q.ne[0] + v.ne[0])
+
+
+def _flash_attn_cases() -> Iterator[Case]:
+    for kt in KV:
+        for hd, T_, H, Hkv, nkv in ((64, 1, 4, 2, 96), (32, 5, 4, 4, 64), (64, 3, 8, 1, 33),
+                                    (32, 9, 4, 2, 1100)):  # 9 queries: CPU's blockwise path
+            yield case(OpKind.FLASH_ATTN_EXT, lambda B, kt=kt, hd=hd, t=T_, h=H, hk=Hkv,
+                       n=nkv: flash_attn_ext(
+                B.inp(T.F32, hd, t, h), B.inp(kt, hd, n, hk), B.inp(kt, hd, n, hk),
+                B.mask(n, t), 1.0 / np.sqrt(hd)), TOL_MATMUL, flops=fa_flops,
+                type_kv=kt, hs=hd, nh=H, nr=H // Hkv, kv=nkv, nb=T_)
+    for extra in (dict(max_bias=8.0), dict(softcap=30.0), dict(max_bias=8.0, softcap=30.0)):
+        for nq in (4, 12):
+            yield case(OpKind.FLASH_ATTN_EXT, lambda B, e=extra, nq=nq: flash_attn_ext(
+                B.inp(T.F32, 32, nq, 4), B.inp(T.F16, 32, 40, 2), B.inp(T.F16, 32, 40, 2),
+                B.mask(40, nq), 0.2, **e), TOL_MATMUL, flops=fa_flops, type_kv=T.F16, nb=nq,
+                **extra)
+    for t in (1, 512):
+        yield case(OpKind.FLASH_ATTN_EXT, lambda B, t=t: flash_attn_ext(
+            B.inp(T.F32, 64, t, 9), B.inp(T.F16, 64, 4096, 3), B.inp(T.F16, 64, 4096, 3),
+            B.mask(4096, t), 0.125), TOL_MATMUL, perf=True, flops=fa_flops,
+            type_kv=T.F16, hs=64, nh=9, kv=4096, nb=t)
+
+
+def _ggml_soft_max(lib, ctx, t: Tensor, S: list):
+    p = t.params
+    g = lib.ggml_soft_max_ext(ctx, S[0], S[1], p.scale, p.max_bias)
+    if t.src[2] is not None:
+        lib.ggml_soft_max_add_sinks(g, S[2])
+    return g
+
+
+register(OpDef(OpKind.SOFT_MAX, "soft_max", _ref_soft_max, SoftMaxParams, inplace=True,
+               cases=_soft_max_cases, accepts=lambda n: types_ok(n, (T.F32,), FLOATS, (T.F32,)),
+               ggml=GGMLMap(build=_ggml_soft_max)))
+register(OpDef(OpKind.FLASH_ATTN_EXT, "flash_attn_ext", _ref_flash_attn_ext, FlashAttnParams,
+               cases=_flash_attn_cases,
+               accepts=lambda n: types_ok(n, (T.F32,), KV_TYPES, KV_TYPES, FLOATS),
+               ggml=GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_flash_attn_ext(
+                   ctx, *S[:4], t.params.scale, t.params.max_bias, t.params.softcap))))

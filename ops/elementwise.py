@@ -9,15 +9,28 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ggraph.opkind import OpKind
+from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor
-from ggraph.types import GGMLType
-from .registry import OpDef, can_repeat, new_node, register, require, require_type
+from ggraph.types import GGMLType, GGMLType as T
+from .case import Case, case
+from .registry import (FLOATS, GGMLMap, OpDef, can_repeat, new_node, register, require,
+                       require_type, types_ok)
 
-FLOAT_TYPES = (GGMLType.F32, GGMLType.F16)
+FLOAT_TYPES = FLOATS
+ADD = OpKind.define("add", Family.ARITHMETIC)
+MUL = OpKind.define("mul", Family.ARITHMETIC)
+DIV = OpKind.define("div", Family.ARITHMETIC)
+SCALE = OpKind.define("scale", Family.ARITHMETIC)
+CLAMP = OpKind.define("clamp", Family.ARITHMETIC)
+FILL = OpKind.define("fill", Family.ARITHMETIC)
+SILU = OpKind.define("silu", Family.ACTIVATION)
+GELU = OpKind.define("gelu", Family.ACTIVATION)
+SIGMOID = OpKind.define("sigmoid", Family.ACTIVATION)
+SWIGLU = OpKind.define("swiglu", Family.ACTIVATION)
 
 
 @dataclass(frozen=True)
@@ -129,20 +142,78 @@ def _x(node: Tensor, ex) -> np.ndarray:
     return ex.read(node.src[0]).astype(np.float64)
 
 
-register(OpDef(OpKind.ADD, "+", _binary_ref(np.add), inplace=True))
-register(OpDef(OpKind.MUL, "*", _binary_ref(np.multiply), inplace=True))
-register(OpDef(OpKind.DIV, "/", _binary_ref(np.divide), inplace=True))
-register(OpDef(OpKind.SCALE, "scale",
-               lambda n, ex: _x(n, ex) * n.params.s + n.params.b, ScaleParams, inplace=True))
-register(OpDef(OpKind.CLAMP, "clamp",
-               lambda n, ex: np.clip(_x(n, ex), n.params.min, n.params.max), ClampParams,
-               inplace=True))
-register(OpDef(OpKind.FILL, "fill",
-               lambda n, ex: np.full(n.shape, n.params.value), FillParams, inplace=True))
-register(OpDef(OpKind.SILU, "silu", lambda n, ex: _silu(_x(n, ex)), inplace=True))
-register(OpDef(OpKind.GELU, "gelu", lambda n, ex: 0.5 * _x(n, ex) * (
-    1.0 + np.tanh(_GELU_C * _x(n, ex) * (1.0 + 0.044715 * _x(n, ex) ** 2))), inplace=True))
-register(OpDef(OpKind.SIGMOID, "sigmoid",
-               lambda n, ex: 1.0 / (1.0 + np.exp(-_x(n, ex))), inplace=True))
+# -- conformance cases --------------------------------------------------------------------
+
+def _binary_cases(kind: OpKind, f: Callable[..., Tensor]) -> Callable[[], Iterator[Case]]:
+    def gen() -> Iterator[Case]:
+        for ta in (T.F32, T.F16):
+            for nb in ((64, 5, 3, 2), (64, 1, 3, 1), (1, 5, 1, 2), (16, 1, 1, 1)):
+                yield case(kind, lambda B, ta=ta, nb=nb: f(
+                    B.inp(ta, 64, 5, 3, 2), B.inp(T.F32, *nb)), type=ta, ne_a=[64, 5, 3, 2],
+                    ne_b=list(nb))
+        yield case(kind, lambda B: f(B.strided(T.F32, 16, 5), B.inp(T.F32, 16, 1)),
+                   type=T.F32, a="strided")
+    return gen
+
+
+def _swiglu_cases() -> Iterator[Case]:
+    for t in (T.F32, T.F16):
+        yield case(OpKind.SWIGLU, lambda B, t=t: swiglu(B.inp(t, 64, 5), B.inp(t, 64, 5)),
+                   type=t, ne=[64, 5])
+
+
+def _unary_cases(kind: OpKind, f: Callable[..., Tensor], **kw: Any
+                 ) -> Callable[[], Iterator[Case]]:
+    def gen() -> Iterator[Case]:
+        for t in (T.F32, T.F16):
+            yield case(kind, lambda B, t=t: f(B.inp(t, 33, 4, 3), **kw), type=t,
+                       ne=[33, 4, 3], **kw)
+        yield case(kind, lambda B: f(B.strided(T.F32, 16, 5), **kw), type=T.F32,
+                   src="strided", **kw)
+    return gen
+
+
+def _floats_in_out(n: Tensor) -> bool:
+    return types_ok(n, FLOATS) and n.type in FLOATS
+
+
+def _floats_2(n: Tensor) -> bool:
+    return types_ok(n, FLOATS, FLOATS)
+
+
+def _binary_op(kind: OpKind, symbol: str, ref: Callable, f: Callable[..., Tensor]) -> None:
+    register(OpDef(kind, symbol, _binary_ref(ref), inplace=True, cases=_binary_cases(kind, f),
+                   accepts=_floats_2, accepts_why="F32/F16 only", elementwise="binary",
+                   ggml=GGMLMap()))
+
+
+def _unary_op(kind: OpKind, symbol: str, ref: Callable, f: Callable[..., Tensor],
+              params: type | None = None, ggml: GGMLMap | None = None, **case_kw: Any) -> None:
+    register(OpDef(kind, symbol, ref, params, inplace=True,
+                   cases=_unary_cases(kind, f, **case_kw), accepts=_floats_in_out,
+                   accepts_why="F32/F16 only", elementwise="unary", ggml=ggml or GGMLMap()))
+
+
+_binary_op(OpKind.ADD, "+", np.add, add)
+_binary_op(OpKind.MUL, "*", np.multiply, mul)
+_binary_op(OpKind.DIV, "/", np.divide, div)
+_unary_op(OpKind.SCALE, "scale", lambda n, ex: _x(n, ex) * n.params.s + n.params.b, scale,
+          ScaleParams, GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_scale_bias(
+              ctx, S[0], t.params.s, t.params.b)), s=0.5, b=0.25)
+_unary_op(OpKind.CLAMP, "clamp", lambda n, ex: np.clip(_x(n, ex), n.params.min, n.params.max),
+          clamp, ClampParams, GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_clamp(
+              ctx, S[0], t.params.min, t.params.max)), min=-0.3, max=0.6)
+_unary_op(OpKind.FILL, "fill", lambda n, ex: np.full(n.shape, n.params.value), fill,
+          FillParams, GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_fill(
+              ctx, S[0], t.params.value)), value=-2.5)
+_unary_op(OpKind.SILU, "silu", lambda n, ex: _silu(_x(n, ex)), silu,
+          ggml=GGMLMap("UNARY", "SILU"))
+_unary_op(OpKind.GELU, "gelu", lambda n, ex: 0.5 * _x(n, ex) * (
+    1.0 + np.tanh(_GELU_C * _x(n, ex) * (1.0 + 0.044715 * _x(n, ex) ** 2))), gelu,
+    ggml=GGMLMap("UNARY", "GELU"))
+_unary_op(OpKind.SIGMOID, "sigmoid", lambda n, ex: 1.0 / (1.0 + np.exp(-_x(n, ex))), sigmoid,
+          ggml=GGMLMap("UNARY", "SIGMOID"))
 register(OpDef(OpKind.SWIGLU, "swiglu", lambda n, ex: _silu(
-    ex.read(n.src[0]).astype(np.float64)) * ex.read(n.src[1]).astype(np.float64)))
+    ex.read(n.src[0]).astype(np.float64)) * ex.read(n.src[1]).astype(np.float64),
+    cases=_swiglu_cases, accepts=_floats_2, accepts_why="F32/F16 only", elementwise="binary",
+    ggml=GGMLMap("GLU", "SWIGLU", build=lambda lib, ctx, t, S: lib.ggml_swiglu_split(ctx, *S))))

@@ -5,12 +5,18 @@ a's slice i2 // (B2 / A2), which is grouped-query attention when a holds K/V hea
 """
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 
-from ggraph.opkind import OpKind
+from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor
-from ggraph.types import GGMLType
-from .registry import OpDef, new_node, register, require, require_type
+from ggraph.types import GGMLType, GGMLType as T
+from .case import TOL_MATMUL, WEIGHTS, Case, case
+from .registry import FLOATS, GGMLMap, OpDef, new_node, register, require, require_type, types_ok
+
+MUL_MAT = OpKind.define("mul_mat", Family.MATMUL)
+MUL_MAT_ID = OpKind.define("mul_mat_id", Family.MATMUL)
 
 WEIGHT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1,
                 GGMLType.Q8_0)
@@ -82,5 +88,40 @@ def _ref_mul_mat_id(node: Tensor, ex) -> np.ndarray:
     return out[None]
 
 
-register(OpDef(OpKind.MUL_MAT, "X", _ref_mul_mat))
-register(OpDef(OpKind.MUL_MAT_ID, "X_id", _ref_mul_mat_id))
+# -- conformance cases --------------------------------------------------------------------
+
+def mm_flops(t: Tensor) -> float:
+    a = t.src[0]
+    return 2.0 * a.ne[0] * t.nelements
+
+
+def _mul_mat_cases() -> Iterator[Case]:
+    shapes = ((16, 1, 64, (1, 1), (1, 1)), (15, 7, 96, (1, 1), (1, 1)),
+              (16, 9, 64, (1, 2), (3, 2)), (8, 17, 32, (2, 1), (4, 1)))
+    for t in WEIGHTS:
+        for m, n, k, ab, bb in shapes:  # ab, bb: ne[2:4] of a and b (block-repeat broadcast)
+            yield case(OpKind.MUL_MAT, lambda B, t=t, m=m, n=n, k=k, ab=ab, bb=bb: mul_mat(
+                B.inp(t, k, m, *ab), B.inp(T.F32, k, n, *bb)), TOL_MATMUL, flops=mm_flops,
+                type=t, m=m, n=n, k=k, bs=list(bb), nr=[bb[0] // ab[0], bb[1] // ab[1]])
+        yield case(OpKind.MUL_MAT, lambda B, t=t: mul_mat(
+            B.inp(t, 64, 12), B.strided(T.F32, 64, 5)), TOL_MATMUL, flops=mm_flops,
+            type=t, m=12, n=5, k=64, b="strided")
+    for t, (m, n, k) in ((T.F32, (1024, 512, 1024)), (T.Q4_1, (1536, 1, 576)),
+                         (T.Q8_0, (1536, 1, 576)), (T.Q4_1, (1536, 512, 576))):
+        yield case(OpKind.MUL_MAT, lambda B, t=t, m=m, n=n, k=k: mul_mat(
+            B.inp(t, k, m), B.inp(T.F32, k, n)), TOL_MATMUL, perf=True, flops=mm_flops,
+            type=t, m=m, n=n, k=k)
+
+
+def _mul_mat_id_cases() -> Iterator[Case]:
+    for t in WEIGHTS:
+        for n_b in (1, 2):
+            yield case(OpKind.MUL_MAT_ID, lambda B, t=t, n_b=n_b: mul_mat_id(
+                B.inp(t, 64, 9, 4), B.inp(T.F32, 64, n_b, 5), B.idx(T.I32, 4, 2, 5)),
+                TOL_MATMUL, flops=mm_flops, type=t, n_expert=4, n_used=2, n_b=n_b, m=9, k=64)
+
+
+register(OpDef(OpKind.MUL_MAT, "X", _ref_mul_mat, cases=_mul_mat_cases,
+               accepts=lambda n: types_ok(n, WEIGHT_TYPES, FLOATS), ggml=GGMLMap()))
+register(OpDef(OpKind.MUL_MAT_ID, "X_id", _ref_mul_mat_id, cases=_mul_mat_id_cases,
+               accepts=lambda n: types_ok(n, WEIGHT_TYPES, FLOATS, (T.I32,)), ggml=GGMLMap()))

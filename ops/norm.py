@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import numpy as np
 
-from ggraph.opkind import OpKind
+from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor
-from ggraph.types import GGMLType
-from .registry import OpDef, new_node, register, require, require_type
+from ggraph.types import GGMLType, GGMLType as T
+from .case import Case, case
+from .registry import GGMLMap, OpDef, new_node, register, require, require_type, types_ok
+
+RMS_NORM = OpKind.define("rms_norm", Family.NORM)
+NORM = OpKind.define("norm", Family.NORM)
 
 
 @dataclass(frozen=True)
@@ -44,5 +49,26 @@ def _ref_norm(node: Tensor, ex) -> np.ndarray:
     return c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + node.params.eps)
 
 
-register(OpDef(OpKind.RMS_NORM, "rms_norm", _ref_rms_norm, NormParams, inplace=True))
-register(OpDef(OpKind.NORM, "norm", _ref_norm, NormParams))
+# -- conformance cases --------------------------------------------------------------------
+
+def _cases(kind: OpKind, f: Callable[..., Tensor]) -> Callable[[], Iterator[Case]]:
+    def gen() -> Iterator[Case]:
+        for ne in ((64, 5, 3), (33, 2)):
+            yield case(kind, lambda B, ne=ne: f(B.inp(T.F32, *ne), 1e-6), ne=list(ne))
+        yield case(kind, lambda B: f(B.strided(T.F32, 16, 5), 1e-6), ne=[16, 5], src="strided")
+    return gen
+
+
+def _f32(n: Tensor) -> bool:
+    return types_ok(n, (T.F32,))
+
+
+def _ggml_norm(lib, ctx, t: Tensor, S: list):
+    return getattr(lib, f"ggml_{t.op.value}")(ctx, S[0], t.params.eps)
+
+
+register(OpDef(OpKind.RMS_NORM, "rms_norm", _ref_rms_norm, NormParams, inplace=True,
+               cases=_cases(OpKind.RMS_NORM, rms_norm), accepts=_f32,
+               ggml=GGMLMap(build=_ggml_norm)))
+register(OpDef(OpKind.NORM, "norm", _ref_norm, NormParams, cases=_cases(OpKind.NORM, norm),
+               accepts=_f32, ggml=GGMLMap(build=_ggml_norm)))

@@ -3,13 +3,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Iterator
 
 import numpy as np
 
-from ggraph.opkind import OpKind
+from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor
-from ggraph.types import GGMLType
-from .registry import OpDef, can_repeat, new_node, register, require, require_type
+from ggraph.types import GGMLType, GGMLType as T
+from .case import Case, any_values, case
+from .registry import GGMLMap, OpDef, can_repeat, new_node, register, require, require_type
+
+SUM_ROWS = OpKind.define("sum_rows", Family.REDUCE)
+ARGSORT = OpKind.define("argsort", Family.REDUCE)
+TOP_K = OpKind.define("top_k", Family.REDUCE)
+CONCAT = OpKind.define("concat", Family.COPY)
+REPEAT = OpKind.define("repeat", Family.COPY)
 
 
 class SortOrder(IntEnum):
@@ -95,9 +103,55 @@ def _ref_repeat(node: Tensor, ex) -> np.ndarray:
     return np.tile(ex.read(a), tuple(x // y for x, y in zip(b.shape, a.shape)))
 
 
+# -- conformance cases --------------------------------------------------------------------
+
+_SHAPES = ((64, 5, 3), (7, 2))
+
+
+def _sum_rows_cases() -> Iterator[Case]:
+    for ne in _SHAPES:
+        yield case(OpKind.SUM_ROWS, lambda B, ne=ne: sum_rows(B.inp(T.F32, *ne)), ne=list(ne))
+
+
+def _argsort_cases() -> Iterator[Case]:
+    for ne in _SHAPES:
+        for order in (SortOrder.ASC, SortOrder.DESC):
+            yield case(OpKind.ARGSORT, lambda B, ne=ne, o=order: argsort(B.inp(T.F32, *ne), o),
+                       0.0, ne=list(ne), order=order.name)
+
+
+def _top_k_cases() -> Iterator[Case]:
+    for ne in _SHAPES:
+        yield case(OpKind.TOP_K, lambda B, ne=ne: top_k(B.inp(T.F32, *ne), 4), 0.0,
+                   ne=list(ne), k=4)
+
+
+_LAYOUT_TYPES = (T.F32, T.F16, T.BF16, T.I32, T.I64)
+
+
+def _concat_cases() -> Iterator[Case]:
+    for t in _LAYOUT_TYPES:
+        for dim in range(4):
+            yield case(OpKind.CONCAT, lambda B, t=t, d=dim: concat(
+                any_values(B, t, 6, 5, 4, 3), any_values(B, t, *[(2 if i == d else x) for i, x in
+                                                               enumerate((6, 5, 4, 3))]), d),
+                0.0, type=t, dim=dim)
+
+
+def _repeat_cases() -> Iterator[Case]:
+    for t in _LAYOUT_TYPES:
+        yield case(OpKind.REPEAT, lambda B, t=t: repeat(
+            any_values(B, t, 8, 1, 3), any_values(B, t, 16, 4, 3, 2)), 0.0, type=t)
+
+
 register(OpDef(OpKind.SUM_ROWS, "sum_rows", lambda n, ex: ex.read(n.src[0]).astype(
-    np.float64).sum(axis=-1, keepdims=True)))
-register(OpDef(OpKind.ARGSORT, "argsort", _ref_argsort, ArgsortParams))
-register(OpDef(OpKind.TOP_K, "top_k", _ref_top_k, TopKParams))
-register(OpDef(OpKind.CONCAT, "concat", _ref_concat, ConcatParams))
-register(OpDef(OpKind.REPEAT, "repeat", _ref_repeat))
+    np.float64).sum(axis=-1, keepdims=True), cases=_sum_rows_cases, ggml=GGMLMap()))
+register(OpDef(OpKind.ARGSORT, "argsort", _ref_argsort, ArgsortParams, cases=_argsort_cases,
+               ggml=GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_argsort(
+                   ctx, S[0], int(t.params.order)))))
+register(OpDef(OpKind.TOP_K, "top_k", _ref_top_k, TopKParams, cases=_top_k_cases,
+               ggml=GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_top_k(ctx, S[0], t.params.k))))
+register(OpDef(OpKind.CONCAT, "concat", _ref_concat, ConcatParams, cases=_concat_cases,
+               ggml=GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_concat(ctx, S[0], S[1],
+                                                                          t.params.dim))))
+register(OpDef(OpKind.REPEAT, "repeat", _ref_repeat, cases=_repeat_cases, ggml=GGMLMap()))

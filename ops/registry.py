@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
-from ggraph.opkind import OpKind
+from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor, contiguous_strides, fmt_ne
 from ggraph.types import GGMLType
 
@@ -28,15 +28,58 @@ class Executor(Protocol):
 RefFn = Callable[[Tensor, Executor], "np.ndarray | None"]
 
 
+def _any_types(node: Tensor) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class GGMLMap:
+    """How an op appears in the real libggml (the `ggml-compare` reference and its checks):
+    ggml's op name (default: the kind's name), its unary/GLU sub-op where it has one, and
+    `build(lib, ctx, node, srcs)` calling ggml's constructor with the node's params (srcs: the
+    sources' ggml tensors; default: `ggml_<op>(ctx, *srcs)`)."""
+    op: str | None = None
+    sub: str | None = None
+    build: Callable[[Any, Any, Tensor, list[Any]], Any] | None = None
+
+
 @dataclass(frozen=True)
 class OpDef:
+    """Everything ggraph knows about an op apart from backend kernels."""
     kind: OpKind
     symbol: str                      # short form for graph pictures (ggml_op_symbol)
     reference: RefFn | None          # None for views (no computation)
     params_type: type | None = None
     inplace: bool = False            # ggml-alloc may give a parent's memory to the result
     cases: Callable[[], Iterable[Any]] | None = None  # conformance cases (ggraph.conformance)
+    # the source/result types every backend's kernels accept (a backend may narrow it), and
+    # what the coverage table says where it refuses
+    accepts: Callable[[Tensor], bool] = _any_types
+    accepts_why: str = ""
+    # element-wise ops the shared unary/binary kernels run ("unary": one source, "binary":
+    # b broadcast over a by modulo); their op codes follow registration order
+    elementwise: str | None = None
+    ggml: GGMLMap | None = None
     doc: str = ""
+
+    @property
+    def family(self) -> Family:
+        return self.kind.family
+
+    @property
+    def ggml_op(self) -> tuple[str, str | None] | None:
+        """(ggml op name, sub-op name or None); None where ggml has no such op."""
+        if self.ggml is None:
+            return None
+        return self.ggml.op or self.kind.name, self.ggml.sub
+
+    def ggml_build(self, lib: Any, ctx: Any, node: Tensor, srcs: list[Any]) -> Any:
+        """The ggml tensor computing `node` in libggml (`lib`: its functions)."""
+        if self.ggml is None:
+            raise ValueError(f"op {self.kind} has no ggml counterpart")
+        if self.ggml.build is not None:
+            return self.ggml.build(lib, ctx, node, srcs)
+        return getattr(lib, f"ggml_{self.kind.value}")(ctx, *srcs)
 
 
 REGISTRY: dict[OpKind, OpDef] = {}
@@ -45,6 +88,8 @@ REGISTRY: dict[OpKind, OpDef] = {}
 def register(opdef: OpDef) -> OpDef:
     if opdef.kind in REGISTRY:
         raise ValueError(f"op {opdef.kind} registered twice")
+    if opdef.elementwise not in (None, "unary", "binary"):
+        raise ValueError(f"op {opdef.kind}: elementwise must be 'unary', 'binary' or None")
     REGISTRY[opdef.kind] = opdef
     return opdef
 
@@ -54,6 +99,23 @@ def get_op(kind: OpKind) -> OpDef:
         return REGISTRY[kind]
     except KeyError:
         raise KeyError(f"op {kind} has no record in the registry") from None
+
+
+def ops_where(pred: Callable[[OpDef], bool]) -> tuple[OpKind, ...]:
+    """The kinds whose record satisfies pred, in registration order (families, the
+    element-wise groups and their op codes are derived this way, never listed)."""
+    return tuple(k for k, d in REGISTRY.items() if pred(d))
+
+
+def types_ok(node: Tensor, *roles_ok: Sequence[GGMLType]) -> bool:
+    """Each source's type is in its role's allowed set (missing optional sources pass)."""
+    return all(s is None or s.type in ok for s, ok in zip(node.src, roles_ok))
+
+
+# type groups the accepts rules use
+FLOATS = (GGMLType.F32, GGMLType.F16)
+ELEM_FLOATS = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+STORABLE = ELEM_FLOATS + (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0)
 
 
 # -- errors -------------------------------------------------------------------------------
@@ -147,5 +209,6 @@ def new_view(kind: OpKind, a: Tensor, ne: Sequence[int], nb: Sequence[int] | Non
     return t
 
 
-__all__ = ["OpDef", "REGISTRY", "register", "get_op", "op_error", "require", "require_type",
-           "can_repeat", "new_node", "new_view", "fmt_ne", "Executor"]
+__all__ = ["OpDef", "GGMLMap", "REGISTRY", "register", "get_op", "ops_where", "types_ok",
+           "FLOATS", "ELEM_FLOATS", "STORABLE", "op_error", "require", "require_type",
+           "can_repeat", "new_node", "new_view", "fmt_ne", "Executor", "Family"]

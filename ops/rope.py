@@ -8,13 +8,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Iterator
 
 import numpy as np
 
-from ggraph.opkind import OpKind
+from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor
-from ggraph.types import GGMLType
-from .registry import OpDef, new_node, register, require, require_type
+from ggraph.types import GGMLType, GGMLType as T
+from .case import Case, case
+from .registry import FLOATS, GGMLMap, OpDef, new_node, register, require, require_type, types_ok
+
+ROPE = OpKind.define("rope", Family.ROPE)
 
 
 class RopeMode(IntEnum):
@@ -114,4 +118,30 @@ def _ref_rope(node: Tensor, ex) -> np.ndarray:
     return out
 
 
-register(OpDef(OpKind.ROPE, "rope", _ref_rope, RopeParams, inplace=True))
+# -- conformance cases --------------------------------------------------------------------
+
+def _rope_cases() -> Iterator[Case]:
+    for t in (T.F32, T.F16):
+        for mode in (RopeMode.NORMAL, RopeMode.NEOX):
+            for n_dims, kw in ((64, {}), (32, dict(freq_scale=0.25)),
+                               (64, dict(freq_scale=0.25, ext_factor=1.0, n_ctx_orig=64,
+                                         attn_factor=1.2))):
+                yield case(OpKind.ROPE, lambda B, t=t, m=mode, nd=n_dims, kw=kw: rope_ext(
+                    B.inp(t, 64, 3, 5), B.idx(T.I32, 4096, 5), None, nd, m, **kw),
+                    type=t, mode=int(mode), n_dims=n_dims, **kw)
+    yield case(OpKind.ROPE, lambda B: rope_ext(
+        B.inp(T.F32, 64, 3, 5), B.idx(T.I32, 4096, 5),
+        B.ctx.new_tensor(T.F32, (32,)).set_data(B.rng.uniform(1.0, 4.0, 32)), 64,
+        RopeMode.NEOX), freq_factors=True)
+
+
+def _ggml_rope(lib, ctx, t: Tensor, S: list):
+    p = t.params
+    return lib.ggml_rope_ext(ctx, *S[:3], p.n_dims, int(p.mode), p.n_ctx_orig, p.freq_base,
+                             p.freq_scale, p.ext_factor, p.attn_factor, p.beta_fast,
+                             p.beta_slow)
+
+
+register(OpDef(OpKind.ROPE, "rope", _ref_rope, RopeParams, inplace=True, cases=_rope_cases,
+               accepts=lambda n: types_ok(n, FLOATS, (T.I32,), (T.F32,)),
+               ggml=GGMLMap(build=_ggml_rope)))

@@ -6,12 +6,19 @@ destination, so later ops read the cache through it.
 """
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 
-from ggraph.opkind import OpKind
+from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor
-from ggraph.types import GGMLType
-from .registry import OpDef, new_node, new_view, register, require, require_type
+from ggraph.types import GGMLType, GGMLType as T
+from .case import TOL_DEFAULT, WEIGHTS, Case, case
+from .registry import (STORABLE, GGMLMap, OpDef, new_node, new_view, register, require,
+                       require_type, types_ok)
+
+GET_ROWS = OpKind.define("get_rows", Family.COPY)
+SET_ROWS = OpKind.define("set_rows", Family.COPY)
 
 INDEX_TYPES = (GGMLType.I32, GGMLType.I64)
 
@@ -81,5 +88,27 @@ def _check_index(I: np.ndarray, n: int, op: str, a: Tensor, idx: Tensor) -> None
                          f"{a.describe()}")
 
 
-register(OpDef(OpKind.GET_ROWS, "get_rows", _ref_get_rows))
-register(OpDef(OpKind.SET_ROWS, "set_rows", _ref_set_rows))
+# -- conformance cases --------------------------------------------------------------------
+
+def _get_rows_cases() -> Iterator[Case]:
+    for t in WEIGHTS + (T.I32,):
+        yield case(OpKind.GET_ROWS, lambda B, t=t: get_rows(
+            B.inp(t, 64, 10, 3) if t != T.I32 else B.idx(T.I32, 1000, 64, 10, 3),
+            B.idx(T.I32, 10, 7, 3)), TOL_DEFAULT if t != T.I32 else 0.0, type=t, n=7,
+            ne=[64, 10, 3])
+
+
+def _set_rows_cases() -> Iterator[Case]:
+    for t in (T.F16, T.BF16, T.F32, T.Q8_0, T.Q4_0, T.Q4_1):
+        for it in (T.I64, T.I32):
+            yield case(OpKind.SET_ROWS, lambda B, t=t, it=it: set_rows(
+                B.cache(t, 64, 12, 2), B.inp(T.F32, 64, 5, 2),
+                B.idx(it, 12, 5, 2, unique_rows=True)), 0.0, type=t, type_idx=it, n=5,
+                ne=[64, 12, 2])
+
+
+register(OpDef(OpKind.GET_ROWS, "get_rows", _ref_get_rows, cases=_get_rows_cases,
+               accepts=lambda n: types_ok(n, STORABLE + (T.I32,), (T.I32,)), ggml=GGMLMap()))
+register(OpDef(OpKind.SET_ROWS, "set_rows", _ref_set_rows, cases=_set_rows_cases,
+               accepts=lambda n: types_ok(n, STORABLE, (T.F32,), (T.I32, T.I64)),
+               ggml=GGMLMap()))

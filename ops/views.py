@@ -7,12 +7,22 @@ is how older ggml code wrote a KV cache.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
-from ggraph.opkind import OpKind
+from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor, fmt_ne
-from .registry import OpDef, new_node, new_view, register, require
+from ggraph.types import GGMLType as T
+from .case import Case, CaseBuilder, TOL_DEFAULT, TOL_QUANT_COPY, any_values, case
+from .registry import GGMLMap, OpDef, new_node, new_view, register, require
+
+VIEW = OpKind.define("view", Family.VIEW)
+RESHAPE = OpKind.define("reshape", Family.VIEW)
+PERMUTE = OpKind.define("permute", Family.VIEW)
+TRANSPOSE = OpKind.define("transpose", Family.VIEW)
+CPY = OpKind.define("cpy", Family.COPY)
+CONT = OpKind.define("cont", Family.COPY)
 
 
 @dataclass(frozen=True)
@@ -126,8 +136,61 @@ def _ref_cpy(node: Tensor, ex) -> None:
     ex.write(node, ex.read(a).reshape(node.shape))
 
 
-for _kind, _sym in ((OpKind.VIEW, "view"), (OpKind.RESHAPE, "reshape"),
-                    (OpKind.PERMUTE, "permute"), (OpKind.TRANSPOSE, "transpose")):
-    register(OpDef(_kind, _sym, None, PermuteParams if _kind == OpKind.PERMUTE else None))
-register(OpDef(OpKind.CONT, "cont", _ref_cont))
-register(OpDef(OpKind.CPY, "x->y", _ref_cpy))
+# -- conformance cases --------------------------------------------------------------------
+
+def _view_cases() -> Iterator[Case]:
+    # views compute nothing; they are checked through a copy of the viewed window
+    for kind, f in ((OpKind.VIEW, lambda a: view_3d(a, 8, 3, 2, a.nb[1], a.nb[2], a.nb[1])),
+                    (OpKind.RESHAPE, lambda a: reshape(a, 40, 3)),
+                    (OpKind.PERMUTE, lambda a: permute(a, 2, 0, 1, 3)),
+                    (OpKind.TRANSPOSE, lambda a: transpose(a))):
+        yield case(kind, lambda B, f=f: cont(f(B.inp(T.F32, 8, 5, 3))), 0.0)
+
+
+def _cpy_cases() -> Iterator[Case]:
+    for src in (T.F32, T.F16, T.BF16):
+        for dst in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1):
+            tol = TOL_QUANT_COPY.get(dst, 0.0 if src == dst or dst == T.F32 else TOL_DEFAULT)
+            if src == T.F32 and dst in (T.F16, T.BF16):
+                tol = 0.0  # one rounding, identical everywhere
+            yield case(OpKind.CPY, lambda B, s=src, d=dst: cpy(
+                B.inp(s, 64, 6, 2), B.cache(d, 64, 12)), tol, type_src=src, type_dst=dst)
+        yield case(OpKind.CPY, lambda B, s=src: cpy(
+            B.strided(s, 32, 6), B.cache(T.F16, 32, 6)), TOL_DEFAULT, type_src=src,
+            type_dst=T.F16, src="strided")
+    for t in (T.I32, T.I64):
+        yield case(OpKind.CPY, lambda B, t=t: cpy(any_values(B, t, 16, 6), B.cache(t, 96)),
+                   0.0, type_src=t, type_dst=t)
+
+
+def _cont_cases() -> Iterator[Case]:
+    for t in (T.F32, T.F16, T.BF16, T.I32, T.I64):
+        yield case(OpKind.CONT, lambda B, t=t: cont(transpose(any_values(B, t, 8, 5, 3))),
+                   0.0, type=t, src="transposed")
+    for t in (T.Q8_0, T.Q4_0, T.Q4_1):
+        yield case(OpKind.CONT, lambda B, t=t: cont(permute(B.inp(t, 64, 5, 3), 0, 2, 1, 3)),
+                   0.0, type=t, src="permuted")
+
+
+def _one_kind(kind: OpKind):
+    return lambda: (c for c in _view_cases() if c.op == kind)
+
+
+def _ggml_view(lib, ctx, t: Tensor, S: list):
+    src = t.src[0]
+    rel = (t.view_offs - (src.view_offs if src.view_src is not None else 0)) % (1 << 64)
+    return lib.ggml_view_4d(ctx, S[0], *t.ne, *t.nb[1:], rel)
+
+
+register(OpDef(OpKind.VIEW, "view", None, cases=_one_kind(OpKind.VIEW),
+               ggml=GGMLMap(build=_ggml_view)))
+register(OpDef(OpKind.RESHAPE, "reshape", None, cases=_one_kind(OpKind.RESHAPE),
+               ggml=GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_reshape_4d(ctx, S[0], *t.ne))))
+register(OpDef(OpKind.PERMUTE, "permute", None, PermuteParams, cases=_one_kind(OpKind.PERMUTE),
+               ggml=GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_permute(ctx, S[0],
+                                                                           *t.params.axes))))
+register(OpDef(OpKind.TRANSPOSE, "transpose", None, cases=_one_kind(OpKind.TRANSPOSE),
+               ggml=GGMLMap()))
+register(OpDef(OpKind.CONT, "cont", _ref_cont, cases=_cont_cases,
+               ggml=GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_cont_4d(ctx, S[0], *t.ne))))
+register(OpDef(OpKind.CPY, "x->y", _ref_cpy, cases=_cpy_cases, ggml=GGMLMap()))

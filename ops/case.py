@@ -1,0 +1,107 @@
+"""What a conformance case is: a Case builds its graph from a CaseBuilder, whose leafs are
+filled uniform in [-1, 1] (index tensors with valid indices), in the spirit of ggml's
+test-backend-ops. Each op module declares its own cases (small shapes, odd sizes, broadcasts,
+strided sources, every accepted type) in its OpDef; `perf=True` cases are larger shapes used
+by the perf mode only. The tolerances are the facts page's (section 9).
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ggraph.opkind import OpKind
+from ggraph.tensor import Context, Tensor
+from ggraph.types import GGMLType as T
+
+
+# NMSE tolerances of facts page section 9
+TOL_DEFAULT = 1e-7
+TOL_MATMUL = 5e-4
+TOL_SOFTMAX = 1e-6
+TOL_QUANT_COPY = {T.Q8_0: 1e-5, T.Q4_0: 1e-3, T.Q4_1: 1e-3}  # about one quantization step
+
+
+class CaseBuilder:
+    """Makes a case's leafs: values uniform in [-1, 1], converted to each leaf's type."""
+
+    def __init__(self, seed: int) -> None:
+        self.ctx = Context("conformance")
+        self.rng = np.random.default_rng(seed)
+
+    def inp(self, type: T, *ne: int, name: str = "") -> Tensor:
+        t = self.ctx.new_tensor(type, ne, name=name)
+        return t.set_data(self.rng.uniform(-1.0, 1.0, t.shape))
+
+    def idx(self, type: T, n_max: int, *ne: int, unique_rows: bool = False) -> Tensor:
+        t = self.ctx.new_tensor(type, ne)
+        if unique_rows:  # set_rows: distinct destinations per (j, k) so the result is defined
+            vals = np.stack([self.rng.permutation(n_max)[: ne[0]]
+                             for _ in range(int(np.prod(ne[1:])))]).reshape(t.shape)
+        else:
+            vals = self.rng.integers(0, n_max, t.shape)
+        return t.set_data(vals)
+
+    def mask(self, n_kv: int, rows: int, type: T = T.F16, *more: int) -> Tensor:
+        """A causal-looking mask with -inf entries and a fully visible first column."""
+        t = self.ctx.new_tensor(type, (n_kv, rows) + more)
+        m = self.rng.uniform(-1.0, 1.0, t.shape)
+        m[self.rng.uniform(size=t.shape) < 0.2] = -np.inf
+        m[..., 0] = 0.0
+        return t.set_data(m)
+
+    def cache(self, type: T, *ne: int) -> Tensor:
+        t = self.ctx.new_tensor(type, ne, name="cache")
+        t.buffer = "cache"  # pre-allocated, zero, like a fresh KV cache
+        return t
+
+    def strided(self, type: T, *ne: int) -> Tensor:
+        """A non-contiguous view with ne: a transposed, padded source (dims 0 and 1 swapped)."""
+        from . import views as V  # the view ops declare cases themselves: import when used
+
+        big = self.inp(type, ne[1] + 3, ne[0], *ne[2:])
+        v = V.view_4d(big, ne[1], ne[0], *(tuple(ne[2:]) + (1, 1))[:2], big.nb[1],
+                      big.nb[2], big.nb[3], 0) if len(ne) >= 2 else big
+        return V.transpose(v)
+
+
+@dataclass(frozen=True)
+class Case:
+    op: OpKind
+    vars: tuple[tuple[str, Any], ...]
+    build: Callable[[CaseBuilder], Tensor]
+    tol: float = TOL_DEFAULT
+    perf: bool = False
+    flops: Callable[[Tensor], float] | None = field(default=None, compare=False)
+
+    @property
+    def label(self) -> str:
+        return f"{self.op.name}({','.join(f'{k}={_fmt(v)}' for k, v in self.vars)})"
+
+    def make(self) -> tuple[CaseBuilder, Tensor]:
+        b = CaseBuilder(zlib.crc32(self.label.encode()))
+        return b, self.build(b)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, (tuple, list)):
+        return "[" + ",".join(str(x) for x in v) + "]"
+    return str(v)
+
+
+def case(op: OpKind, build: Callable, tol: float = TOL_DEFAULT, perf: bool = False,
+         flops: Callable | None = None, **vars: Any) -> Case:
+    """A Case of op: `build(builder)` makes its graph; `vars` name it in reports."""
+    return Case(op, tuple(vars.items()), build, tol, perf, flops)
+
+
+def any_values(B: CaseBuilder, t: T, *ne: int) -> Tensor:
+    """A leaf of type t: valid index values for integer types, uniform values otherwise."""
+    return B.idx(t, 1000, *ne) if t.is_int else B.inp(t, *ne)
+
+
+# the weight and KV types the matrix and attention cases run over
+WEIGHTS = (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q8_0)
+KV = (T.F16, T.BF16, T.F32, T.Q8_0, T.Q4_0, T.Q4_1)
