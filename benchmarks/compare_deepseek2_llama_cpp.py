@@ -57,7 +57,7 @@ def ggraph_logits(path: str, tokens: list[int], *, backend: str = "cpu", path_na
                   "absorbed", amb_mib: int = 0, n_ctx: int = N_CTX,
                   cache: str = "f32") -> np.ndarray:
     """All-token logits from ggraph: the reference executor or a backend, one MLA path."""
-    from ggraph.graphs import deepseek2
+    from ggraph.graphs.archs import deepseek2
     from ggraph.graphs.gguf_file import load_gguf
 
     from ggraph.reference import run_reference
@@ -80,7 +80,6 @@ def ggraph_logits(path: str, tokens: list[int], *, backend: str = "cpu", path_na
 
 
 def ggraph_greedy(path: str, tokens: list[int], n_gen: int = N_GEN) -> list[int]:
-    from ggraph.graphs import deepseek2  # noqa: F401 - registers the architecture
     from ggraph.graphs.engine import Engine, EngineConfig
 
     eng = Engine(path, EngineConfig(n_ctx=N_CTX, n_ubatch=64, type_k="f32"))

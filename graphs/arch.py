@@ -1,116 +1,193 @@
-"""The architecture registry and the one table of GGUF tensor names.
+"""Architectures: the interface every model builder implements, its optional capabilities,
+and the registry that finds a builder by `general.architecture`.
 
-An architecture registers a builder class under its `general.architecture` name; loading a
-model looks it up here (an unknown name is a clear error listing the known ones), never in an
-`if arch == ...` ladder.
+A builder is an `Architecture` subclass decorated with `@register_arch(name)` in a module of
+the `graphs/archs/` package. The registry imports every module of that package (pkgutil) when
+a name is looked up, so adding an architecture is adding one module: nothing lists the
+architectures, and nobody imports a builder "to register" it. An unknown name is an error
+listing the known ones.
+
+Capabilities beyond building are interfaces a builder also subclasses, so the class declares
+them and callers test them with `supports(cls, capability)`: `MLAPlanner` is what `ggraph
+plan` (graphs/presets.py) needs to plan MLA attention without weights.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import importlib
+import pkgutil
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, TypeVar
 
-from .gguf_file import GGUFError
+import numpy as np
 
-# logical name -> GGUF tensor name ({il}: layer index)
-TENSOR_NAMES: dict[str, str] = {
-    "tok_embd": "token_embd.weight",
-    "output_norm": "output_norm.weight",
-    "output": "output.weight",
-    "attn_norm": "blk.{il}.attn_norm.weight",
-    "attn_q": "blk.{il}.attn_q.weight",
-    "attn_k": "blk.{il}.attn_k.weight",
-    "attn_v": "blk.{il}.attn_v.weight",
-    "attn_output": "blk.{il}.attn_output.weight",
-    "ffn_norm": "blk.{il}.ffn_norm.weight",
-    "ffn_gate": "blk.{il}.ffn_gate.weight",
-    "ffn_up": "blk.{il}.ffn_up.weight",
-    "ffn_down": "blk.{il}.ffn_down.weight",
-    # DeepSeek2 / MLA
-    "attn_q_a": "blk.{il}.attn_q_a.weight",
-    "attn_q_a_norm": "blk.{il}.attn_q_a_norm.weight",
-    "attn_q_b": "blk.{il}.attn_q_b.weight",
-    "attn_kv_a_mqa": "blk.{il}.attn_kv_a_mqa.weight",
-    "attn_kv_a_norm": "blk.{il}.attn_kv_a_norm.weight",
-    "attn_kv_b": "blk.{il}.attn_kv_b.weight",
-    "attn_k_b": "blk.{il}.attn_k_b.weight",
-    "attn_v_b": "blk.{il}.attn_v_b.weight",
-    "ffn_gate_inp": "blk.{il}.ffn_gate_inp.weight",
-    "exp_probs_b": "blk.{il}.exp_probs_b.bias",
-    "ffn_gate_exps": "blk.{il}.ffn_gate_exps.weight",
-    "ffn_up_exps": "blk.{il}.ffn_up_exps.weight",
-    "ffn_down_exps": "blk.{il}.ffn_down_exps.weight",
-    "ffn_gate_shexp": "blk.{il}.ffn_gate_shexp.weight",
-    "ffn_up_shexp": "blk.{il}.ffn_up_shexp.weight",
-    "ffn_down_shexp": "blk.{il}.ffn_down_shexp.weight",
-}
+from ggraph.tensor import Context, Tensor
+from ggraph.types import GGMLType
+
+from .gguf_file import GGUFError, GGUFModel
+from .model_graph import ModelGraph
+from .tensor_names import TensorNames, expect_tensor
+
+if TYPE_CHECKING:
+    from .mla import MLAShape
 
 
-def tensor_name(logical: str, il: int | None = None) -> str:
-    return TENSOR_NAMES[logical].format(il=il)
+class Architecture(ABC):
+    """What the engine, `ggraph run`, `ggraph dot` and `ggraph plan` use of a builder.
+
+    A subclass sets `hparams_class` (a dataclass read with hparams.read_hparams) and `tensors`
+    (its TensorNames), and its `__init__` looks up every weight it uses through `weight` /
+    `optional_weight` (GGUFModel.check_all_used refuses a file with tensors left over).
+    """
+    arch_name: ClassVar[str] = ""          # set by register_arch
+    hparams_class: ClassVar[type]
+    tensors: ClassVar[TensorNames]
+    gguf: GGUFModel
+    hp: Any
+
+    @abstractmethod
+    def __init__(self, gguf: GGUFModel, **overrides: Any) -> None:
+        """Read self.hp from gguf's metadata (overrides replace hyperparameters) and look
+        up the weights."""
+
+    @abstractmethod
+    def new_cache(self, ctx: Context, size: int, type_k: str = "f16", type_v: str = "f16",
+                  flash_attn: bool = False) -> Any:
+        """The KV cache of `size` cells (pre-allocated leafs in ctx; None without one)."""
+
+    @abstractmethod
+    def graph_capacity(self, n_tokens: int, n_kv: int, amb_mib: int) -> int:
+        """Nodes the graph of one ubatch may hold (Graph's capacity)."""
+
+    @abstractmethod
+    def build(self, ctx: Context, cache: Any, n_tokens: int, n_kv: int, n_outputs: int,
+              flash_attn: bool = False, amb_mib: int = 0) -> ModelGraph[Any]:
+        """The graph of one ubatch of n_tokens attending to the first n_kv cache cells, with
+        n_outputs rows of logits."""
+
+    @abstractmethod
+    def batch_inputs(self, mg: ModelGraph[Any], cache: Any, tokens: np.ndarray, n_past: int,
+                     out_rows: np.ndarray) -> dict[Tensor, np.ndarray]:
+        """The values of mg's inputs for tokens at positions n_past.. (rows out_rows out)."""
+
+    # -- weights, by logical name (graphs/tensor_names.py) ------------------------------------
+    def weight(self, logical: str, ne: tuple[int, ...], il: int | None = None,
+               suffix: str = "weight") -> Tensor:
+        """The weight with exactly ne; missing or mis-shaped is an error naming file and
+        tensor."""
+        t = expect_tensor(self.gguf, self.tensors, logical, ne, il, suffix=suffix)
+        assert t is not None
+        return t
+
+    def optional_weight(self, logical: str, ne: tuple[int, ...], il: int | None = None,
+                        suffix: str = "weight") -> Tensor | None:
+        """The weight with exactly ne, None when the file does not have it."""
+        return expect_tensor(self.gguf, self.tensors, logical, ne, il, optional=True,
+                             suffix=suffix)
 
 
-def expect_tensor(gguf: Any, logical: str, ne: tuple[int, ...], il: int | None = None,
-                  optional: bool = False) -> Any:
-    """The weight `logical` (of layer il) with exactly ne; missing or mis-shaped is an error
-    naming the file and the tensor (None for a missing optional one)."""
-    name = tensor_name(logical, il)
-    t = gguf.get(name)
-    if t is None:
-        if optional:
-            return None
-        raise GGUFError(f"{gguf.path}: tensor {name!r} is missing")
-    want = tuple(ne) + (1,) * (4 - len(ne))
-    if t.ne != want:
-        raise GGUFError(f"{gguf.path}: tensor {name!r} has ne={list(t.ne[:len(ne)])}, "
-                        f"expected {list(ne)} for this model's hyperparameters")
-    return t
+class MLAPlanner(ABC):
+    """Capability: plan multi-head latent attention without weights (`ggraph plan`).
+
+    The builder's `build` also takes `path=` (force one of graphs/mla.py's PATHS) and its
+    graphs carry the path taken (ModelGraph.path); presets build it over metadata-only
+    weights from `weight_shapes`."""
+    decompress_min_tokens: ClassVar[int]
+
+    @abstractmethod
+    def mla_shape(self, n_tokens: int, n_kv: int) -> MLAShape:
+        """The attention geometry of one ubatch."""
+
+    @abstractmethod
+    def attention_path(self, n_tokens: int, n_kv: int, flash: bool,
+                       cache_type: GGMLType | str = GGMLType.F16) -> str:
+        """The MLA path `build` takes for these sizes."""
+
+    @abstractmethod
+    def cache_bytes(self, size: int, type_k: GGMLType | str) -> int:
+        """Bytes of a cache of `size` cells in type_k."""
+
+    @classmethod
+    @abstractmethod
+    def weight_shapes(cls, hp: Any, kv_b: str = "split",
+                      tied_output: bool = False) -> dict[str, tuple[int, ...]]:
+        """Every weight's GGUF name and ne for hyperparameters hp, as the converter writes
+        them."""
 
 
-def io_weights(gguf: Any, n_embd: int, n_vocab: int) -> dict[str, Any]:
-    """Token embedding, output norm and output matrix (tied to the embedding when the file
-    has no output.weight). The tokenizer's vocabulary must be as long as the embedding: a
-    shorter one would leave rows that no token reaches and ids that no text decodes to."""
-    tokens = gguf.metadata.get("tokenizer.ggml.tokens")
-    if isinstance(tokens, list) and len(tokens) != n_vocab:
-        raise GGUFError(f"{gguf.path}: tokenizer.ggml.tokens has {len(tokens)} tokens but the "
-                        f"model's vocabulary (vocab_size, token_embd) has {n_vocab}")
-    w = {"tok_embd": expect_tensor(gguf, "tok_embd", (n_embd, n_vocab)),
-         "output_norm": expect_tensor(gguf, "output_norm", (n_embd,)),
-         "output": expect_tensor(gguf, "output", (n_embd, n_vocab), optional=True)}
-    if w["output"] is None:
-        w["output"] = w["tok_embd"]
-    return w
+CAPABILITIES: tuple[type, ...] = (MLAPlanner,)
 
 
-def vocab_size(gguf: Any) -> int:
-    """n_vocab when the architecture's key is absent: the tokenizer's list, else the embedding."""
-    tokens = gguf.metadata.get("tokenizer.ggml.tokens")
-    return len(tokens) if isinstance(tokens, list) and tokens else \
-        gguf.tensor(tensor_name("tok_embd")).ne[1]
+def supports(cls: type, capability: type) -> bool:
+    """Whether an architecture class declares a capability (one of CAPABILITIES)."""
+    if capability not in CAPABILITIES:
+        raise ValueError(f"{capability.__name__} is not a capability; they are "
+                         f"{', '.join(c.__name__ for c in CAPABILITIES)}")
+    return issubclass(cls, capability)
 
 
-ARCHITECTURES: dict[str, Callable[..., Any]] = {}
+# -- the registry --------------------------------------------------------------------------------
+
+ARCHITECTURES: dict[str, type[Architecture]] = {}
+A = TypeVar("A", bound=type)
 
 
-def register_arch(name: str) -> Callable[[type], type]:
-    def deco(cls: type) -> type:
+def register_arch(name: str) -> Callable[[A], A]:
+    """Class decorator: the builder for `general.architecture == name`. The class must
+    implement Architecture; a second class under a taken name is an error."""
+    def deco(cls: A) -> A:
+        if not (isinstance(cls, type) and issubclass(cls, Architecture)):
+            raise TypeError(f"architecture {name!r}: {cls!r} is not an Architecture subclass "
+                            f"(graphs/arch.py)")
+        missing = sorted(cls.__abstractmethods__)
+        if missing:
+            raise TypeError(f"architecture {name!r}: {cls.__name__} does not implement "
+                            f"{', '.join(missing)}")
+        old = ARCHITECTURES.get(name)
+        if old is not None and _qualname(old) != _qualname(cls):
+            raise ValueError(f"architecture {name!r} is registered twice: {_qualname(old)} and "
+                             f"{_qualname(cls)}")
+        cls.arch_name = name
         ARCHITECTURES[name] = cls
         return cls
     return deco
 
 
-def build_model(gguf: Any, **overrides: Any) -> Any:
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def discover_architectures() -> dict[str, type[Architecture]]:
+    """Import every module of graphs/archs/ (importing registers its builders) and return the
+    registry; a builder taken out of the registry after its module was imported comes back."""
+    from . import archs
+
+    for info in pkgutil.iter_modules(archs.__path__, archs.__name__ + "."):
+        module = importlib.import_module(info.name)
+        for obj in vars(module).values():
+            name = vars(obj).get("arch_name") if isinstance(obj, type) else None
+            if name and issubclass(obj, Architecture) and obj.__module__ == module.__name__:
+                ARCHITECTURES.setdefault(name, obj)
+    return ARCHITECTURES
+
+
+def model_class(arch: str, path: str = "") -> type[Architecture]:
+    """The builder of `general.architecture == arch`; an unknown name is an error naming the
+    file and the known architectures."""
+    cls = discover_architectures().get(arch)
+    if cls is None:
+        raise GGUFError(f"{path or 'model'}: unknown architecture {arch!r}; ggraph builds "
+                        f"{', '.join(sorted(ARCHITECTURES))}")
+    return cls
+
+
+def architectures_with(capability: type) -> list[str]:
+    """The registered architectures that declare `capability`, by name."""
+    return sorted(n for n, c in discover_architectures().items() if supports(c, capability))
+
+
+def build_model(gguf: GGUFModel, **overrides: Any) -> Architecture:
     """The architecture's model over a loaded file, which must hold exactly the tensors that
     model uses."""
     model = model_class(gguf.arch, gguf.path)(gguf, **overrides)
     gguf.check_all_used()
     return model
-
-
-def model_class(arch: str, path: str = "") -> Callable[..., Any]:
-    from . import deepseek2, llama  # noqa: F401 - importing registers the architectures
-
-    cls = ARCHITECTURES.get(arch)
-    if cls is None:
-        raise GGUFError(f"{path or 'model'}: unknown architecture {arch!r}; ggraph builds "
-                        f"{', '.join(sorted(ARCHITECTURES))}")
-    return cls

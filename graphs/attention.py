@@ -7,17 +7,20 @@
 With `amb_mib > 0` and a K*Q tensor above the cap, the first path runs over groups of heads
 (facts page section 6), each group a whole number of query heads per K/V head (GQA), keeping
 each head's ALiBi slope, and writes each group's result into its slice of one output buffer
-(no concat chain, so no O(n_head^2) copies).
+(no concat chain, so no O(n_head^2) copies). That join, `HeadJoin`, serves MLA's head groups
+too (graphs/mla.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ggraph import ops as O
 from ggraph.graph import Graph
 from ggraph.tensor import Tensor
-from ggraph import ops as O
+from ggraph.types import GGMLType
 
 MIB = 1 << 20
+F32 = 4
 
 
 @dataclass(frozen=True)
@@ -101,15 +104,10 @@ def build_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kq_mask: Tensor
         cur = O.permute(kqv, 0, 2, 1, 3)                        # [hd, n_head, n_tokens]
         return O.cont(cur, s.head_dim * s.n_head, s.n_tokens, name=f"kqv_out-{il}")
 
-    # Split attention: each group's [hd, n_tokens, heads] result is copied into its slice of
-    # one [hd, n_head, n_tokens] buffer. The buffer is a node (fill of q's shape, an O(n_embd)
-    # pass), not a leaf, so the allocator takes it when the first copy needs it and frees it
-    # after the output projection. Each step's destination view hangs off the previous step's
-    # copy, so the copies are ordered and the buffer stays alive until the last one.
+    # Split attention: each group's [hd, n_tokens, heads] result is copied into its heads of
+    # one [hd, n_head, n_tokens] buffer, a fill of q's shape (an O(n_embd) pass)
     gqa = s.n_head // s.n_head_kv
-    out = O.fill(q, 0.0, name=f"kqv_split-{il}")
-    acc: Tensor = out
-    esz = 4
+    join = HeadJoin.fill(q, il)
     for step, (h0, nh) in enumerate(groups):
         qg = O.view_3d(qp, s.head_dim, s.n_tokens, nh, qp.nb[1], qp.nb[2], h0 * qp.nb[2],
                        name=f"q-{il}-s{step}")
@@ -119,14 +117,59 @@ def build_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kq_mask: Tensor
         vg = O.view_3d(v, v.ne[0], v.ne[1], n_kvh, v.nb[1], v.nb[2],
                        (h0 // gqa) * v.nb[2], name=f"v-{il}-s{step}")
         kqv = _attend(qg, kg, vg, kq_mask, kq_scale, max_bias, h0, s.n_head, il, f"-s{step}")
-        dst_offs = h0 * s.head_dim * esz - acc.view_offs  # relative to the previous copy
-        dst = O.view_3d(acc, s.head_dim, nh, s.n_tokens, s.head_dim * esz,
-                        s.head_dim * s.n_head * esz, dst_offs, name=f"kqv_split-{il}-s{step}")
-        acc = O.cpy(O.permute(kqv, 0, 2, 1, 3), dst)
+        dst = join.dest(h0, nh, step)
+        join.copy(O.permute(kqv, 0, 2, 1, 3), dst, graph)
+    return join.result()
+
+
+class HeadJoin:
+    """Head groups' results joined into one [head_dim, n_head, n_tokens] F32 buffer, each
+    group copied into its heads (no concat chain, so no O(n_head^2) copies).
+
+    The buffer is a node (a fill), not a leaf, so the allocator takes it when the first copy
+    needs it and frees it after its reader. Each copy's destination view hangs off the
+    previous copy, so the copies are ordered and the buffer stays alive until the last one.
+    Nodes: kqv_split-{il} (the buffer), kqv_split-{il}-s{step} (each destination) and
+    kqv_out-{il} ([head_dim * n_head, n_tokens], the result).
+    """
+
+    def __init__(self, buffer: Tensor, il: int) -> None:
+        if buffer.type != GGMLType.F32 or not buffer.is_contiguous:
+            raise ValueError(f"layer {il}: the head join buffer must be contiguous F32, got "
+                             f"{buffer.describe()}")
+        self.head_dim, self.n_head, self.n_tokens = buffer.ne[:3]
+        self.il = il
+        self.acc = buffer
+
+    @classmethod
+    def fill(cls, shaped: Tensor, il: int) -> HeadJoin:
+        """A join over a zero fill of `shaped` ([head_dim, n_head, n_tokens] F32): a tensor
+        that outlives the groups anyway, so the fill extends no lifetime."""
+        return cls(O.fill(shaped, 0.0, name=f"kqv_split-{il}"), il)
+
+    def put(self, src: Tensor, h0: int, step: int, graph: Graph | None = None) -> None:
+        """Copy src [head_dim, nh, n_tokens] into heads h0..h0+nh; with a graph, the copy is
+        expanded into it now (groups run first to last, each freed before the next)."""
+        self.copy(src, self.dest(h0, src.ne[1], step), graph)
+
+    def dest(self, h0: int, nh: int, step: int) -> Tensor:
+        """The view of heads h0..h0+nh that step `step` copies into (put's first half)."""
+        hd, esz = self.head_dim, F32
+        offs = h0 * hd * esz - self.acc.view_offs   # relative to the previous copy
+        return O.view_3d(self.acc, hd, nh, self.n_tokens, hd * esz, hd * self.n_head * esz,
+                         offs, name=f"kqv_split-{self.il}-s{step}")
+
+    def copy(self, src: Tensor, dst: Tensor, graph: Graph | None = None) -> None:
+        """Copy src into dst, a view from `dest` (put's second half)."""
+        self.acc = O.cpy(src, dst)
         if graph is not None:
-            graph.build_forward_expand(acc)
-    return O.view_2d(acc, s.head_dim * s.n_head, s.n_tokens, s.head_dim * s.n_head * esz,
-                     -acc.view_offs, name=f"kqv_out-{il}")
+            graph.build_forward_expand(self.acc)
+
+    def result(self) -> Tensor:
+        """[head_dim * n_head, n_tokens]: a view of the buffer through the last copy."""
+        width = self.head_dim * self.n_head
+        return O.view_2d(self.acc, width, self.n_tokens, width * F32, -self.acc.view_offs,
+                         name=f"kqv_out-{self.il}")
 
 
 def _row(t: Tensor, n: int) -> int:

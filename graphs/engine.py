@@ -21,7 +21,7 @@ from ggraph.tensor import Context
 
 from .arch import build_model
 from .gguf_file import load_gguf
-from .llama import ModelGraph
+from .model_graph import ModelGraph
 from .placement import LayerMap, layer_map, parse_devices, place_tensors
 from .tensor_check import check_tensors
 from .tokenizer import Tokenizer

@@ -1,10 +1,13 @@
 """Hyperparameters read from GGUF keys through one table: each dataclass field names its key
-(`{arch}` is the architecture prefix), whether it is required, and its default."""
+(gguf-py's `gguf.constants.Keys`, `{arch}` the architecture prefix), whether it is required,
+and its default."""
 from __future__ import annotations
 
 import math
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, TypeVar
+
+from gguf.constants import Keys
 
 from .gguf_file import GGUFError
 
@@ -73,17 +76,17 @@ def read_hparams(cls: type[H], metadata: dict[str, Any], arch: str, path: str = 
 
 @dataclass(frozen=True)
 class LlamaHParams:
-    n_layer: int = key("{arch}.block_count", lo=1)
-    n_embd: int = key("{arch}.embedding_length", lo=1)
-    n_ctx_train: int = key("{arch}.context_length", lo=1)
-    n_ff: int = key("{arch}.feed_forward_length", lo=1)
-    n_head: int = key("{arch}.attention.head_count", lo=1)
-    n_head_kv: int = key("{arch}.attention.head_count_kv", 0, lo=1)
-    n_rot: int = key("{arch}.rope.dimension_count", 0, lo=2)
-    rope_freq_base: float = key("{arch}.rope.freq_base", 10000.0, lo=1e-30)
-    rope_scaling_factor: float = key("{arch}.rope.scaling.factor", 0.0, lo=0)
-    rms_eps: float = key("{arch}.attention.layer_norm_rms_epsilon", 1e-5, lo=0)
-    n_vocab: int = key("{arch}.vocab_size", 0, lo=1)
+    n_layer: int = key(Keys.LLM.BLOCK_COUNT, lo=1)
+    n_embd: int = key(Keys.LLM.EMBEDDING_LENGTH, lo=1)
+    n_ctx_train: int = key(Keys.LLM.CONTEXT_LENGTH, lo=1)
+    n_ff: int = key(Keys.LLM.FEED_FORWARD_LENGTH, lo=1)
+    n_head: int = key(Keys.Attention.HEAD_COUNT, lo=1)
+    n_head_kv: int = key(Keys.Attention.HEAD_COUNT_KV, 0, lo=1)
+    n_rot: int = key(Keys.Rope.DIMENSION_COUNT, 0, lo=2)
+    rope_freq_base: float = key(Keys.Rope.FREQ_BASE, 10000.0, lo=1e-30)
+    rope_scaling_factor: float = key(Keys.Rope.SCALING_FACTOR, 0.0, lo=0)
+    rms_eps: float = key(Keys.Attention.LAYERNORM_RMS_EPS, 1e-5, lo=0)
+    n_vocab: int = key(Keys.LLM.VOCAB_SIZE, 0, lo=1)
 
     def __post_init__(self) -> None:
         if self.n_head_kv == 0:
@@ -126,40 +129,40 @@ class DeepSeek2HParams:
     `rope_yarn_log_mul` is the GGUF value, which the converter stores as 0.1 * mscale_all_dim
     (DeepSeek-V3: 0.1), so `mscale = 1 + rope_yarn_log_mul * ln(factor)`.
     """
-    n_layer: int = key("{arch}.block_count", lo=1)
-    n_embd: int = key("{arch}.embedding_length", lo=1)
-    n_ctx_train: int = key("{arch}.context_length", lo=1)
-    n_head: int = key("{arch}.attention.head_count", lo=1)
-    kv_lora_rank: int = key("{arch}.attention.kv_lora_rank", lo=1)
-    n_rot: int = key("{arch}.rope.dimension_count", lo=2)
-    n_ff: int = key("{arch}.feed_forward_length", 0, lo=1)  # dense leading layers
-    n_head_kv: int = key("{arch}.attention.head_count_kv", 0, lo=1)
-    key_length: int = key("{arch}.attention.key_length", 0, lo=1)
-    value_length: int = key("{arch}.attention.value_length", 0, lo=1)
-    key_length_mla: int = key("{arch}.attention.key_length_mla", 0, lo=1)
-    value_length_mla: int = key("{arch}.attention.value_length_mla", 0, lo=1)
+    n_layer: int = key(Keys.LLM.BLOCK_COUNT, lo=1)
+    n_embd: int = key(Keys.LLM.EMBEDDING_LENGTH, lo=1)
+    n_ctx_train: int = key(Keys.LLM.CONTEXT_LENGTH, lo=1)
+    n_head: int = key(Keys.Attention.HEAD_COUNT, lo=1)
+    kv_lora_rank: int = key(Keys.Attention.KV_LORA_RANK, lo=1)
+    n_rot: int = key(Keys.Rope.DIMENSION_COUNT, lo=2)
+    n_ff: int = key(Keys.LLM.FEED_FORWARD_LENGTH, 0, lo=1)  # dense leading layers
+    n_head_kv: int = key(Keys.Attention.HEAD_COUNT_KV, 0, lo=1)
+    key_length: int = key(Keys.Attention.KEY_LENGTH, 0, lo=1)
+    value_length: int = key(Keys.Attention.VALUE_LENGTH, 0, lo=1)
+    key_length_mla: int = key(Keys.Attention.KEY_LENGTH_MLA, 0, lo=1)
+    value_length_mla: int = key(Keys.Attention.VALUE_LENGTH_MLA, 0, lo=1)
     # absent: Lite (one attn_q matrix)
-    q_lora_rank: int = key("{arch}.attention.q_lora_rank", 0, lo=1)
-    rms_eps: float = key("{arch}.attention.layer_norm_rms_epsilon", 1e-6, lo=0)
-    rope_freq_base: float = key("{arch}.rope.freq_base", 10000.0, lo=1e-30)
-    rope_scaling_type: str = key("{arch}.rope.scaling.type", "linear")  # llama.cpp's default
-    rope_scaling_factor: float = key("{arch}.rope.scaling.factor", 0.0, lo=0)
-    rope_scaling_orig_ctx: int = key("{arch}.rope.scaling.original_context_length", 0, lo=1)
-    rope_yarn_log_mul: float = key("{arch}.rope.scaling.yarn_log_multiplier", 0.0, lo=0)
-    rope_attn_factor: float = key("{arch}.rope.scaling.attn_factor", 1.0, lo=0)
-    yarn_beta_fast: float = key("{arch}.rope.scaling.yarn_beta_fast", 32.0)
-    yarn_beta_slow: float = key("{arch}.rope.scaling.yarn_beta_slow", 1.0)
-    n_layer_dense_lead: int = key("{arch}.leading_dense_block_count", 0, lo=0)
-    n_expert: int = key("{arch}.expert_count", 0, lo=1)
-    n_expert_used: int = key("{arch}.expert_used_count", 0, lo=1)
-    n_expert_shared: int = key("{arch}.expert_shared_count", 0, lo=0)
-    n_ff_exp: int = key("{arch}.expert_feed_forward_length", 0, lo=1)
-    expert_weights_scale: float = key("{arch}.expert_weights_scale", 0.0, lo=0)
-    expert_weights_norm: bool = key("{arch}.expert_weights_norm", False)
-    expert_gating_func: int = key("{arch}.expert_gating_func", 0)  # 1 softmax, 2 sigmoid
-    n_expert_groups: int = key("{arch}.expert_group_count", 0, lo=0)
-    n_group_used: int = key("{arch}.expert_group_used_count", 0, lo=0)
-    n_vocab: int = key("{arch}.vocab_size", 0, lo=1)
+    q_lora_rank: int = key(Keys.Attention.Q_LORA_RANK, 0, lo=1)
+    rms_eps: float = key(Keys.Attention.LAYERNORM_RMS_EPS, 1e-6, lo=0)
+    rope_freq_base: float = key(Keys.Rope.FREQ_BASE, 10000.0, lo=1e-30)
+    rope_scaling_type: str = key(Keys.Rope.SCALING_TYPE, "linear")  # llama.cpp's default
+    rope_scaling_factor: float = key(Keys.Rope.SCALING_FACTOR, 0.0, lo=0)
+    rope_scaling_orig_ctx: int = key(Keys.Rope.SCALING_ORIG_CTX_LEN, 0, lo=1)
+    rope_yarn_log_mul: float = key(Keys.Rope.SCALING_YARN_LOG_MUL, 0.0, lo=0)
+    rope_attn_factor: float = key(Keys.Rope.SCALING_ATTN_FACTOR, 1.0, lo=0)
+    yarn_beta_fast: float = key(Keys.Rope.SCALING_YARN_BETA_FAST, 32.0)
+    yarn_beta_slow: float = key(Keys.Rope.SCALING_YARN_BETA_SLOW, 1.0)
+    n_layer_dense_lead: int = key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 0, lo=0)
+    n_expert: int = key(Keys.LLM.EXPERT_COUNT, 0, lo=1)
+    n_expert_used: int = key(Keys.LLM.EXPERT_USED_COUNT, 0, lo=1)
+    n_expert_shared: int = key(Keys.LLM.EXPERT_SHARED_COUNT, 0, lo=0)
+    n_ff_exp: int = key(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, 0, lo=1)
+    expert_weights_scale: float = key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0, lo=0)
+    expert_weights_norm: bool = key(Keys.LLM.EXPERT_WEIGHTS_NORM, False)
+    expert_gating_func: int = key(Keys.LLM.EXPERT_GATING_FUNC, 0)  # 1 softmax, 2 sigmoid
+    n_expert_groups: int = key(Keys.LLM.EXPERT_GROUP_COUNT, 0, lo=0)
+    n_group_used: int = key(Keys.LLM.EXPERT_GROUP_USED_COUNT, 0, lo=0)
+    n_vocab: int = key(Keys.LLM.VOCAB_SIZE, 0, lo=1)
 
     def __post_init__(self) -> None:
         if self.key_length == 0:                 # llama.cpp: n_embd / n_head when absent

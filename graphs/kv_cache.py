@@ -32,11 +32,7 @@ class KVCache:
     def create(cls, ctx: Context, n_layer: int, n_embd_k: int, n_embd_v: int, size: int,
                type_k: GGMLType | str = "f16", type_v: GGMLType | str = "f16",
                flash_attn: bool = False) -> "KVCache":
-        tk, tv = GGMLType.parse(type_k), GGMLType.parse(type_v)
-        for role, t in (("K", tk), ("V", tv)):
-            if t not in CACHE_TYPES:
-                raise ValueError(f"{role} cache type {t} is not supported; use one of "
-                                 f"{', '.join(str(x) for x in CACHE_TYPES)}")
+        tk, tv = cache_type("K", type_k), cache_type("V", type_v)
         if tv.is_quantized and not flash_attn:
             raise ValueError(f"a quantized V cache ({tv}) needs flash attention (--fa): without "
                              f"it V is stored transposed, one value per row, which blocks of 32 "
@@ -73,6 +69,15 @@ class KVCache:
         return (f"llama_kv_cache: size = {self.nbytes / MIB:7.2f} MiB ({self.size:6d} cells, "
                 f"{self.n_layer:3d} layers,  1/1 seqs), K ({self.type_k}): "
                 f"{self.bytes_k / MIB:7.2f} MiB, V ({self.type_v}): {self.bytes_v / MIB:7.2f} MiB")
+
+
+def cache_type(role: str, t: GGMLType | str) -> GGMLType:
+    """The type of the `role` (K or V) cache; one not in CACHE_TYPES is an error."""
+    parsed = GGMLType.parse(t)
+    if parsed not in CACHE_TYPES:
+        raise ValueError(f"{role} cache type {parsed} is not supported; use one of "
+                         f"{', '.join(str(x) for x in CACHE_TYPES)}")
+    return parsed
 
 
 def kv_cache_bytes(n_layer: int, n_embd_k: int, n_embd_v: int, size: int, type_k: GGMLType,

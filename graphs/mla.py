@@ -8,7 +8,8 @@ one layer's attention output [head_v * n_head, n_tokens]:
   head (MQA): mul_mat -> soft_max_ext -> mul_mat with the transposed latent, then wv_b maps
   each head back. With `amb` it runs over head groups by the facts page's rule (split_heads
   of graphs/attention.py, K*Q = n_kv * T * H * 4 bytes); each group's result goes through
-  wv_b and is copied into its slice of one output buffer (no concat chain).
+  wv_b and is copied into its slice of one output buffer (no concat chain: graphs/attention.py's
+  HeadJoin, which the decompress path's groups use too).
 - "absorbed-fa": the same queries through flash_attn_ext (nothing of size n_kv x T x H is
   materialized, so there is nothing to split); works with any cache type.
 - "decompress-fa": for long prompts, K and V are decompressed per head group from the latent
@@ -28,7 +29,7 @@ from ggraph.graph import Graph
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType
 
-from .attention import kq_size_mib, split_heads
+from .attention import HeadJoin, kq_size_mib, split_heads
 
 MIB = 1 << 20
 F32 = 4
@@ -224,7 +225,7 @@ def build_mla_attention(q_nope: Tensor, q_pe: Tensor, k_store: Tensor, kq_mask: 
                       name=f"kqv_out-{il}")
     # one [v, H, T] buffer, each group's result copied into its slice; the buffer is a node
     # (fill of a same-sized view of Qcur, which lives through all groups anyway)
-    acc = _join_buffer(q, s, il)
+    join = _join(q, s, il)
     wv = w.wv_b
     for step, (h0, nh) in enumerate(groups):
         sfx = f"-{il}-s{step}"
@@ -235,8 +236,8 @@ def build_mla_attention(q_nope: Tensor, q_pe: Tensor, k_store: Tensor, kq_mask: 
         wg = O.view_3d(wv, wv.ne[0], wv.ne[1], nh, wv.nb[1], wv.nb[2], h0 * wv.nb[2],
                        name=f"wv_b{sfx}")
         out = O.mul_mat(wg, kqv, name=f"kqv{sfx}")                          # [v, T, nh]
-        acc = _copy_group(O.permute(out, 0, 2, 1, 3), acc, h0, nh, s, il, step, graph)
-    return _join_result(acc, s, il)
+        join.put(O.permute(out, 0, 2, 1, 3), h0, step, graph)
+    return join.result()
 
 
 def _decompress_fa(q_nope: Tensor, q_pe: Tensor, k_store: Tensor, kq_mask: Tensor,
@@ -256,7 +257,7 @@ def _decompress_fa(q_nope: Tensor, q_pe: Tensor, k_store: Tensor, kq_mask: Tenso
     tail = O.view_3d(k_store, s.head_k, s.n_kv, 1, rb, rb * s.n_kv, (s.kv_lora - s.n_nope) * esz,
                      name=f"k_tail-{il}")
     groups = decompress_groups(s, amb_mib, esz)
-    acc = _join_buffer(q, s, il) if len(groups) > 1 else None
+    join = _join(q, s, il) if len(groups) > 1 else None
     wkv, per = w.wkv_b, s.n_nope + s.head_v
     for step, (h0, nh) in enumerate(groups):
         sfx = f"-{il}-s{step}" if len(groups) > 1 else f"-{il}"
@@ -275,37 +276,20 @@ def _decompress_fa(q_nope: Tensor, q_pe: Tensor, k_store: Tensor, kq_mask: Tenso
         qg = O.view_3d(qp, s.head_k, s.n_tokens, nh, qp.nb[1], qp.nb[2], h0 * qp.nb[2],
                        name=f"q{sfx}")
         fa = O.flash_attn_ext(qg, k, v, kq_mask, scale=kq_scale, name=f"fattn{sfx}")  # [v, nh, T]
-        if acc is None:
+        if join is None:
             return O.reshape(fa, s.head_v * s.n_head, s.n_tokens, name=f"kqv_out-{il}")
-        acc = _copy_group(fa, acc, h0, nh, s, il, step, graph)
-    return _join_result(acc, s, il)
+        join.put(fa, h0, step, graph)
+    assert join is not None
+    return join.result()
 
 
-def _join_buffer(like: Tensor, s: MLAShape, il: int) -> Tensor:
-    """A [v, H, T] F32 node to copy head groups into: fill of a same-sized view of `like`, a
-    tensor that outlives the groups, so the fill extends no lifetime."""
+def _join(like: Tensor, s: MLAShape, il: int) -> HeadJoin:
+    """The head join ([v, H, T] F32) over a fill of a same-sized view of `like`, a tensor that
+    outlives the groups, so the fill extends no lifetime."""
     need = s.head_v * s.n_head * s.n_tokens * F32
     if like.nbytes < need:
         raise ValueError(f"layer {il}: {like.describe()} is too small to shape the "
                          f"[{s.head_v}, {s.n_head}, {s.n_tokens}] join buffer")
     shaped = O.view_3d(like, s.head_v, s.n_head, s.n_tokens, s.head_v * F32,
                        s.head_v * s.n_head * F32, 0)
-    return O.fill(shaped, 0.0, name=f"kqv_split-{il}")
-
-
-def _copy_group(src: Tensor, acc: Tensor, h0: int, nh: int, s: MLAShape, il: int, step: int,
-                graph: Graph | None) -> Tensor:
-    """Copy src [v, nh, T] into heads h0.. of the join buffer; the destination view hangs off
-    the previous copy, so copies are ordered and the buffer lives until the last one."""
-    offs = h0 * s.head_v * F32 - acc.view_offs
-    dst = O.view_3d(acc, s.head_v, nh, s.n_tokens, s.head_v * F32, s.head_v * s.n_head * F32,
-                    offs, name=f"kqv_split-{il}-s{step}")
-    acc = O.cpy(src, dst)
-    if graph is not None:
-        graph.build_forward_expand(acc)
-    return acc
-
-
-def _join_result(acc: Tensor, s: MLAShape, il: int) -> Tensor:
-    return O.view_2d(acc, s.head_v * s.n_head, s.n_tokens, s.head_v * s.n_head * F32,
-                     -acc.view_offs, name=f"kqv_out-{il}")
+    return HeadJoin.fill(shaped, il)

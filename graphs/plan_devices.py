@@ -10,7 +10,6 @@ with Q2_K-sized weights (bytes per weight) plans like the file would.
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -162,7 +161,7 @@ def plan_devices(model: Any, source: str, devices: Sequence[Device], n_ctx: int,
         out.append(DevicePlan(names[i], mem, layers, weights, kv, p.size, p.ggml_size, cu[i],
                               ct[i], p))
     dp = DeploymentPlan(source, n_ctx, n_ubatch, n_tokens, amb_mib, tk, flash,
-                        getattr(mg, "path", "absorbed" if not flash else "flash"),
+                        mg.path or ("absorbed" if not flash else "flash"),
                         n_gpu_layers, list(tensor_split) if tensor_split else None, lm, out,
                         sch.n_splits, sch_tg.n_splits, mg.graph.n_nodes, n_copies, [], t1 - t0,
                         t2 - t1,

@@ -1,9 +1,11 @@
 """Models without weights, for planning: named presets and GGUF headers.
 
-A preset is a DeepSeek2HParams with the published hyperparameters. `preset_model` turns it
-into the GGUF keys and a tensor table of metadata-only weights (no data, `buffer = "model"`),
-so the same DeepSeek2Model builds the same graph it would build from a file. `header_model`
-does the same from a GGUF file's header (no tensor data is read, any tensor type is fine).
+A preset is an architecture name and its published hyperparameters (DeepSeek2HParams).
+`preset_model` turns it into the GGUF keys and a tensor table of metadata-only weights (no
+data, `buffer = "model"`, shapes from the architecture's `weight_shapes`), so the registered
+builder (graphs/arch.py) builds the same graph it would build from a file. `header_model` does
+the same from a GGUF file's header (no tensor data is read, any tensor type is fine). Both need
+an architecture with the MLAPlanner capability.
 Weight tensors in these graphs carry placeholder types (Q8_0 where rows fit its blocks, else
 F32): the compute buffer does not depend on weight types, and weight memory is reported
 separately, from a bytes-per-weight figure (a ggml type's size, or any number for the
@@ -19,11 +21,13 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from gguf.constants import Keys
+
 from ggraph.alloc import Plan, plan_graph
 from ggraph.tensor import Context, Tensor
 from ggraph.types import GGMLType
 
-from .arch import tensor_name
+from .arch import MLAPlanner, architectures_with, model_class, supports
 from .gguf_file import GGUFError, GGUFModel
 from .hparams import DeepSeek2HParams
 
@@ -55,11 +59,12 @@ DEEPSEEK_V2_LITE = DeepSeek2HParams(
     n_expert_shared=2, n_ff_exp=1408, expert_weights_scale=1.0, expert_weights_norm=False,
     expert_gating_func=1, n_vocab=102400)
 
-# name -> (hyperparameters, default weight format for the weight-memory figure)
-PRESETS: dict[str, tuple[DeepSeek2HParams, str]] = {
-    "deepseek-v3": (DEEPSEEK_V3, "q2_k"),
-    "deepseek-r1": (DEEPSEEK_V3, "q2_k"),        # the same architecture and sizes
-    "deepseek-v2-lite": (DEEPSEEK_V2_LITE, "q8_0"),
+# name -> (general.architecture, hyperparameters, default weight format for the weight-memory
+# figure)
+PRESETS: dict[str, tuple[str, DeepSeek2HParams, str]] = {
+    "deepseek-v3": ("deepseek2", DEEPSEEK_V3, "q2_k"),
+    "deepseek-r1": ("deepseek2", DEEPSEEK_V3, "q2_k"),        # the same architecture and sizes
+    "deepseek-v2-lite": ("deepseek2", DEEPSEEK_V2_LITE, "q8_0"),
 }
 
 
@@ -78,57 +83,12 @@ def bytes_per_weight(spec: str | float) -> float:
     return v
 
 
-# -- tensor tables ---------------------------------------------------------------------------
+# -- models over metadata-only weights -----------------------------------------------------
 
-def deepseek2_tensor_shapes(hp: DeepSeek2HParams, kv_b: str = "split",
-                            tied_output: bool = False) -> dict[str, tuple[int, ...]]:
-    """Every weight's name and ne, as the converter writes them (kv_b: split or legacy)."""
-    e, H, r = hp.n_embd, hp.n_head, hp.kv_lora_rank
-    out: dict[str, tuple[int, ...]] = {tensor_name("tok_embd"): (e, hp.n_vocab),
-                                       tensor_name("output_norm"): (e,)}
-    if not tied_output:
-        out[tensor_name("output")] = (e, hp.n_vocab)
-    for il in range(hp.n_layer):
-        def put(logical: str, *ne: int, il: int = il) -> None:
-            out[tensor_name(logical, il)] = ne
-        put("attn_norm", e)
-        if hp.q_lora_rank:
-            put("attn_q_a", e, hp.q_lora_rank)
-            put("attn_q_a_norm", hp.q_lora_rank)
-            put("attn_q_b", hp.q_lora_rank, H * hp.head_k)
-        else:
-            put("attn_q", e, H * hp.head_k)
-        put("attn_kv_a_mqa", e, hp.mla_row)
-        put("attn_kv_a_norm", r)
-        if kv_b == "legacy":
-            put("attn_kv_b", r, H * (hp.n_nope + hp.head_v))
-        else:
-            put("attn_k_b", hp.n_nope, r, H)
-            put("attn_v_b", r, hp.head_v, H)
-        put("attn_output", H * hp.head_v, e)
-        put("ffn_norm", e)
-        if il < hp.n_layer_dense_lead:
-            put("ffn_gate", e, hp.n_ff)
-            put("ffn_up", e, hp.n_ff)
-            put("ffn_down", hp.n_ff, e)
-            continue
-        put("ffn_gate_inp", e, hp.n_expert)
-        put("exp_probs_b", hp.n_expert)
-        put("ffn_gate_exps", e, hp.n_ff_exp, hp.n_expert)
-        put("ffn_up_exps", e, hp.n_ff_exp, hp.n_expert)
-        put("ffn_down_exps", hp.n_ff_exp, e, hp.n_expert)
-        if hp.n_expert_shared:
-            sh = hp.n_ff_exp * hp.n_expert_shared
-            put("ffn_gate_shexp", e, sh)
-            put("ffn_up_shexp", e, sh)
-            put("ffn_down_shexp", sh, e)
-    return out
-
-
-def hparams_metadata(hp: DeepSeek2HParams, arch: str = "deepseek2") -> dict[str, Any]:
+def hparams_metadata(hp: Any, arch: str) -> dict[str, Any]:
     """The GGUF keys of `hp`, through the same table the loader reads (a value equal to its
     field's default is left out, as a converter leaves out an absent feature)."""
-    meta: dict[str, Any] = {"general.architecture": arch}
+    meta: dict[str, Any] = {Keys.General.ARCHITECTURE: arch}
     for f in fields(hp):
         k = f.metadata.get("gguf")
         v = getattr(hp, f.name)
@@ -144,18 +104,26 @@ def _placeholder(ctx: Context, name: str, ne: tuple[int, ...]) -> Tensor:
     return t
 
 
-def preset_model(name: str, weights: str | float | None = None) -> tuple[Any, int]:
-    """(DeepSeek2Model over metadata-only weights, weight bytes) for a named preset; weights
-    is a format name or bytes per weight for matrices (vectors count as F32)."""
-    from .deepseek2 import DeepSeek2Model
+def planner_class(arch: str, path: str) -> type[Any]:
+    """The registered builder of `arch`, which must declare the MLAPlanner capability."""
+    cls = model_class(arch, path)
+    if not supports(cls, MLAPlanner):
+        raise GGUFError(f"{path}: architecture {arch!r} has no MLA planner; ggraph plan covers "
+                        f"{', '.join(architectures_with(MLAPlanner))}")
+    return cls
 
+
+def preset_model(name: str, weights: str | float | None = None) -> tuple[Any, int]:
+    """(the preset's model over metadata-only weights, weight bytes) for a named preset;
+    weights is a format name or bytes per weight for matrices (vectors count as F32)."""
     key = name.strip().lower()
     if key not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
-    hp, default_fmt = PRESETS[key]
+    arch, hp, default_fmt = PRESETS[key]
+    cls = planner_class(arch, f"preset:{key}")
     bpw = bytes_per_weight(default_fmt if weights is None else weights)
     ctx = Context(f"preset:{key}")
-    shapes = deepseek2_tensor_shapes(hp)
+    shapes = cls.weight_shapes(hp)
     tensors = {n: _placeholder(ctx, n, ne) for n, ne in shapes.items()}
     sizes = {}
     for name, ne in shapes.items():
@@ -164,15 +132,14 @@ def preset_model(name: str, weights: str | float | None = None) -> tuple[Any, in
             n *= x
         sizes[name] = int(n * bpw) if len(ne) > 1 else 4 * n
     total = sum(sizes.values())
-    gguf = GGUFModel(f"preset:{key}", hparams_metadata(hp), tensors, ctx, 0, 0, total,
+    gguf = GGUFModel(f"preset:{key}", hparams_metadata(hp, arch), tensors, ctx, 0, 0, total,
                      sizes=sizes)
-    return DeepSeek2Model(gguf), total
+    return cls(gguf), total
 
 
 def header_model(path: str | os.PathLike) -> tuple[Any, int]:
-    """(DeepSeek2Model over metadata-only weights, weight bytes) from a GGUF header; nothing
+    """(the file's model over metadata-only weights, weight bytes) from a GGUF header; nothing
     of the tensor data is read, and tensors of types ggraph cannot compute with are fine."""
-    from .arch import model_class
     from .gguf_reader import read_header
 
     hdr = read_header(path)
@@ -185,12 +152,7 @@ def header_model(path: str | os.PathLike) -> tuple[Any, int]:
     total = sum(sizes.values())
     model = GGUFModel(path, hdr.metadata, tensors, ctx, hdr.file_size, hdr.data_offset, total,
                       kv_types=hdr.kv_types, sizes=sizes)
-    from . import deepseek2  # noqa: F401 - registers the architecture
-    cls = model_class(model.arch, path)
-    if not hasattr(cls, "mla_shape"):
-        raise GGUFError(f"{path}: architecture {model.arch!r} has no MLA planner; ggraph plan "
-                        f"covers deepseek2")
-    built = cls(model)
+    built = planner_class(model.arch, os.fspath(path))(model)
     model.check_all_used()
     return built, total
 
@@ -282,10 +244,7 @@ def plan_deepseek2(model: Any, source: str, n_ctx: int, n_ubatch: int = 512, amb
     t1 = time.perf_counter()
     plan = plan_graph(mg.graph, alignment=alignment, strategy=strategy, name="CPU")
     t2 = time.perf_counter()
-    from .deepseek2 import mla_cache_bytes
-
-    kv_by_type = {t: mla_cache_bytes(hp.n_layer, hp.mla_row, n_ctx, t)
-                  for t in ("f16", "q8_0", "q4_0")
+    kv_by_type = {t: model.cache_bytes(n_ctx, t) for t in ("f16", "q8_0", "q4_0")
                   if hp.mla_row % GGMLType.parse(t).block_size == 0}
     notes = []
     if path is None and flash and mg.path == "absorbed-fa" and n_tokens >= \

@@ -16,6 +16,10 @@ import numpy as np
 from ggraph import quants
 from ggraph.types import GGMLType
 
+from .tensor_names import TensorNames
+
+LLAMA_TENSORS = TensorNames.of("llama")
+
 
 @dataclass(frozen=True)
 class TinyLlama:
@@ -88,26 +92,26 @@ def write_tiny_llama(path: str | os.PathLike, cfg: TinyLlama = TinyLlama(),
     w.add_add_bos_token(False)
     hd = cfg.n_embd // cfg.n_head
     e, kv = cfg.n_embd, hd * cfg.n_head_kv
+    tn = LLAMA_TENSORS
     tensors: dict[str, tuple[np.ndarray, bool]] = {
-        "token_embd.weight": (_matrix(rng, e, len(tokens), 0.5), True),
-        "output_norm.weight": ((1 + 0.1 * rng.standard_normal(e)).astype(np.float32), False),
+        tn("token_embd"): (_matrix(rng, e, len(tokens), 0.5), True),
+        tn("output_norm"): ((1 + 0.1 * rng.standard_normal(e)).astype(np.float32), False),
     }
     if not cfg.tied_output:
-        tensors["output.weight"] = (_matrix(rng, e, len(tokens), e ** -0.5), True)
+        tensors[tn("output")] = (_matrix(rng, e, len(tokens), e ** -0.5), True)
     for il in range(cfg.n_layer):
-        b = f"blk.{il}."
         tensors.update({
-            b + "attn_norm.weight": ((1 + 0.1 * rng.standard_normal(e)).astype(np.float32),
-                                     False),
-            b + "attn_q.weight": (_matrix(rng, e, e, e ** -0.5), True),
-            b + "attn_k.weight": (_matrix(rng, e, kv, e ** -0.5), True),
-            b + "attn_v.weight": (_matrix(rng, e, kv, e ** -0.5), True),
-            b + "attn_output.weight": (_matrix(rng, e, e, e ** -0.5), True),
-            b + "ffn_norm.weight": ((1 + 0.1 * rng.standard_normal(e)).astype(np.float32),
-                                    False),
-            b + "ffn_gate.weight": (_matrix(rng, e, cfg.n_ff, e ** -0.5), True),
-            b + "ffn_up.weight": (_matrix(rng, e, cfg.n_ff, e ** -0.5), True),
-            b + "ffn_down.weight": (_matrix(rng, cfg.n_ff, e, cfg.n_ff ** -0.5), True),
+            tn("attn_norm", il): ((1 + 0.1 * rng.standard_normal(e)).astype(np.float32),
+                                  False),
+            tn("attn_q", il): (_matrix(rng, e, e, e ** -0.5), True),
+            tn("attn_k", il): (_matrix(rng, e, kv, e ** -0.5), True),
+            tn("attn_v", il): (_matrix(rng, e, kv, e ** -0.5), True),
+            tn("attn_output", il): (_matrix(rng, e, e, e ** -0.5), True),
+            tn("ffn_norm", il): ((1 + 0.1 * rng.standard_normal(e)).astype(np.float32),
+                                 False),
+            tn("ffn_gate", il): (_matrix(rng, e, cfg.n_ff, e ** -0.5), True),
+            tn("ffn_up", il): (_matrix(rng, e, cfg.n_ff, e ** -0.5), True),
+            tn("ffn_down", il): (_matrix(rng, cfg.n_ff, e, cfg.n_ff ** -0.5), True),
         })
     wt = GGMLType.parse(cfg.weight_type)
     for name, (arr, is_matrix) in tensors.items():

@@ -21,7 +21,10 @@ import numpy as np
 
 from ggraph.types import GGMLType
 
+from .tensor_names import TensorNames
 from .tiny import MERGES, add_weight, vocab as _tiny_vocab
+
+DEEPSEEK2_TENSORS = TensorNames.of("deepseek2")
 
 
 @dataclass(frozen=True)
@@ -77,51 +80,51 @@ def tiny_deepseek2_tensors(cfg: TinyDeepSeek2) -> dict[str, tuple[np.ndarray, bo
     nope, rope, v = cfg.n_nope, cfg.n_rot, cfg.head_v
     hk = nope + rope
     n_vocab = len(_tiny_vocab())
+    tn = DEEPSEEK2_TENSORS
     t: dict[str, tuple[np.ndarray, bool]] = {
-        "token_embd.weight": (_m(rng, e, n_vocab, scale=0.5), True),
-        "output_norm.weight": (_norm(rng, e), False),
+        tn("token_embd"): (_m(rng, e, n_vocab, scale=0.5), True),
+        tn("output_norm"): (_norm(rng, e), False),
     }
     if not cfg.tied_output:
-        t["output.weight"] = (_m(rng, e, n_vocab), True)
+        t[tn("output")] = (_m(rng, e, n_vocab), True)
     for il in range(cfg.n_layer):
-        b = f"blk.{il}."
-        t[b + "attn_norm.weight"] = (_norm(rng, e), False)
+        t[tn("attn_norm", il)] = (_norm(rng, e), False)
         if cfg.q_lora_rank:
-            t[b + "attn_q_a.weight"] = (_m(rng, e, cfg.q_lora_rank), True)
-            t[b + "attn_q_a_norm.weight"] = (_norm(rng, cfg.q_lora_rank), False)
-            t[b + "attn_q_b.weight"] = (_m(rng, cfg.q_lora_rank, H * hk), True)
+            t[tn("attn_q_a", il)] = (_m(rng, e, cfg.q_lora_rank), True)
+            t[tn("attn_q_a_norm", il)] = (_norm(rng, cfg.q_lora_rank), False)
+            t[tn("attn_q_b", il)] = (_m(rng, cfg.q_lora_rank, H * hk), True)
         else:
-            t[b + "attn_q.weight"] = (_m(rng, e, H * hk), True)
-        t[b + "attn_kv_a_mqa.weight"] = (_m(rng, e, r + rope), True)
-        t[b + "attn_kv_a_norm.weight"] = (_norm(rng, r), False)
+            t[tn("attn_q", il)] = (_m(rng, e, H * hk), True)
+        t[tn("attn_kv_a_mqa", il)] = (_m(rng, e, r + rope), True)
+        t[tn("attn_kv_a_norm", il)] = (_norm(rng, r), False)
         kv_b = _m(rng, r, H * (nope + v))                     # numpy (H*(nope+v), r)
         per_head = kv_b.reshape(H, nope + v, r)
         if cfg.kv_b in ("legacy", "both"):
-            t[b + "attn_kv_b.weight"] = (kv_b, True)
+            t[tn("attn_kv_b", il)] = (kv_b, True)
         if cfg.kv_b in ("split", "both"):
-            t[b + "attn_k_b.weight"] = (np.ascontiguousarray(
+            t[tn("attn_k_b", il)] = (np.ascontiguousarray(
                 per_head[:, :nope, :].transpose(0, 2, 1)), True)    # ne [nope, r, H]
-            t[b + "attn_v_b.weight"] = (np.ascontiguousarray(per_head[:, nope:, :]), True)
-        t[b + "attn_output.weight"] = (_m(rng, H * v, e), True)
-        t[b + "ffn_norm.weight"] = (_norm(rng, e), False)
+            t[tn("attn_v_b", il)] = (np.ascontiguousarray(per_head[:, nope:, :]), True)
+        t[tn("attn_output", il)] = (_m(rng, H * v, e), True)
+        t[tn("ffn_norm", il)] = (_norm(rng, e), False)
         if il < cfg.n_layer_dense_lead:
-            t[b + "ffn_gate.weight"] = (_m(rng, e, cfg.n_ff), True)
-            t[b + "ffn_up.weight"] = (_m(rng, e, cfg.n_ff), True)
-            t[b + "ffn_down.weight"] = (_m(rng, cfg.n_ff, e), True)
+            t[tn("ffn_gate", il)] = (_m(rng, e, cfg.n_ff), True)
+            t[tn("ffn_up", il)] = (_m(rng, e, cfg.n_ff), True)
+            t[tn("ffn_down", il)] = (_m(rng, cfg.n_ff, e), True)
             continue
         E, ff = cfg.n_expert, cfg.n_ff_exp
-        t[b + "ffn_gate_inp.weight"] = (_m(rng, e, E, scale=2 * e ** -0.5), True)
+        t[tn("ffn_gate_inp", il)] = (_m(rng, e, E, scale=2 * e ** -0.5), True)
         if cfg.exp_probs_b:
-            t[b + "exp_probs_b.bias"] = ((0.3 * rng.standard_normal(E)).astype(np.float32),
-                                         False)
-        t[b + "ffn_gate_exps.weight"] = (_m(rng, e, ff, E), True)
-        t[b + "ffn_up_exps.weight"] = (_m(rng, e, ff, E), True)
-        t[b + "ffn_down_exps.weight"] = (_m(rng, ff, e, E), True)
+            bias = (0.3 * rng.standard_normal(E)).astype(np.float32)
+            t[tn("exp_probs_b", il, "bias")] = (bias, False)
+        t[tn("ffn_gate_exps", il)] = (_m(rng, e, ff, E), True)
+        t[tn("ffn_up_exps", il)] = (_m(rng, e, ff, E), True)
+        t[tn("ffn_down_exps", il)] = (_m(rng, ff, e, E), True)
         if cfg.n_expert_shared:
             sh = ff * cfg.n_expert_shared
-            t[b + "ffn_gate_shexp.weight"] = (_m(rng, e, sh), True)
-            t[b + "ffn_up_shexp.weight"] = (_m(rng, e, sh), True)
-            t[b + "ffn_down_shexp.weight"] = (_m(rng, sh, e), True)
+            t[tn("ffn_gate_shexp", il)] = (_m(rng, e, sh), True)
+            t[tn("ffn_up_shexp", il)] = (_m(rng, e, sh), True)
+            t[tn("ffn_down_shexp", il)] = (_m(rng, sh, e), True)
     return t
 
 

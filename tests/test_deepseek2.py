@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 import pytest
-from ggraph.graphs import deepseek2
+from ggraph.graphs.archs import deepseek2
 from ggraph.graphs.engine import Engine, EngineConfig
 from ggraph.graphs.gguf_file import GGUFError, load_gguf
 from ggraph.graphs.mla import MLAShape, absorbed_groups, decompress_groups, ik_decompress_niter

@@ -8,7 +8,7 @@ import pytest
 
 from ggraph.conformance import nmse
 from ggraph.graphs.engine import Engine, EngineConfig
-from ggraph.graphs.llama import batch_inputs
+from ggraph.graphs.model_graph import causal_batch
 from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
 from ggraph.reference import run_reference
 from ggraph.tensor import Context
@@ -27,7 +27,7 @@ def reference_logits(eng: Engine, tokens: list[int], amb: int = 0, flash: bool =
     ctx = Context()
     cache = eng.model.new_cache(ctx, eng.cfg.n_ctx, flash_attn=flash)
     mg = eng.model.build(ctx, cache, len(tokens), eng.cfg.n_ctx, len(tokens), flash, amb)
-    inputs = batch_inputs(mg, cache, np.array(tokens), 0, np.arange(len(tokens)))
+    inputs = causal_batch(mg, cache, np.array(tokens), 0, np.arange(len(tokens)))
     return run_reference(mg.graph, inputs).read(mg.logits).reshape(len(tokens), -1), mg
 
 

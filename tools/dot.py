@@ -15,7 +15,6 @@ import functools
 import importlib
 import importlib.util
 import os
-import pkgutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -91,12 +90,7 @@ def _load(path: str, mtime: float) -> Any:
         from ggraph.graphs.presets import header_model
 
         return header_model(path)[0]
-    try:
-        cls = model_class(gguf.arch, path)
-    except GGUFError:
-        _import_builders()     # builders register themselves when imported
-        cls = model_class(gguf.arch, path)
-    return cls(gguf)
+    return model_class(gguf.arch, path)(gguf)
 
 
 def _have(module: str) -> bool:
@@ -104,16 +98,6 @@ def _have(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except ImportError:
         return False
-
-
-def _import_builders() -> None:
-    from ggraph import graphs
-
-    for info in pkgutil.iter_modules(graphs.__path__):
-        try:
-            importlib.import_module(f"ggraph.graphs.{info.name}")
-        except ImportError:
-            pass
 
 
 def load_model(spec: str) -> tuple[Any, str]:

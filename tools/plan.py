@@ -15,8 +15,6 @@ import json
 import sys
 from typing import Any
 
-from ggraph.graphs import deepseek2 as _deepseek2  # noqa: F401 - registers the architecture
-
 MIB = 1 << 20
 GIB = 1 << 30
 

@@ -4,11 +4,13 @@ Per layer: rms_norm * attn_norm, Q/K/V projections, rope (NORMAL), K/V written i
 with set_rows, attention (mul_mat + soft_max_ext + mul_mat, or flash_attn_ext; split over head
 groups with amb), output projection and residual, rms_norm * ffn_norm, SwiGLU FFN and residual.
 Only the requested rows reach the output head (get_rows on out_ids in the last layer); the
-output matrix is tied to the token embedding when output.weight is absent.
+output matrix is tied to the token embedding when output.weight is absent. An Architecture
+(graphs/arch.py) found by the registry as this module of graphs/archs/; its tensors are
+gguf-py's llama table (graphs/tensor_names.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -16,78 +18,58 @@ from ggraph import ops as O
 from ggraph.graph import Graph
 from ggraph.ops.rope import RopeMode
 from ggraph.tensor import Context, Tensor
-from ggraph.types import GGMLType
 
-from .arch import expect_tensor, io_weights, register_arch, vocab_size
-from .attention import AttentionShape, build_attention, split_heads
-from .gguf_file import GGUFModel
-from .hparams import LlamaHParams, read_hparams
-from .kv_cache import KVCache
-from .moe import build_ffn
+from ..arch import Architecture, register_arch
+from ..attention import AttentionShape, build_attention, split_heads
+from ..gguf_file import GGUFModel
+from ..hparams import LlamaHParams, read_hparams
+from ..kv_cache import KVCache
+from ..model_graph import GraphInputs, ModelGraph, causal_batch
+from ..moe import build_ffn
+from ..tensor_names import TensorNames, io_weights, vocab_size
 
 NODES_PER_LAYER = 40  # generous bound used to size the graph (split attention adds more)
 
 
-@dataclass
-class GraphInputs:
-    tokens: Tensor
-    pos: Tensor
-    kq_mask: Tensor
-    k_idxs: Tensor
-    v_idxs: Tensor
-    out_ids: Tensor
-
-
-@dataclass
-class ModelGraph:
-    graph: Graph
-    inputs: GraphInputs
-    logits: Tensor
-    n_tokens: int
-    n_kv: int
-    n_outputs: int
-
-
 @register_arch("llama")
-class LlamaModel:
+class LlamaModel(Architecture):
     hparams_class = LlamaHParams
+    tensors = TensorNames.of("llama")
 
-    def __init__(self, gguf: GGUFModel, **overrides: object) -> None:
+    def __init__(self, gguf: GGUFModel, **overrides: Any) -> None:
         self.gguf = gguf
         self.hp: LlamaHParams = read_hparams(LlamaHParams, gguf.metadata, gguf.arch, gguf.path,
                                              **overrides)
         hp = self.hp
         if hp.n_vocab == 0:
-            object.__setattr__(hp, "n_vocab", vocab_size(gguf))
+            object.__setattr__(hp, "n_vocab", vocab_size(gguf, self.tensors))
         self.w = self._weights()
 
     # -- weights ------------------------------------------------------------------------------
-    def _expect(self, logical: str, ne: tuple[int, ...], il: int | None = None) -> Tensor:
-        return expect_tensor(self.gguf, logical, ne, il)
-
-    def _weights(self) -> dict[str, object]:
+    def _weights(self) -> dict[str, Any]:
         hp = self.hp
         e, hd = hp.n_embd, hp.head_dim
-        w: dict[str, object] = io_weights(self.gguf, e, hp.n_vocab)
+        w: dict[str, Any] = io_weights(self.gguf, self.tensors, e, hp.n_vocab)
         layers = []
         for il in range(hp.n_layer):
             layers.append({
-                "attn_norm": self._expect("attn_norm", (e,), il),
-                "attn_q": self._expect("attn_q", (e, hd * hp.n_head), il),
-                "attn_k": self._expect("attn_k", (e, hp.n_embd_gqa), il),
-                "attn_v": self._expect("attn_v", (e, hp.n_embd_gqa), il),
-                "attn_output": self._expect("attn_output", (hd * hp.n_head, e), il),
-                "ffn_norm": self._expect("ffn_norm", (e,), il),
-                "ffn_gate": self._expect("ffn_gate", (e, hp.n_ff), il),
-                "ffn_up": self._expect("ffn_up", (e, hp.n_ff), il),
-                "ffn_down": self._expect("ffn_down", (hp.n_ff, e), il),
+                "attn_norm": self.weight("attn_norm", (e,), il),
+                "attn_q": self.weight("attn_q", (e, hd * hp.n_head), il),
+                "attn_k": self.weight("attn_k", (e, hp.n_embd_gqa), il),
+                "attn_v": self.weight("attn_v", (e, hp.n_embd_gqa), il),
+                "attn_output": self.weight("attn_output", (hd * hp.n_head, e), il),
+                "ffn_norm": self.weight("ffn_norm", (e,), il),
+                "ffn_gate": self.weight("ffn_gate", (e, hp.n_ff), il),
+                "ffn_up": self.weight("ffn_up", (e, hp.n_ff), il),
+                "ffn_down": self.weight("ffn_down", (hp.n_ff, e), il),
             })
         w["layers"] = layers
         return w
 
-    def batch_inputs(self, mg: ModelGraph, cache: KVCache, tokens: np.ndarray, n_past: int,
-                     out_rows: np.ndarray) -> dict[Tensor, np.ndarray]:
-        return batch_inputs(mg, cache, tokens, n_past, out_rows)
+    def batch_inputs(self, mg: ModelGraph[GraphInputs], cache: KVCache, tokens: np.ndarray,
+                     n_past: int, out_rows: np.ndarray) -> dict[Tensor, np.ndarray]:
+        """Input values for tokens at positions n_past.. written into cells n_past.."""
+        return causal_batch(mg, cache, tokens, n_past, out_rows)
 
     def new_cache(self, ctx: Context, size: int, type_k: str = "f16", type_v: str = "f16",
                   flash_attn: bool = False) -> KVCache:
@@ -102,7 +84,7 @@ class LlamaModel:
 
     # -- graph --------------------------------------------------------------------------------
     def build(self, ctx: Context, cache: KVCache, n_tokens: int, n_kv: int, n_outputs: int,
-              flash_attn: bool = False, amb_mib: int = 0) -> ModelGraph:
+              flash_attn: bool = False, amb_mib: int = 0) -> ModelGraph[GraphInputs]:
         """The graph of one ubatch of n_tokens attending to the first n_kv cache cells."""
         hp, w = self.hp, self.w
         if n_kv > cache.size:
@@ -111,22 +93,17 @@ class LlamaModel:
             raise ValueError("the KV cache layout does not match the attention path: create the "
                              "cache with the same flash_attn setting")
         hd = hp.head_dim
-        tokens = ctx.new_tensor(GGMLType.I32, (n_tokens,), "inp_tokens").set_input()
-        pos = ctx.new_tensor(GGMLType.I32, (n_tokens,), "inp_pos").set_input()
-        mask_type = GGMLType.F16 if flash_attn else GGMLType.F32
-        kq_mask = ctx.new_tensor(mask_type, (n_kv, n_tokens), "kq_mask").set_input()
-        k_idxs = ctx.new_tensor(GGMLType.I64, (n_tokens,), "k_idxs").set_input()
         n_v_idx = n_tokens * hp.n_embd_gqa if cache.v_trans else n_tokens
-        v_idxs = ctx.new_tensor(GGMLType.I64, (n_v_idx,), "v_idxs").set_input()
-        out_ids = ctx.new_tensor(GGMLType.I32, (n_outputs,), "inp_out_ids").set_input()
-        inputs = GraphInputs(tokens, pos, kq_mask, k_idxs, v_idxs, out_ids)
+        inputs = GraphInputs.create(ctx, n_tokens, n_kv, n_outputs, flash_attn, n_v_idx)
+        pos, kq_mask, k_idxs, v_idxs, out_ids = (inputs.pos, inputs.kq_mask, inputs.k_idxs,
+                                                 inputs.v_idxs, inputs.out_ids)
         shape = AttentionShape(hd, hp.n_head, hp.n_head_kv, n_tokens, n_kv)
         kq_scale = 1.0 / float(np.sqrt(hd))
         rope = dict(n_dims=hp.n_rot, mode=RopeMode.NORMAL, n_ctx_orig=hp.n_ctx_train,
                     freq_base=hp.rope_freq_base, freq_scale=hp.freq_scale)
 
         graph = Graph(self.graph_capacity(n_tokens, n_kv, amb_mib))
-        cur = O.get_rows(w["tok_embd"], tokens, name="inp_embd")
+        cur = O.get_rows(w["token_embd"], inputs.tokens, name="inp_embd")
         for il, L in enumerate(w["layers"]):
             inp_sa = cur
             x = O.mul(O.rms_norm(cur, hp.rms_eps, name=f"norm-{il}"), L["attn_norm"],
@@ -165,32 +142,3 @@ class LlamaModel:
         graph.build_forward_expand(logits)
         return ModelGraph(graph, inputs, logits, n_tokens, n_kv, n_outputs)
 
-
-def causal_inputs(mg: ModelGraph, n: int, n_past: int) -> tuple[np.ndarray, np.ndarray]:
-    """Positions n_past.. and the causal mask over the graph's n_kv cells for n new tokens of
-    one sequence (every architecture with a single-sequence KV cache uses these)."""
-    if n != mg.n_tokens:
-        raise ValueError(f"the graph was built for {mg.n_tokens} tokens, got {n}")
-    if n_past + n > mg.n_kv:
-        raise ValueError(f"{n_past + n} tokens do not fit the graph's n_kv={mg.n_kv}")
-    pos = np.arange(n_past, n_past + n, dtype=np.int32)
-    mask = np.full((n, mg.n_kv), -np.inf, np.float32)
-    for i in range(n):
-        mask[i, : n_past + i + 1] = 0.0
-    return pos, mask
-
-
-def batch_inputs(mg: ModelGraph, cache: KVCache, tokens: np.ndarray, n_past: int,
-                 out_rows: np.ndarray) -> dict[Tensor, np.ndarray]:
-    """Input values for tokens at positions n_past.. written into cells n_past.."""
-    pos, mask = causal_inputs(mg, len(tokens), n_past)
-    cells = pos.astype(np.int64)
-    inp = mg.inputs
-    if cache.v_trans:
-        n_embd_v = cache.v[0].ne[1]
-        v_idx = (np.arange(n_embd_v, dtype=np.int64)[None, :] * cache.size + cells[:, None])
-    else:
-        v_idx = cells
-    return {inp.tokens: np.asarray(tokens, np.int32), inp.pos: pos, inp.kq_mask: mask,
-            inp.k_idxs: cells, inp.v_idxs: v_idx.reshape(-1),
-            inp.out_ids: np.asarray(out_rows, np.int32)}

@@ -7,15 +7,17 @@ part (roped); both go into the K-only MLA cache as one row (graphs/mla.py); atte
 the MLA paths, iterating over head groups within `amb`; attn_output and the residual; then
 rms_norm * ffn_norm and a dense SwiGLU FFN (the first `leading_dense_block_count` layers) or
 the MoE with its shared expert (graphs/moe.py), and the residual. YaRN rope (mode NORMAL) and
-the attention scale follow llama.cpp's mscale rules (DeepSeek2HParams).
+the attention scale follow llama.cpp's mscale rules (DeepSeek2HParams). The split attention
+joins its head groups with graphs/attention.py's HeadJoin, as llama's does.
 
 Both GGUF layouts load: MLA files carry attn_k_b/attn_v_b (wkv_b is rebuilt from them when
 the decompress path needs it), legacy files carry attn_kv_b (split into wk_b/wv_b at load).
-Weights without data (planning) get metadata-only derived tensors.
+Weights without data (planning) get metadata-only derived tensors. The model declares the
+MLAPlanner capability (graphs/arch.py): `ggraph plan` builds it over presets' and GGUF headers'
+metadata-only weights (graphs/presets.py), from `weight_shapes`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,12 +29,11 @@ from ggraph.ops.rope import RopeMode
 from ggraph.tensor import Context, Tensor
 from ggraph.types import GGMLType
 
-from .arch import expect_tensor, io_weights, register_arch, tensor_name, vocab_size
-from .gguf_file import GGUFError, GGUFModel
-from .hparams import DeepSeek2HParams, read_hparams
-from .kv_cache import CACHE_TYPES, MIB, KVCache
-from .llama import ModelGraph, causal_inputs
-from .mla import (
+from ..arch import Architecture, MLAPlanner, register_arch
+from ..gguf_file import GGUFError, GGUFModel
+from ..hparams import DeepSeek2HParams, read_hparams
+from ..kv_cache import MIB, KVCache, cache_type
+from ..mla import (
     DECOMPRESS_MIN_TOKENS,
     PATHS,
     MLAShape,
@@ -42,7 +43,9 @@ from .mla import (
     decompress_supported,
     path_groups,
 )
-from .moe import MoEConfig, build_ffn, build_moe_ffn
+from ..model_graph import GraphInputs, ModelGraph, causal_batch
+from ..moe import MoEConfig, build_ffn, build_moe_ffn
+from ..tensor_names import TensorNames, io_weights, vocab_size
 
 # node counts used to size the graph (checked against real graphs by the tests): per layer
 # without the attention groups, and per attention group
@@ -52,15 +55,6 @@ NODES_PER_GROUP = 14
 NODES_FIXED = 32
 
 
-@dataclass
-class MLAInputs:
-    tokens: Tensor
-    pos: Tensor
-    kq_mask: Tensor
-    k_idxs: Tensor
-    out_ids: Tensor
-
-
 class MLACache(KVCache):
     """The K-only MLA cache: per layer [kv_lora + n_rot, size] of the K cache type; V is a view
     of each row's latent part, so there is no V buffer (and -ctv does not apply)."""
@@ -68,10 +62,7 @@ class MLACache(KVCache):
     @classmethod
     def create_mla(cls, ctx: Context, n_layer: int, row: int, size: int,
                    type_k: GGMLType | str = "f16", flash_attn: bool = False) -> MLACache:
-        tk = GGMLType.parse(type_k)
-        if tk not in CACHE_TYPES:
-            raise ValueError(f"K cache type {tk} is not supported; use one of "
-                             f"{', '.join(str(x) for x in CACHE_TYPES)}")
+        tk = cache_type("K", type_k)
         if row % tk.block_size:
             raise ValueError(f"MLA cache rows of {row} values (kv_lora_rank + n_rot) do not fit "
                              f"{tk} blocks of {tk.block_size}")
@@ -99,8 +90,9 @@ def mla_cache_bytes(n_layer: int, row: int, size: int, type_k: GGMLType | str) -
 
 
 @register_arch("deepseek2")
-class DeepSeek2Model:
+class DeepSeek2Model(Architecture, MLAPlanner):
     hparams_class = DeepSeek2HParams
+    tensors = TensorNames.of("deepseek2")
     # flash attention decompresses K/V per head group for ubatches of at least this many tokens
     decompress_min_tokens = DECOMPRESS_MIN_TOKENS
 
@@ -110,60 +102,56 @@ class DeepSeek2Model:
         self.hp: DeepSeek2HParams = read_hparams(DeepSeek2HParams, gguf.metadata, gguf.arch,
                                                  gguf.path, **overrides)
         if self.hp.n_vocab == 0:
-            object.__setattr__(self.hp, "n_vocab", vocab_size(gguf))
+            object.__setattr__(self.hp, "n_vocab", vocab_size(gguf, self.tensors))
         self._derived_ctx = Context(f"{gguf.path} (derived)")
         self.w = self._weights()
 
     # -- weights ----------------------------------------------------------------------------
-    def _get(self, logical: str, ne: tuple[int, ...], il: int | None = None,
-             optional: bool = False) -> Tensor | None:
-        return expect_tensor(self.gguf, logical, ne, il, optional)
-
     def _weights(self) -> dict[str, Any]:
         hp = self.hp
         e, H = hp.n_embd, hp.n_head
-        w: dict[str, Any] = io_weights(self.gguf, e, hp.n_vocab)
+        w: dict[str, Any] = io_weights(self.gguf, self.tensors, e, hp.n_vocab)
         layers = []
         for il in range(hp.n_layer):
             L: dict[str, Any] = {
-                "attn_norm": self._get("attn_norm", (e,), il),
-                "attn_kv_a_mqa": self._get("attn_kv_a_mqa", (e, hp.mla_row), il),
-                "attn_kv_a_norm": self._get("attn_kv_a_norm", (hp.kv_lora_rank,), il),
-                "attn_output": self._get("attn_output", (H * hp.head_v, e), il),
-                "ffn_norm": self._get("ffn_norm", (e,), il),
+                "attn_norm": self.weight("attn_norm", (e,), il),
+                "attn_kv_a_mqa": self.weight("attn_kv_a_mqa", (e, hp.mla_row), il),
+                "attn_kv_a_norm": self.weight("attn_kv_a_norm", (hp.kv_lora_rank,), il),
+                "attn_output": self.weight("attn_output", (H * hp.head_v, e), il),
+                "ffn_norm": self.weight("ffn_norm", (e,), il),
             }
             if hp.q_lora_rank:
-                L["attn_q_a"] = self._get("attn_q_a", (e, hp.q_lora_rank), il)
-                L["attn_q_a_norm"] = self._get("attn_q_a_norm", (hp.q_lora_rank,), il)
-                L["attn_q_b"] = self._get("attn_q_b", (hp.q_lora_rank, H * hp.head_k), il)
+                L["attn_q_a"] = self.weight("attn_q_a", (e, hp.q_lora_rank), il)
+                L["attn_q_a_norm"] = self.weight("attn_q_a_norm", (hp.q_lora_rank,), il)
+                L["attn_q_b"] = self.weight("attn_q_b", (hp.q_lora_rank, H * hp.head_k), il)
             else:
-                L["attn_q"] = self._get("attn_q", (e, H * hp.head_k), il)
-            k_b = self._get("attn_k_b", (hp.n_nope, hp.kv_lora_rank, H), il, optional=True)
-            v_b = self._get("attn_v_b", (hp.kv_lora_rank, hp.head_v, H), il, optional=True)
-            kv_b = self._get("attn_kv_b", (hp.kv_lora_rank, H * (hp.n_nope + hp.head_v)), il,
-                             optional=True)
+                L["attn_q"] = self.weight("attn_q", (e, H * hp.head_k), il)
+            k_b = self.optional_weight("attn_k_b", (hp.n_nope, hp.kv_lora_rank, H), il)
+            v_b = self.optional_weight("attn_v_b", (hp.kv_lora_rank, hp.head_v, H), il)
+            kv_b = self.optional_weight("attn_kv_b", (hp.kv_lora_rank,
+                                                      H * (hp.n_nope + hp.head_v)), il)
             if (k_b is None or v_b is None) and kv_b is None:
                 raise GGUFError(f"{self.path}: layer {il} has neither "
-                                f"{tensor_name('attn_kv_b', il)!r} nor both "
-                                f"{tensor_name('attn_k_b', il)!r} and "
-                                f"{tensor_name('attn_v_b', il)!r}")
+                                f"{self.tensors('attn_kv_b', il)!r} nor both "
+                                f"{self.tensors('attn_k_b', il)!r} and "
+                                f"{self.tensors('attn_v_b', il)!r}")
             L["mla"] = MLAWeights(k_b, v_b, kv_b)
             if il < hp.n_layer_dense_lead:
                 for n in ("ffn_gate", "ffn_up"):
-                    L[n] = self._get(n, (e, hp.n_ff), il)
-                L["ffn_down"] = self._get("ffn_down", (hp.n_ff, e), il)
+                    L[n] = self.weight(n, (e, hp.n_ff), il)
+                L["ffn_down"] = self.weight("ffn_down", (hp.n_ff, e), il)
             else:
                 E, ff = hp.n_expert, hp.n_ff_exp
-                L["ffn_gate_inp"] = self._get("ffn_gate_inp", (e, E), il)
-                L["exp_probs_b"] = self._get("exp_probs_b", (E,), il, optional=True)
+                L["ffn_gate_inp"] = self.weight("ffn_gate_inp", (e, E), il)
+                L["exp_probs_b"] = self.optional_weight("exp_probs_b", (E,), il, "bias")
                 for n in ("ffn_gate_exps", "ffn_up_exps"):
-                    L[n] = self._get(n, (e, ff, E), il)
-                L["ffn_down_exps"] = self._get("ffn_down_exps", (ff, e, E), il)
+                    L[n] = self.weight(n, (e, ff, E), il)
+                L["ffn_down_exps"] = self.weight("ffn_down_exps", (ff, e, E), il)
                 if hp.n_expert_shared:
                     sh = ff * hp.n_expert_shared
                     for n in ("ffn_gate_shexp", "ffn_up_shexp"):
-                        L[n] = self._get(n, (e, sh), il)
-                    L["ffn_down_shexp"] = self._get("ffn_down_shexp", (sh, e), il)
+                        L[n] = self.weight(n, (e, sh), il)
+                    L["ffn_down_shexp"] = self.weight("ffn_down_shexp", (sh, e), il)
             layers.append(L)
         w["layers"] = layers
         return w
@@ -196,8 +184,8 @@ class DeepSeek2Model:
             W = buffers.read(kv_b.data, 0, kv_b).reshape(H, nope + v, r)   # rows per head
             k_vals = np.ascontiguousarray(W[:, :nope, :].transpose(0, 2, 1))  # (H, r, nope)
             v_vals = np.ascontiguousarray(W[:, nope:, :])                     # (H, v, r)
-        return (self._derived(tensor_name("attn_k_b", il), kv_b, (nope, r, H), k_vals),
-                self._derived(tensor_name("attn_v_b", il), kv_b, (r, v, H), v_vals))
+        return (self._derived(self.tensors("attn_k_b", il), kv_b, (nope, r, H), k_vals),
+                self._derived(self.tensors("attn_v_b", il), kv_b, (r, v, H), v_vals))
 
     def _rebuild_kv_b(self, il: int, k_b: Tensor, v_b: Tensor) -> Tensor:
         hp = self.hp
@@ -207,7 +195,7 @@ class DeepSeek2Model:
             K = buffers.read(k_b.data, 0, k_b).reshape(H, r, nope).transpose(0, 2, 1)
             V = buffers.read(v_b.data, 0, v_b).reshape(H, v, r)
             vals = np.concatenate([K, V], axis=1).reshape(H * (nope + v), r)
-        return self._derived(tensor_name("attn_kv_b", il), v_b, (r, H * (nope + v)), vals)
+        return self._derived(self.tensors("attn_kv_b", il), v_b, (r, H * (nope + v)), vals)
 
     # -- cache, shapes, paths ------------------------------------------------------------------
     def new_cache(self, ctx: Context, size: int, type_k: str = "f16", type_v: str = "f16",
@@ -226,6 +214,55 @@ class DeepSeek2Model:
         return choose_path(flash, n_tokens, GGMLType.parse(cache_type),
                            self.mla_shape(n_tokens, n_kv), self.decompress_min_tokens)
 
+    def cache_bytes(self, size: int, type_k: GGMLType | str) -> int:
+        return mla_cache_bytes(self.hp.n_layer, self.hp.mla_row, size, type_k)
+
+    @classmethod
+    def weight_shapes(cls, hp: DeepSeek2HParams, kv_b: str = "split",
+                      tied_output: bool = False) -> dict[str, tuple[int, ...]]:
+        """Every weight's name and ne, as the converter writes them (kv_b: split or legacy)."""
+        e, H, r = hp.n_embd, hp.n_head, hp.kv_lora_rank
+        tn = cls.tensors
+        out: dict[str, tuple[int, ...]] = {tn("token_embd"): (e, hp.n_vocab),
+                                           tn("output_norm"): (e,)}
+        if not tied_output:
+            out[tn("output")] = (e, hp.n_vocab)
+        for il in range(hp.n_layer):
+            def put(logical: str, *ne: int, il: int = il, suffix: str = "weight") -> None:
+                out[tn(logical, il, suffix)] = ne
+            put("attn_norm", e)
+            if hp.q_lora_rank:
+                put("attn_q_a", e, hp.q_lora_rank)
+                put("attn_q_a_norm", hp.q_lora_rank)
+                put("attn_q_b", hp.q_lora_rank, H * hp.head_k)
+            else:
+                put("attn_q", e, H * hp.head_k)
+            put("attn_kv_a_mqa", e, hp.mla_row)
+            put("attn_kv_a_norm", r)
+            if kv_b == "legacy":
+                put("attn_kv_b", r, H * (hp.n_nope + hp.head_v))
+            else:
+                put("attn_k_b", hp.n_nope, r, H)
+                put("attn_v_b", r, hp.head_v, H)
+            put("attn_output", H * hp.head_v, e)
+            put("ffn_norm", e)
+            if il < hp.n_layer_dense_lead:
+                put("ffn_gate", e, hp.n_ff)
+                put("ffn_up", e, hp.n_ff)
+                put("ffn_down", hp.n_ff, e)
+                continue
+            put("ffn_gate_inp", e, hp.n_expert)
+            put("exp_probs_b", hp.n_expert, suffix="bias")
+            put("ffn_gate_exps", e, hp.n_ff_exp, hp.n_expert)
+            put("ffn_up_exps", e, hp.n_ff_exp, hp.n_expert)
+            put("ffn_down_exps", hp.n_ff_exp, e, hp.n_expert)
+            if hp.n_expert_shared:
+                sh = hp.n_ff_exp * hp.n_expert_shared
+                put("ffn_gate_shexp", e, sh)
+                put("ffn_up_shexp", e, sh)
+                put("ffn_down_shexp", sh, e)
+        return out
+
     def graph_capacity(self, n_tokens: int, n_kv: int, amb_mib: int, flash: bool = False,
                        cache_type: GGMLType | str = GGMLType.F16, path: str | None = None) -> int:
         """Nodes per layer plus nodes per attention group: the budget grows with the
@@ -241,7 +278,7 @@ class DeepSeek2Model:
     # -- graph --------------------------------------------------------------------------------
     def build(self, ctx: Context, cache: KVCache, n_tokens: int, n_kv: int, n_outputs: int,
               flash_attn: bool = False, amb_mib: int = 0, path: str | None = None,
-              capacity: int | None = None) -> ModelGraph:
+              capacity: int | None = None) -> ModelGraph[GraphInputs]:
         """The graph of one ubatch of n_tokens attending to the first n_kv cache cells.
 
         path: force an MLA path (see graphs/mla.py; default: chosen by flash_attn and the
@@ -266,13 +303,8 @@ class DeepSeek2Model:
         shape = self.mla_shape(n_tokens, n_kv)
         H, nope, rope = hp.n_head, hp.n_nope, hp.n_rot
 
-        tokens = ctx.new_tensor(GGMLType.I32, (n_tokens,), "inp_tokens").set_input()
-        pos = ctx.new_tensor(GGMLType.I32, (n_tokens,), "inp_pos").set_input()
-        kq_mask = ctx.new_tensor(GGMLType.F16 if flash else GGMLType.F32, (n_kv, n_tokens),
-                                 "kq_mask").set_input()
-        k_idxs = ctx.new_tensor(GGMLType.I64, (n_tokens,), "k_idxs").set_input()
-        out_ids = ctx.new_tensor(GGMLType.I32, (n_outputs,), "inp_out_ids").set_input()
-        inputs = MLAInputs(tokens, pos, kq_mask, k_idxs, out_ids)
+        inputs = GraphInputs.create(ctx, n_tokens, n_kv, n_outputs, flash)   # no V cache
+        pos, kq_mask, k_idxs, out_ids = inputs.pos, inputs.kq_mask, inputs.k_idxs, inputs.out_ids
         rope_kw: dict[str, Any] = {
             "n_dims": rope, "mode": RopeMode.NORMAL, "n_ctx_orig": hp.yarn_orig_ctx,
             "freq_base": hp.rope_freq_base, "freq_scale": hp.freq_scale,
@@ -285,7 +317,7 @@ class DeepSeek2Model:
                                                       cache_type=cache.type_k, path=path))
         eps = hp.rms_eps
 
-        cur = O.get_rows(w["tok_embd"], tokens, name="inp_embd")
+        cur = O.get_rows(w["token_embd"], inputs.tokens, name="inp_embd")
         for il, L in enumerate(w["layers"]):
             inp_sa = cur
             x = O.mul(O.rms_norm(cur, eps, name=f"norm-{il}"), L["attn_norm"],
@@ -336,14 +368,9 @@ class DeepSeek2Model:
         cur = O.mul(O.rms_norm(cur, eps, name="norm"), w["output_norm"], name="result_norm")
         logits = O.mul_mat(w["output"], cur, name="result_output").set_output()
         graph.build_forward_expand(logits)
-        mg = ModelGraph(graph, inputs, logits, n_tokens, n_kv, n_outputs)  # type: ignore[arg-type]
-        mg.path = path  # type: ignore[attr-defined]
-        return mg
+        return ModelGraph(graph, inputs, logits, n_tokens, n_kv, n_outputs, path)
 
-    def batch_inputs(self, mg: ModelGraph, cache: KVCache, tokens: np.ndarray, n_past: int,
-                     out_rows: np.ndarray) -> dict[Tensor, np.ndarray]:
+    def batch_inputs(self, mg: ModelGraph[GraphInputs], cache: KVCache, tokens: np.ndarray,
+                     n_past: int, out_rows: np.ndarray) -> dict[Tensor, np.ndarray]:
         """Input values for tokens at positions n_past.. written into cells n_past.."""
-        pos, mask = causal_inputs(mg, len(tokens), n_past)
-        inp: MLAInputs = mg.inputs  # type: ignore[assignment]
-        return {inp.tokens: np.asarray(tokens, np.int32), inp.pos: pos, inp.kq_mask: mask,
-                inp.k_idxs: pos.astype(np.int64), inp.out_ids: np.asarray(out_rows, np.int32)}
+        return causal_batch(mg, cache, tokens, n_past, out_rows)

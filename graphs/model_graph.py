@@ -1,0 +1,97 @@
+"""The graph types every architecture shares, and the single-sequence causal batch.
+
+`ModelGraph` is what an architecture's `build` returns and what the engine, `ggraph dot` and
+`ggraph plan` consume: the graph of one ubatch, its input leafs, the logits and the sizes it
+was built for. `GraphInputs` are the input leafs of a causal language model with a KV cache
+(tokens, positions, the KQ mask, the cache cells to write, the output rows), created in one
+place in llama.cpp's names; `causal_inputs` and `causal_batch` give their values for tokens of
+one sequence appended at n_past.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from ggraph.graph import Graph
+from ggraph.tensor import Context, Tensor
+from ggraph.types import GGMLType
+
+from .kv_cache import KVCache
+
+InputsT = TypeVar("InputsT")
+
+
+@dataclass
+class GraphInputs:
+    """Input leafs of a causal LM over a KV cache. v_idxs is None where there is no V cache
+    (MLA keeps V as a view of K)."""
+    tokens: Tensor
+    pos: Tensor
+    kq_mask: Tensor
+    k_idxs: Tensor
+    v_idxs: Tensor | None
+    out_ids: Tensor
+
+    @classmethod
+    def create(cls, ctx: Context, n_tokens: int, n_kv: int, n_outputs: int, flash: bool,
+               n_v_idxs: int | None = None) -> GraphInputs:
+        """The leafs as llama.cpp names them: inp_tokens, inp_pos, kq_mask (F16 for flash
+        attention, else F32), k_idxs, v_idxs (n_v_idxs rows; none when None), inp_out_ids."""
+        tokens = ctx.new_tensor(GGMLType.I32, (n_tokens,), "inp_tokens").set_input()
+        pos = ctx.new_tensor(GGMLType.I32, (n_tokens,), "inp_pos").set_input()
+        kq_mask = ctx.new_tensor(GGMLType.F16 if flash else GGMLType.F32, (n_kv, n_tokens),
+                                 "kq_mask").set_input()
+        k_idxs = ctx.new_tensor(GGMLType.I64, (n_tokens,), "k_idxs").set_input()
+        v_idxs = None if n_v_idxs is None else \
+            ctx.new_tensor(GGMLType.I64, (n_v_idxs,), "v_idxs").set_input()
+        out_ids = ctx.new_tensor(GGMLType.I32, (n_outputs,), "inp_out_ids").set_input()
+        return cls(tokens, pos, kq_mask, k_idxs, v_idxs, out_ids)
+
+
+@dataclass
+class ModelGraph(Generic[InputsT]):
+    """One ubatch's graph: n_tokens tokens attending to n_kv cache cells, n_outputs rows of
+    logits. `path` names the attention path where an architecture has several (MLA)."""
+    graph: Graph
+    inputs: InputsT
+    logits: Tensor
+    n_tokens: int
+    n_kv: int
+    n_outputs: int
+    path: str | None = None
+
+
+def causal_inputs(mg: ModelGraph[Any], n: int, n_past: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions n_past.. and the causal mask over the graph's n_kv cells for n new tokens of
+    one sequence (every architecture with a single-sequence KV cache uses these)."""
+    if n != mg.n_tokens:
+        raise ValueError(f"the graph was built for {mg.n_tokens} tokens, got {n}")
+    if n_past + n > mg.n_kv:
+        raise ValueError(f"{n_past + n} tokens do not fit the graph's n_kv={mg.n_kv}")
+    pos = np.arange(n_past, n_past + n, dtype=np.int32)
+    mask = np.full((n, mg.n_kv), -np.inf, np.float32)
+    for i in range(n):
+        mask[i, : n_past + i + 1] = 0.0
+    return pos, mask
+
+
+def causal_batch(mg: ModelGraph[GraphInputs], cache: KVCache, tokens: np.ndarray, n_past: int,
+                 out_rows: np.ndarray) -> dict[Tensor, np.ndarray]:
+    """Input values for tokens at positions n_past.. written into cells n_past.. (with a
+    transposed V cache, cache.v_trans, every value of a token is its own V row)."""
+    pos, mask = causal_inputs(mg, len(tokens), n_past)
+    cells = pos.astype(np.int64)
+    inp = mg.inputs
+    values = {inp.tokens: np.asarray(tokens, np.int32), inp.pos: pos, inp.kq_mask: mask,
+              inp.k_idxs: cells}
+    if inp.v_idxs is not None:
+        if cache.v_trans:
+            n_embd_v = cache.v[0].ne[1]
+            v_idx = np.arange(n_embd_v, dtype=np.int64)[None, :] * cache.size + cells[:, None]
+        else:
+            v_idx = cells
+        values[inp.v_idxs] = v_idx.reshape(-1)
+    values[inp.out_ids] = np.asarray(out_rows, np.int32)
+    return values
