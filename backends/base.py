@@ -117,7 +117,7 @@ class Session:
         self.allocator = allocator
         self.arena: Any = None
         self.plan: Any = None
-        self.static: dict[int, Any] = {}
+        self.static: dict[Tensor, Any] = {}
         self._graph: Graph | None = None          # the graph whose calls are bound
         self._calls: list[Callable[[], None]] | None = None
         # leafs with host data that a write changed: this Session's copy of their bytes, so
@@ -148,9 +148,9 @@ class Session:
             own = self._own.get(root)
             return (own if own is not None else self.backend.upload(root)), t.view_offs
         if root.buffer is not None:
-            buf = self.static.get(id(root))
+            buf = self.static.get(root)
             if buf is None:
-                buf = self.static[id(root)] = self._zeros(root.nbytes)
+                buf = self.static[root] = self._zeros(root.nbytes)
             return buf, t.view_offs
         if self.plan is None:
             raise RuntimeError(f"tensor {t.describe()} has no memory: no plan is active")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -48,14 +48,13 @@ class MultiSession:
         if len(self.names) != len(self.backends):
             raise ValueError(f"{len(self.names)} names for {len(self.backends)} backends")
         self.host = len(self.backends) - 1
-        self.placement: dict[int, int] = {}
-        self._placed: list[Tensor] = []          # keeps placed tensors (and their ids) alive
+        self.placement: dict[Tensor, int] = {}
         for t, d in (placement or {}).items():
             self.place(t, d)
         self.sessions = [b.session(allocator=GraphAllocator(
             alignment=b.alignment, strategy=strategy, name=n, keep_order=True))
             for b, n in zip(self.backends, self.names)]
-        self._schedules: dict[int, tuple[Graph, Schedule]] = {}
+        self._schedules: dict[Graph, tuple[Graph, Schedule]] = {}
         self._bound: _Bound | None = None
         self._bound_graph: Graph | None = None
         self._lock = threading.RLock()
@@ -72,17 +71,16 @@ class MultiSession:
         if not 0 <= device < len(self.backends):
             raise ValueError(f"tensor {t.describe()} placed on device {device}; there are "
                              f"{len(self.backends)} ({', '.join(self.names)})")
-        self.placement[id(t)] = device
-        self._placed.append(t)
+        self.placement[t] = device
 
     # -- planning -----------------------------------------------------------------------------
     def schedule(self, graph: Graph) -> Schedule:
-        hit = self._schedules.get(id(graph))
+        hit = self._schedules.get(graph)
         if hit is not None and hit[0] is graph:
             return hit[1]
         sch = schedule_graph(graph, self.names, [b.supports for b in self.backends],
                              self.placement, self.host)
-        self._schedules[id(graph)] = (graph, sch)
+        self._schedules[graph] = (graph, sch)
         while len(self._schedules) > 4:
             self._schedules.pop(next(iter(self._schedules)))
         return sch
@@ -106,9 +104,9 @@ class MultiSession:
         steps = []
         for split in sch.splits:
             d = split.device
-            copies = [(sch.local(t, sch.device_of(t)), sch.copies[(id(t), d)], sch.device_of(t))
+            copies = [(sch.local(t, sch.device_of(t)), sch.copies[(t, d)], sch.device_of(t))
                       for t in split.inputs]
-            calls = self.sessions[d].bind([sch.clones[id(n)] for n in split.nodes])
+            calls = self.sessions[d].bind([sch.clones[n] for n in split.nodes])
             steps.append((copies, d, calls))
         return _Bound(sch, steps)
 
@@ -153,10 +151,10 @@ class MultiSession:
     # -- values -------------------------------------------------------------------------------
     def _where(self, t: Tensor) -> tuple[Session, Tensor]:
         sch = self._bound.sch if self._bound is not None else None
-        if sch is None or (t.op is not None and id(t) not in sch.clones):
+        if sch is None or (t.op is not None and t not in sch.clones):
             if t.op is not None:
                 raise ValueError(f"tensor {t.describe()} is not a node of the graph last run")
-            return self.sessions[self.placement.get(id(t.owner), self.host)], t
+            return self.sessions[self.placement.get(t.owner, self.host)], t
         d = sch.device_of(t)
         return self.sessions[d], sch.local(t, d)
 

@@ -31,7 +31,6 @@ from typing import Callable, Mapping, Sequence
 from ggraph.graph import Graph
 from ggraph.opkind import OpKind
 from ggraph.tensor import Context, Flag, Tensor
-from ggraph.tensor_keys import TensorKeyed, lookup
 from ggraph.types import MIB
 
 Supports = Callable[[Tensor], bool]
@@ -51,8 +50,7 @@ class Split:
 
 @dataclass
 class Schedule:
-    """The plan of one graph over devices. The maps are TensorKeyed: keyed by the original
-    tensor, they still answer lookups by id(tensor) for callers written before."""
+    """The plan of one graph over devices; its maps are keyed by the original tensors."""
     graph: Graph
     names: list[str]                       # device names; the host is `host`
     host: int
@@ -98,9 +96,8 @@ def schedule_graph(graph: Graph, names: Sequence[str], supports: Sequence[Suppor
                    n_copies: int = 1) -> Schedule:
     """Plan `graph` over devices `names` (priority order; the host defaults to the last).
 
-    placement: pre-allocated leaf -> device for weights and caches (a mapping keyed by
-    id(leaf) is still read). Every other leaf (graph inputs, scratch leafs, constants with
-    host data) lives on the host.
+    placement: pre-allocated leaf -> device for weights and caches. Every other leaf (graph
+    inputs, scratch leafs, constants with host data) lives on the host.
     n_copies: ggml's pipeline parallelism keeps this many copies of the graph inputs and of
     every split input, so that the next ubatch's inputs can be written while the devices
     still run the current one (llama.cpp uses 4 with several devices and every layer
@@ -122,7 +119,7 @@ def schedule_graph(graph: Graph, names: Sequence[str], supports: Sequence[Suppor
     moved: list[tuple[Tensor, int, int]] = []
 
     def leaf_device(t: Tensor) -> int:
-        d = lookup(placement, t.owner)
+        d = placement.get(t.owner)
         return host if d is None else d
 
     def tensor_device(t: Tensor) -> int:
@@ -154,7 +151,7 @@ def schedule_graph(graph: Graph, names: Sequence[str], supports: Sequence[Suppor
         for s in n.src:
             if s is None or s.owner.op is not None:
                 continue
-            d = lookup(placement, s.owner)
+            d = placement.get(s.owner)
             if d is not None:
                 if ok(d, n):
                     dev[n] = d
@@ -293,8 +290,8 @@ def _split(graph: Graph, names: list[str], host: int, dev: dict[Tensor, int],
                         dev_leafs[d].append(x)
                         extra[d] += x.nbytes
     graphs = [Graph.from_lists(dev_nodes[d], dev_leafs[d]) for d in range(n_dev)]
-    return Schedule(graph, names, host, TensorKeyed(dev), splits, TensorKeyed(copies),
-                    TensorKeyed(clones), graphs, moved, tensor_device, n_copies, extra)
+    return Schedule(graph, names, host, dev, splits, copies,
+                    clones, graphs, moved, tensor_device, n_copies, extra)
 
 
 def describe(sch: Schedule, limit: int = 20) -> list[str]:

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from ggraph import ops as O
 from ggraph.graph import Graph
 from ggraph.tensor import Tensor
-from ggraph.types import GGMLType
+from ggraph.types import GGMLType, MIB
 
-MIB = 1 << 20
 F32 = 4
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from ggraph.alloc import GraphAllocator
 from ggraph.tensor import Context
+from ggraph.types import MIB
 
 from .arch import build_model
 from .gguf_file import load_gguf
@@ -26,7 +27,6 @@ from .placement import LayerMap, layer_map, parse_devices, place_tensors
 from .tensor_check import check_tensors
 from .tokenizer import Tokenizer
 
-MIB = 1 << 20
 KV_PAD = 256  # llama.cpp pads the attended cells to 256
 
 
@@ -141,7 +141,7 @@ class Engine:
         if self.layers is None:
             return
         for t, d in place_tensors(graph.leafs, self.layers).items():
-            if id(t) not in self.session.placement:
+            if t not in self.session.placement:
                 self.session.place(t, d)
 
     # -- memory -------------------------------------------------------------------------------
@@ -189,14 +189,14 @@ class Engine:
         names, sess = self.device_names, self.session
         weights = [0] * len(names)
         kv = [0] * len(names)
-        cache_ids = {id(t) for t in self.cache.k + self.cache.v}
+        cache = set(self.cache.k + self.cache.v)
         seen: set[int] = set()
         for t in self.worst_case.graph.leafs:
-            d = sess.placement.get(id(t))
-            if d is None or id(t) in seen:
+            d = sess.placement.get(t)
+            if d is None or t in seen:
                 continue
-            seen.add(id(t))
-            (kv if id(t) in cache_ids else weights)[d] += t.nbytes
+            seen.add(t)
+            (kv if t in cache else weights)[d] += t.nbytes
         lm = self.layers
         counts = ", ".join(f"{n} {lm.count(i)}" for i, n in enumerate(names))
         lines = [f"load_tensors: offloaded {sum(lm.count(i) for i in range(len(names) - 1))}/"

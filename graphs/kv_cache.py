@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ggraph.tensor import Context, Tensor
-from ggraph.types import GGMLType, row_size
+from ggraph.types import GGMLType, row_size, MIB
 
-MIB = 1 << 20
 CACHE_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0,
                GGMLType.Q4_1)
 

@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from ggraph import ops as O
 from ggraph.graph import Graph
 from ggraph.tensor import Tensor
-from ggraph.types import GGMLType
+from ggraph.types import GGMLType, MIB
 
 from .attention import HeadJoin, kq_size_mib, split_heads
 
-MIB = 1 << 20
 F32 = 4
 PATHS = ("absorbed", "absorbed-fa", "decompress-fa")
 DECOMPRESS_MIN_TOKENS = 128  # ik_llama.cpp decompresses for ubatches of >= 128 tokens

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from ggraph.tensor import Tensor
+from ggraph.types import MIB
 
 GIB = 1 << 30
-MIB = 1 << 20
 
 _UNITS = {"gib": GIB, "gb": 10**9, "mib": MIB, "mb": 10**6, "kib": 1024, "b": 1}
 

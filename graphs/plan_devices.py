@@ -16,12 +16,11 @@ from typing import Any, Callable, Sequence
 
 from ggraph.alloc import Plan, plan_graph
 from ggraph.sched import Schedule, schedule_graph
-from ggraph.tensor import Context
-from ggraph.types import GGMLType
+from ggraph.tensor import Context, Tensor
+from ggraph.types import GGMLType, MIB
 
 from .placement import Device, LayerMap, layer_map, place_tensors, tensor_layer
 
-MIB = 1 << 20
 GIB = 1 << 30
 DEVICE_ALIGNMENT = 128   # ggml's CUDA buffers
 HOST_ALIGNMENT = 32
@@ -138,9 +137,9 @@ def plan_devices(model: Any, source: str, devices: Sequence[Device], n_ctx: int,
     names = [d.name for d in devices] + ["CPU"]
     every = [lambda t: True] * (n + 1)   # a virtual device runs every op
 
-    def placed(graph: Any) -> dict[int, int]:
+    def placed(graph: Any) -> dict[Tensor, int]:
         leafs = list(graph.leafs) + cache.k + cache.v
-        return {id(t): d for t, d in place_tensors(leafs, lm).items()}
+        return place_tensors(leafs, lm)
 
     sch = schedule_graph(mg.graph, names, every, placed(mg.graph), n, n_copies)
     sch_tg = schedule_graph(tg.graph, names, every, placed(tg.graph), n)

@@ -31,7 +31,6 @@ from .arch import MLAPlanner, architectures_with, model_class, supports
 from .gguf_file import GGUFError, GGUFModel
 from .hparams import DeepSeek2HParams
 
-MIB = 1 << 20
 GIB = 1 << 30
 
 # bytes per weight of ggml's formats (block bytes / block size), for weight-memory figures

@@ -15,7 +15,7 @@ import numpy as np
 
 from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor
-from ggraph.types import GGMLType, GGMLType as T
+from ggraph.types import GGMLType as T
 from .case import Case, case
 from .registry import (FLOATS, GGMLMap, OpDef, can_repeat, new_node, register, require,
                        require_type, types_ok)

@@ -14,7 +14,7 @@ import numpy as np
 from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor, fmt_ne
 from ggraph.types import GGMLType as T
-from .case import Case, CaseBuilder, TOL_DEFAULT, TOL_QUANT_COPY, any_values, case
+from .case import Case, TOL_DEFAULT, TOL_QUANT_COPY, any_values, case
 from .registry import GGMLMap, OpDef, new_node, new_view, register, require
 
 VIEW = OpKind.define("view", Family.VIEW)

@@ -24,8 +24,8 @@ from ggraph.conformance import nmse
 from ggraph.graph import GraphCapacityError
 from ggraph.reference import run_reference
 from ggraph.tensor import Context
+from ggraph.types import MIB
 
-MIB = 1 << 20
 
 
 # -- an independent numpy model ---------------------------------------------------------------

@@ -6,7 +6,6 @@ import math
 import struct
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ggraph.graphs.gguf_fuzz import BAD_OUTCOMES, KINDS, fuzz, fuzz_bases, mutants

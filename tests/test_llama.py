@@ -12,8 +12,8 @@ from ggraph.graphs.model_graph import causal_batch
 from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
 from ggraph.reference import run_reference
 from ggraph.tensor import Context
+from ggraph.types import MIB
 
-MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")

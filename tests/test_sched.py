@@ -25,8 +25,8 @@ from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
 from ggraph.opkind import OpKind
 from ggraph.sched import SchedulerError, describe, schedule_graph
 from ggraph.tensor import Context
+from ggraph.types import MIB
 
-MIB = 1 << 20
 SEED_SPLIT = "37,25,25,25,24.5,24,24,24,24,25,24,25,24,24.5,31"
 
 
@@ -68,7 +68,7 @@ def test_split_run_equals_one_backend(tiny, n_dev, ngl, split):
         check_graph(g)
     # KV cache rows were written on the cache's own device
     il = 3
-    d = ms.placement[id(cache.k[il])]
+    d = ms.placement[cache.k[il]]
     assert d == lm.layers[il]
     k = ms.read(cache.k[il])
     assert np.abs(k[..., :5, :]).sum() > 0 and not k[..., 5:, :].any()
@@ -77,7 +77,7 @@ def test_split_run_equals_one_backend(tiny, n_dev, ngl, split):
 def test_splits_copies_and_views(tiny):
     m, cache, mg, inputs = _graph(tiny)
     lm = layer_map(4, 1)                       # every layer on device 0, the host last
-    pl = {id(t): d for t, d in place_tensors(mg.graph.leafs, lm).items()}
+    pl = place_tensors(mg.graph.leafs, lm)
     sch = schedule_graph(mg.graph, ["DEV0", "CPU"], [lambda t: True] * 2, pl)
     # input layer on the host, the layers on the device, the tied output matrix (the token
     # embedding, which stays on the host) on the host again
@@ -89,8 +89,8 @@ def test_splits_copies_and_views(tiny):
     for s in sch.splits:
         for n in s.nodes:
             if n.op in (OpKind.VIEW, OpKind.RESHAPE, OpKind.PERMUTE, OpKind.TRANSPOSE):
-                assert sch.node_device[id(n)] == s.device
-    c = sch.copies[(id(mg.inputs.kq_mask), 0)]
+                assert sch.node_device[n] == s.device
+    c = sch.copies[(mg.inputs.kq_mask, 0)]
     assert c.name == "DEV0#kq_mask#0" and c.is_input and c.is_output
     assert sum(sch.copy_bytes()) == sum(c.nbytes for c in sch.copies.values())
     # the host keeps result_norm's source alive until the copy: a dependency view there
@@ -114,7 +114,7 @@ def test_unsupported_op_falls_back(tiny):
     np.testing.assert_array_equal(ms.read(mg.logits), ref)
     sch = ms.schedule(mg.graph)
     soft = [n for n in mg.graph.nodes if n.op == OpKind.SOFT_MAX]
-    assert soft and all(sch.node_device[id(n)] == 1 for n in soft)
+    assert soft and all(sch.node_device[n] == 1 for n in soft)
     # host (input layer), then per layer: device, host (soft_max); device, host (output)
     assert [sp.device for sp in sch.splits] == [1] + [0, 1] * 4 + [0, 1]
     assert sch.names == ["CPU1", "CPU"]
@@ -127,7 +127,7 @@ def test_scheduler_errors(tiny):
     with pytest.raises(SchedulerError, match="one table per device"):
         schedule_graph(mg.graph, ["A", "B"], [lambda t: True], {})
     # a device that cannot run set_rows cannot hold a KV cache
-    pl = {id(cache.k[0]): 0}
+    pl = {cache.k[0]: 0}
     with pytest.raises(SchedulerError, match="writes into 'cache_k_l0'.*on A"):
         schedule_graph(mg.graph, ["A", "B"], [lambda t: t.op != OpKind.SET_ROWS,
                                               lambda t: True], pl)
@@ -279,5 +279,5 @@ def test_deepseek2_split_across_two_backends(tmp_path):
     assert list(one.generate(prompt, 4, stop_at_eos=False)) == \
         list(two.generate(prompt, 4, stop_at_eos=False))
     placed = two.session.placement
-    derived = [t for t in two.session._placed if "attn_k_b" in t.name]
-    assert derived and all(placed[id(t)] < 2 for t in derived)
+    derived = [t for t in placed if "attn_k_b" in t.name]
+    assert derived and all(placed[t] < 2 for t in derived)

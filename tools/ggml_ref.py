@@ -30,7 +30,6 @@ import numpy as np
 from ggraph.ggml_ref import (GGMLReference, GGMLUnavailable, GGMLUnsupported,  # noqa: F401
                              ggml_gallocr_size, load)
 
-MIB = 1 << 20
 REPO = Path(__file__).resolve().parents[1]
 
 

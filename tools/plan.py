@@ -10,12 +10,13 @@ seconds.
 """
 from __future__ import annotations
 
+from ggraph.types import MIB
+
 import argparse
 import json
 import sys
 from typing import Any
 
-MIB = 1 << 20
 GIB = 1 << 30
 
 
