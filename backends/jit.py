@@ -9,14 +9,17 @@ function arguments, and how CPU and CUDA compile the same math.
 """
 from __future__ import annotations
 
+import hashlib
 import types
+from pathlib import Path
 from typing import Any, Callable
 
 from ggraph.types import GGMLType
-from .shared import codecs, numeric
+from .shared import codecs, elementwise, numeric
 
 NUMERIC = ("rint", "half_to_f32", "f32_to_half", "bf16_to_f32", "f32_to_bf16", "roundf", "silu",
            "gelu", "sigmoid", "alibi_slope", "rope_cos_sin")
+ELEMENTWISE = ("unary_value", "binary_value", "unflatten")
 CODEC_HELPERS = ("_half_at", "_put_half", "_finite_or_zero", "_trunc_u8", "_half_row", "_opaque")
 ELEM_CODECS = {GGMLType.F32: ("load_f32", "store_f32", "load1_f32"),
                GGMLType.F16: ("load_f16", "store_f16", "load1_f16"),
@@ -26,6 +29,17 @@ ELEM_CODECS = {GGMLType.F32: ("load_f32", "store_f32", "load1_f32"),
 BLOCK_CODECS = {GGMLType.Q4_0: ("dec_q4_0", "enc_q4_0", "dot_q4_0"),
                 GGMLType.Q4_1: ("dec_q4_1", "enc_q4_1", "dot_q4_1"),
                 GGMLType.Q8_0: ("dec_q8_0", "enc_q8_0", "dot_q8_0")}
+
+
+def source_hash(*files: str | Path) -> str:
+    """A hash of everything a target's kernels are compiled from: the shared math a Target
+    compiles (numeric, codecs, elementwise), this file, and a backend's own `files` (its
+    templates). numba's on-disk cache checks only a kernel's own file, not the functions it
+    inlines, so the tag of every binding carries this hash: editing the shared math compiles
+    afresh instead of reusing stale code."""
+    paths = [Path(m.__file__) for m in (numeric, codecs, elementwise)] + [Path(__file__)] + \
+        [Path(f) for f in files]
+    return hashlib.sha1(b"".join(p.read_bytes() for p in paths)).hexdigest()[:10]
 
 
 def _copy(f: Callable, glb: dict, tag: str) -> Callable:
@@ -49,17 +63,25 @@ class Target:
 
     def __init__(self, name: str, device: Callable[[Callable], Any],
                  device_fast: Callable[[Callable], Any] | None = None,
-                 overrides: dict[str, Callable] | None = None) -> None:
+                 overrides: dict[str, Callable] | None = None,
+                 device_ieee: Callable[[Callable], Any] | None = None) -> None:
         self.name = name
         self.device = device
         # dot products may reassociate their sums (vectorized reductions); never used where
         # NaN/inf handling or exact rounding matters (conversions, quantizers)
         self.device_fast = device_fast or device
+        # the element-wise formulas divide as IEEE does (x / 0 is inf or NaN, as in ggml and
+        # in a numba parallel loop's body), not raising as numba.njit's default does
+        device_ieee = device_ieee or device
         glb: dict[str, Any] = dict(numeric.__dict__)
         glb.update({k: v for k, v in codecs.__dict__.items() if k in ("np", "math")})
+        # the op codes U_* and B_* (integer constants in compiled code)
+        glb.update({k: v for k, v in vars(elementwise).items() if k.startswith(("U_", "B_"))})
         self.globals = glb
         for n in NUMERIC:
             glb[n] = device(_copy(getattr(numeric, n), glb, ""))
+        for n in ELEMENTWISE:  # own names: numba's disk cache does not key on the flags
+            glb[n] = device_ieee(_copy(getattr(elementwise, n), glb, "ieee"))
         # a target may replace a scalar function by a faster equivalent (tested equal); the
         # shared version stays the definition every other target compiles
         for n, f in (overrides or {}).items():

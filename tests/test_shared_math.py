@@ -1,15 +1,20 @@
 """The scalar math shared by the backends (backends/shared/numeric.py) against numpy over
 every f16 and bf16 bit pattern, both as the shared arithmetic (what CUDA compiles) and as the
-CPU target's compiled functions (where f16 -> f32 is a table)."""
+CPU target's compiled functions (where f16 -> f32 is a table); the element-wise formulas, op
+codes and index walk (shared/elementwise.py) and the kernel arguments (shared/kernel_args.py)."""
 from __future__ import annotations
 
 import numba
 import numpy as np
 import pytest
 
-from ggraph import quants
+from ggraph import Context, build_graph, ops, quants
+from ggraph.backends import accepts
+from ggraph.backends.cpu import CPUBackend
 from ggraph.backends.cpu.kernels import TARGET
 from ggraph.backends.jit import Target
+from ggraph.backends.shared import elementwise as E, kernel_args as KA
+from ggraph.opkind import OpKind
 
 ALL16 = np.arange(65536, dtype=np.uint16)
 SHARED = Target("shared-arith", numba.njit(cache=True))
@@ -56,3 +61,117 @@ def test_bf16_both_ways():
     assert np.array_equal(got[~nan], ref[~nan]) and np.isnan(got[nan]).all()
     x = _floats()
     assert np.array_equal(_map(SHARED.fn("f32_to_bf16"), x, np.uint16), quants.f32_to_bf16_bits(x))
+
+
+# -- element-wise formulas, op codes, index walk, kernel arguments (shared/elementwise.py,
+#    shared/kernel_args.py) -----------------------------------------------------------------
+
+def _specials() -> np.ndarray:
+    x = _floats()[::7].copy()
+    return np.concatenate([x, [np.nan, -np.nan, 0.0, -0.0, 1e-45, -1e-45, 3.4e38]]).astype(
+        np.float32)
+
+
+def test_op_codes_are_the_shared_rules_positions():
+    assert list(E.UNARY_CODE) == list(accepts.UNARY_OPS)
+    assert list(E.BINARY_CODE) == list(accepts.BINARY_OPS)
+    assert sorted(E.UNARY_CODE.values()) == list(range(len(accepts.UNARY_OPS)))
+    assert (E.U_SCALE, E.U_FILL, E.B_ADD, E.B_SWIGLU) == (
+        E.UNARY_CODE[OpKind.SCALE], E.UNARY_CODE[OpKind.FILL], E.BINARY_CODE[OpKind.ADD],
+        E.BINARY_CODE[OpKind.SWIGLU])
+
+
+@numba.njit
+def _unary_all(fn, op, x, p0, p1, out):
+    for i in range(x.size):
+        out[i] = fn(op, x[i], p0, p1)
+
+
+@numba.njit
+def _binary_all(fn, op, x, y, out):
+    for i in range(x.size):
+        out[i] = fn(op, x[i], y[i])
+
+
+@pytest.mark.parametrize("op", accepts.UNARY_OPS, ids=str)
+def test_unary_value_compiled_for_the_cpu(op):
+    """Each code picks its formula, in float32 with the kernels' rounding points (the same
+    bits as numpy's float32 arithmetic for the linear ops)."""
+    x = _specials()
+    p0, p1 = np.float32(-0.75), np.float32(1.25)
+    got = np.zeros_like(x)
+    _unary_all(TARGET.fn("unary_value"), E.UNARY_CODE[op], x, p0, p1, got)
+    with np.errstate(all="ignore"):
+        if op == OpKind.SCALE:
+            ref = x * p0 + p1
+        elif op == OpKind.CLAMP:
+            ref = np.where(np.isnan(x), x, np.minimum(np.maximum(x, p0), p1))
+        elif op == OpKind.FILL:
+            ref = np.full_like(x, p0)
+        else:
+            ref = _map(TARGET.fn(op.value), x, np.float32)
+    assert got.dtype == np.float32
+    assert np.array_equal(got, ref, equal_nan=True)
+
+
+@pytest.mark.parametrize("op", accepts.BINARY_OPS, ids=str)
+def test_binary_value_compiled_for_the_cpu(op):
+    """x / 0 is inf or NaN (IEEE, as ggml), never an exception, in serial kernels too."""
+    x = _specials()
+    y = np.roll(x, 3)
+    y[:4] = 0.0
+    got = np.zeros_like(x)
+    _binary_all(TARGET.fn("binary_value"), E.BINARY_CODE[op], x, y, got)
+    with np.errstate(all="ignore"):
+        ref = {OpKind.ADD: lambda: x + y, OpKind.MUL: lambda: x * y, OpKind.DIV: lambda: x / y,
+               OpKind.SWIGLU: lambda: _map(TARGET.fn("silu"), x, np.float32) * y}[op]()
+    assert np.array_equal(got, ref, equal_nan=True)
+
+
+def test_unflatten_is_numpy_order():
+    f = TARGET.fn("unflatten")
+
+    @numba.njit
+    def walk(n2, n1, n0, total, out):
+        for k in range(total):
+            i3, i2, i1, i0 = f(k, n2, n1, n0)
+            out[k, 0], out[k, 1], out[k, 2], out[k, 3] = i3, i2, i1, i0
+
+    for shape in ((2, 3, 4, 5), (1, 1, 1, 7), (3, 1, 2, 1)):
+        total = int(np.prod(shape))
+        ref = np.stack(np.unravel_index(np.arange(total), shape), axis=1)
+        got = np.zeros((total, 4), np.int64)
+        walk(shape[1], shape[2], shape[3], total, got)
+        assert np.array_equal(got, ref)
+        assert [E.unflatten(k, *shape[1:]) for k in range(total)] == [tuple(r) for r in ref]
+
+
+def test_kernel_args_from_params():
+    ctx = Context()
+    a = ctx.new_tensor("f32", (8, 3, 2))
+    assert KA.unary_args(ops.scale(a, 2.5, -1.0)) == (E.U_SCALE, 2.5, -1.0)
+    assert KA.unary_args(ops.clamp(a, -1.0, 3.0)) == (E.U_CLAMP, -1.0, 3.0)
+    assert KA.unary_args(ops.fill(a, 0.1))[1] == np.float32(0.1)
+    assert all(type(v) is np.float32 for v in KA.unary_args(ops.silu(a))[1:])
+    assert KA.binary_args(ops.swiglu(a, a)) == (E.B_SWIGLU,)
+    assert KA.argsort_args(ops.top_k(a, 3)) == (True, 3)
+    assert KA.argsort_args(ops.argsort(a)) == (False, 8)
+    pos = ctx.new_tensor("i32", (2,))
+    r = KA.rope_args(ops.rope_ext(a, pos, n_dims=8, mode=2, n_ctx_orig=4096, ext_factor=1.0))
+    assert r[:2] == (8, True) and all(type(v) is float for v in r[2:])
+    assert 0.0 <= r[6] <= r[7] <= 7.0
+
+
+def test_small_and_large_division_by_zero_agree():
+    """A node small enough for the serial kernel divides by zero as the parallel one does."""
+    for n in (8, 1 << 17):
+        ctx = Context()
+        x = ctx.new_tensor("f32", (n,), name="x").set_input()
+        y = ctx.new_tensor("f32", (n,), name="y").set_input()
+        out = ops.div(x, y)
+        out.set_output()
+        g = build_graph(out)
+        xv = np.ones(n, np.float32)
+        xv[1] = 0.0
+        got = CPUBackend().session().run(g, {x: xv, y: np.zeros(n, np.float32)}).read(out)
+        assert np.isinf(got.ravel()[0]) and np.isnan(got.ravel()[1])

@@ -32,6 +32,7 @@ from ggraph.tensor import Tensor
 from ggraph.types import GGMLType
 
 from ..shared import numeric
+from ..shared.kernel_args import rope_args
 
 _f2h = njit(cache=True)(numeric.f32_to_half)
 _h2f = njit(cache=True)(numeric.half_to_f32)
@@ -239,15 +240,17 @@ def rope_rows(x, pos, y, n_dims, neox, freq_base, freq_scale, attn_factor):
                 y[i3, i2, i1, i0] = x[i3, i2, i1, i0]
 
 
-def bind_rope(a_type: GGMLType, A: np.ndarray, P: np.ndarray, D: np.ndarray, p, has_ff: bool):
-    """ggml's rope for F32 without YaRN extrapolation or frequency factors, else None."""
-    if a_type != GGMLType.F32 or D.dtype != np.float32 or p.ext_factor != 0.0 or has_ff:
+def bind_rope(a_type: GGMLType, A: np.ndarray, P: np.ndarray, D: np.ndarray, args: tuple,
+              has_ff: bool):
+    """ggml's rope for F32 without YaRN extrapolation or frequency factors, else None.
+    args: the default kernel's (backends/shared/kernel_args.py rope_args)."""
+    n_dims, neox, freq_base, freq_scale, ext_factor, attn_factor, _, _ = args
+    if a_type != GGMLType.F32 or D.dtype != np.float32 or ext_factor != 0.0 or has_ff:
         return None
-    neox = int(p.mode) == 2
     pos = P.reshape(-1)
 
     def call() -> None:
-        rope_rows(A, pos, D, p.n_dims, neox, p.freq_base, p.freq_scale, p.attn_factor)
+        rope_rows(A, pos, D, n_dims, neox, freq_base, freq_scale, attn_factor)
 
     return call
 
@@ -418,7 +421,7 @@ def _soft_max(node: Tensor, s: Any):
 
 def _rope(node: Tensor, s: Any):
     a, pos, ff = node.src
-    return bind_rope(a.type, s.arr(a), s.arr(pos), s.arr(node), node.params, ff is not None)
+    return bind_rope(a.type, s.arr(a), s.arr(pos), s.arr(node), rope_args(node), ff is not None)
 
 
 def _swiglu(node: Tensor, s: Any):

@@ -10,22 +10,21 @@ numba dot kernels that read quantized blocks directly (memory-bound, no dequanti
 
 from __future__ import annotations
 
-import hashlib
 import os
 from functools import partial
-from pathlib import Path
 
 import numba
 import numpy as np
 
 from ggraph.opkind import OpKind
 from ggraph.ops.attention import alibi_slopes
-from ggraph.ops.rope import RopeMode, yarn_corr_dims
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType as T
 from ..accepts import BINARY_OPS, UNARY_OPS, VIEW_OPS, rule
 from ..base import Kernel, Session
-from ..jit import Target
+from ..jit import Target, source_hash
+from ..shared.kernel_args import (argsort_args, binary_args, flash_attn_args, norm_args,
+                                  raw_copy, rope_args, soft_max_args, unary_args)
 from . import fastmath
 from .attention import decode_heads, flash_attn_blocks
 from . import templates as K
@@ -36,6 +35,7 @@ TARGET = Target(
     numba.njit(cache=True),
     numba.njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"}),
     overrides={"half_to_f32": fastmath.half_to_f32},
+    device_ieee=numba.njit(cache=True, error_model="numpy"),
 )
 _KERNEL = numba.njit(cache=True, parallel=PARALLEL)
 _SERIAL = numba.njit(cache=True)
@@ -52,10 +52,7 @@ DEQUANT_CHUNK = 1 << 22  # float32 elements dequantized at a time (16 MiB of scr
 
 # numba's cache checks only the template's file; a kernel inlines the shared math too, so the
 # cache key carries a hash of every source it is built from
-SOURCE_HASH = hashlib.sha1(b"".join(
-    (Path(__file__).parent.parent / f).read_bytes() for f in (
-        "shared/numeric.py", "shared/codecs.py", "cpu/templates.py", "cpu/fastmath.py",
-        "jit.py"))).hexdigest()[:10]
+SOURCE_HASH = source_hash(K.__file__, fastmath.__file__)
 
 
 
@@ -80,58 +77,24 @@ def _compiled(template, serial: bool = False, **types: T):
 
 
 # -- element-wise ---------------------------------------------------------------------------
-
-_UNARY = {
-    OpKind.SCALE: K.U_SCALE,
-    OpKind.CLAMP: K.U_CLAMP,
-    OpKind.FILL: K.U_FILL,
-    OpKind.SILU: K.U_SILU,
-    OpKind.GELU: K.U_GELU,
-    OpKind.SIGMOID: K.U_SIGMOID,
-}
-
+# (the numbers after the arrays: backends/shared/kernel_args.py, the same for CUDA)
 
 def _unary(node: Tensor, s: Session):
     a = node.src[0]
-    p = node.params
-    p0, p1 = {
-        OpKind.SCALE: lambda: (p.s, p.b),
-        OpKind.CLAMP: lambda: (p.min, p.max),
-        OpKind.FILL: lambda: (p.value, 0.0),
-    }.get(node.op, lambda: (0.0, 0.0))()
-    return partial(
-        _compiled(K.k_unary, _small(node), a=a.type, d=node.type),
-        s.arr(a),
-        s.arr(node),
-        _UNARY[node.op],
-        np.float32(p0),
-        np.float32(p1),
-    )
-
-
-_BINARY = {OpKind.ADD: K.B_ADD, OpKind.MUL: K.B_MUL, OpKind.DIV: K.B_DIV, OpKind.SWIGLU: K.B_SWIGLU}
+    return partial(_compiled(K.k_unary, _small(node), a=a.type, d=node.type), s.arr(a),
+                   s.arr(node), *unary_args(node))
 
 
 def _binary(node: Tensor, s: Session) -> None:
     a, b = node.src
-    return partial(
-        _compiled(K.k_binary, _small(node), a=a.type, b=b.type, d=node.type),
-        s.arr(a),
-        s.arr(b),
-        s.arr(node),
-        _BINARY[node.op],
-    )
+    return partial(_compiled(K.k_binary, _small(node), a=a.type, b=b.type, d=node.type),
+                   s.arr(a), s.arr(b), s.arr(node), *binary_args(node))
 
 
 def _norm(node: Tensor, s: Session) -> None:
     a = node.src[0]
-    return partial(
-        _compiled(K.k_norm, _small(node), a=a.type, d=node.type),
-        s.arr(a),
-        s.arr(node),
-        node.params.eps,
-        node.op == OpKind.RMS_NORM,
-    )
+    return partial(_compiled(K.k_norm, _small(node), a=a.type, d=node.type), s.arr(a),
+                   s.arr(node), *norm_args(node))
 
 
 # -- softmax, rope, attention -----------------------------------------------------------------
@@ -141,88 +104,43 @@ _DUMMY = np.zeros((1, 1, 1, 1), np.float32)
 
 def _soft_max(node: Tensor, s: Session) -> None:
     a, mask, sinks = node.src
-    p = node.params
     mt = mask.type if mask is not None else T.F32
     k = _compiled(K.k_soft_max, _small(node), a=a.type, m=mt, d=node.type)
-    return partial(
-        k,
-        s.arr(a),
-        s.arr(mask) if mask is not None else _DUMMY,
-        s.arr(sinks).reshape(1, 1, 1, -1) if sinks is not None else _DUMMY,
-        s.arr(node),
-        p.scale,
-        p.max_bias,
-        p.head_offset,
-        p.n_head or a.ne[2],
-        mask is not None,
-        sinks is not None,
-    )
+    return partial(k, s.arr(a), s.arr(mask) if mask is not None else _DUMMY,
+                   s.arr(sinks).reshape(1, 1, 1, -1) if sinks is not None else _DUMMY,
+                   s.arr(node), *soft_max_args(node), mask is not None, sinks is not None)
 
 
 def _rope(node: Tensor, s: Session) -> None:
     a, pos, ff = node.src
-    p = node.params
-    lo, hi = (
-        yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
-        if p.ext_factor != 0.0
-        else (0.0, 0.0)
-    )
     k = _compiled(K.k_rope, _small(node), a=a.type, d=node.type)
-    return partial(
-        k,
-        s.arr(a),
-        s.arr(pos),
-        s.arr(ff).reshape(1, 1, 1, -1) if ff is not None else _DUMMY,
-        s.arr(node),
-        p.n_dims,
-        p.mode == RopeMode.NEOX,
-        p.freq_base,
-        p.freq_scale,
-        p.ext_factor,
-        p.attn_factor,
-        lo,
-        hi,
-        ff is not None,
-    )
+    return partial(k, s.arr(a), s.arr(pos),
+                   s.arr(ff).reshape(1, 1, 1, -1) if ff is not None else _DUMMY, s.arr(node),
+                   *rope_args(node), ff is not None)
 
 
 def _flash_attn(node: Tensor, s: Session):
     q, k, v, mask = node.src
-    p = node.params
-    scale = p.scale / p.softcap if p.softcap else p.scale
+    args = flash_attn_args(node)
     if q.ne[1] >= BLOCK_MIN_QUERIES:
         return partial(_flash_attn_blocks, node, s.arr(q), s.arr(k), s.arr(v),
                        s.arr(mask) if mask is not None else None, s.arr(node).reshape(node.shape),
-                       scale)
+                       *args)
     mt = mask.type if mask is not None else T.F32
     kern = _compiled(K.k_flash_attn, _small(node), k=k.type, v=v.type, m=mt)
-    return partial(
-        kern,
-        s.arr(q),
-        s.arr(k),
-        s.arr(v),
-        s.arr(mask) if mask is not None else _DUMMY,
-        s.arr(node).reshape(node.shape),
-        scale,
-        p.max_bias,
-        p.softcap,
-        p.head_offset,
-        p.n_head or q.ne[2],
-        mask is not None,
-    )
+    return partial(kern, s.arr(q), s.arr(k), s.arr(v), s.arr(mask) if mask is not None else _DUMMY,
+                   s.arr(node).reshape(node.shape), *args, mask is not None)
 
 
-def _flash_attn_blocks(node, Q, Kr, Vr, Mr, D, scale) -> None:
+def _flash_attn_blocks(node, Q, Kr, Vr, Mr, D, scale, max_bias, softcap, h0, n_head) -> None:
     _, k, v, mask = node.src
-    p = node.params
     K_ = decode_heads(Kr, k, TARGET.codec(k.type).dec)
     V_ = decode_heads(Vr, v, TARGET.codec(v.type).dec)
     M_ = None
     if mask is not None:
         M_ = Mr.view(np.float16).astype(np.float32) if mask.type == T.F16 else Mr
-    slopes = alibi_slopes(q_heads := node.src[0].ne[2], p.max_bias, p.head_offset,
-                          p.n_head or q_heads).astype(np.float32)
-    flash_attn_blocks(Q, K_, V_, M_, D, scale, p.softcap, slopes)
+    slopes = alibi_slopes(node.src[0].ne[2], max_bias, h0, n_head).astype(np.float32)
+    flash_attn_blocks(Q, K_, V_, M_, D, scale, softcap, slopes)
 
 
 # -- matrix products ------------------------------------------------------------------------
@@ -346,7 +264,7 @@ def _get_rows(node: Tensor, s: Session):
 
 
 _SERIAL_GET_ROWS_INT = _SERIAL(K.k_get_rows_int)
-_COPY_INT = _SERIAL(K.k_copy_int)
+_COPY_INT = TARGET.bind(K.k_copy_int, _SERIAL, SOURCE_HASH)
 
 
 def _set_rows(node: Tensor, s: Session):
@@ -359,7 +277,7 @@ def _set_rows(node: Tensor, s: Session):
 def _copy_into(a: Tensor, d: Tensor, s: Session) -> None:
     """a's elements, in ggml order, into d: exact byte copies for equal types."""
     A, D = s.arr(a), s.arr(d)
-    if a.type == d.type and (not a.type.is_quantized or a.ne[0] == d.ne[0]):
+    if raw_copy(a, d):
         return partial(_same_type_copy, A, D)
     if a.type.is_int:
         return partial(_COPY_INT, A, D)
@@ -416,14 +334,9 @@ def _sum_rows(node: Tensor, s: Session) -> None:
 
 
 def _argsort(node: Tensor, s: Session) -> None:
-    from ggraph.ops.reduce import SortOrder
-
     a = node.src[0]
-    if node.op == OpKind.TOP_K:
-        desc, k = True, node.params.k
-    else:
-        desc, k = node.params.order == SortOrder.DESC, a.ne[0]
-    return partial(_compiled(K.k_argsort, _small(node), a=a.type), s.arr(a), s.arr(node), desc, k)
+    return partial(_compiled(K.k_argsort, _small(node), a=a.type), s.arr(a), s.arr(node),
+                   *argsort_args(node))
 
 
 def _view(node: Tensor, s: Session) -> None:

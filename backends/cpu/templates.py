@@ -2,45 +2,32 @@
 
 Every tensor arrives as a 4-D array in numpy order (see backends/shared/codecs.py). Free names
 are bound per call site: `dec_a`/`dec_b`/`dec_m` decode a row of a source to float32, `enc_d`
-encodes a row into the destination, `dot_a` dots a stored row with float32 values. Rows are
-processed through float32 scratch rows; reductions accumulate in float64 where ggml's
-tolerances are tight (norms, softmax sums).
+encodes a row into the destination, `dot_a` dots a stored row with float32 values; the shared
+math (backends/shared: numeric, elementwise) is bound by name too. Rows are processed through
+float32 scratch rows; reductions accumulate in float64 where ggml's tolerances are tight (norms,
+softmax sums).
 """
 import math
 
 import numpy as np
 from numba import prange
 
-# op codes of k_unary / k_binary (kept in sync with backends/cpu/kernels.py)
-U_SCALE, U_CLAMP, U_FILL, U_SILU, U_GELU, U_SIGMOID = 0, 1, 2, 3, 4, 5
-B_ADD, B_MUL, B_DIV, B_SWIGLU = 0, 1, 2, 3
-
 
 def k_unary(a, d, op, p0, p1):
+    """op: a code of backends/shared/elementwise.py (U_*), p0/p1 its float32 parameters."""
     n3, n2, n1, n0 = d.shape
     for r in prange(n3 * n2 * n1):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
         row = np.empty(n0, np.float32)
-        if op != U_FILL:
+        if op != U_FILL:  # noqa: F821  (fill does not read a)
             dec_a(a, i3, i2, i1, row, n0)  # noqa: F821
         for i in range(n0):
-            x = row[i]
-            if op == U_SCALE:
-                row[i] = x * p0 + p1
-            elif op == U_CLAMP:
-                row[i] = min(max(x, p0), p1)
-            elif op == U_FILL:
-                row[i] = p0
-            elif op == U_SILU:
-                row[i] = silu(x)  # noqa: F821
-            elif op == U_GELU:
-                row[i] = gelu(x)  # noqa: F821
-            else:
-                row[i] = sigmoid(x)  # noqa: F821
+            row[i] = unary_value(op, row[i], p0, p1)  # noqa: F821
         enc_d(row, d, i3, i2, i1, n0)  # noqa: F821
 
 
 def k_binary(a, b, d, op):
+    """op: a code of backends/shared/elementwise.py (B_*); b broadcast by modulo."""
     n3, n2, n1, n0 = d.shape
     b3, b2, b1, b0 = b.shape
     for r in prange(n3 * n2 * n1):
@@ -50,15 +37,7 @@ def k_binary(a, b, d, op):
         dec_a(a, i3, i2, i1, x, n0)  # noqa: F821
         dec_b(b, i3 % b3, i2 % b2, i1 % b1, y, b0)  # noqa: F821
         for i in range(n0):
-            v = y[i % b0]
-            if op == B_ADD:
-                x[i] = x[i] + v
-            elif op == B_MUL:
-                x[i] = x[i] * v
-            elif op == B_DIV:
-                x[i] = x[i] / v
-            else:
-                x[i] = silu(x[i]) * v  # noqa: F821
+            x[i] = binary_value(op, x[i], y[i % b0])  # noqa: F821
         enc_d(x, d, i3, i2, i1, n0)  # noqa: F821
 
 
@@ -186,15 +165,11 @@ def k_copy(a, d, n0, m0):
 
 def k_copy_int(a, d):
     n3, n2, n1, n0 = a.shape
-    m3, m2, m1, m0 = d.shape
+    m2, m1, m0 = d.shape[1], d.shape[2], d.shape[3]
     for k in range(n3 * n2 * n1 * n0):
-        j = k
-        s0 = j % n0
-        j //= n0
-        s1 = j % n1
-        j //= n1
-        d[k // (m0 * m1 * m2), (k // (m0 * m1)) % m2, (k // m0) % m1, k % m0] = a[
-            j // n2, j % n2, s1, s0]
+        s3, s2, s1, s0 = unflatten(k, n2, n1, n0)  # noqa: F821
+        j3, j2, j1, j0 = unflatten(k, m2, m1, m0)  # noqa: F821
+        d[j3, j2, j1, j0] = a[s3, s2, s1, s0]
 
 
 def k_repeat(a, d):

@@ -12,18 +12,18 @@ heads above FA_DMAX or V heads above FA_DV_MAX, argsort/top_k of rows above SORT
 """
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from ggraph.opkind import OpKind
-from ggraph.ops.rope import RopeMode, yarn_corr_dims
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType as T
 from ..accepts import BINARY_OPS, UNARY_OPS, VIEW_OPS, rule
 from ..base import Kernel, Session
+from ..jit import source_hash
+from ..shared.kernel_args import (argsort_args, binary_args, flash_attn_args, norm_args,
+                                  raw_copy, rope_args, soft_max_args, unary_args)
 from . import runtime as R
 from . import templates as K
 from . import templates_mm as KM
@@ -39,9 +39,7 @@ ROLE_FNS = ("ld", "st", "cdec", "cenc", "cdot", "dot")
 # numba's on-disk cache keys a kernel by its file and qualified name, not by the device
 # functions it calls: the tag of every binding carries a hash of the sources it compiles from,
 # so editing the shared math (or these templates) compiles afresh instead of reusing stale code
-_SRC = hashlib.sha1(b"".join(
-    p.read_bytes() for p in sorted((Path(__file__).parent.parent / "shared").glob("*.py")) +
-    [Path(K.__file__), Path(KM.__file__), Path(R.__file__)])).hexdigest()[:8]
+_SRC = source_hash(K.__file__, KM.__file__, R.__file__)
 _NO_STORE = _DEVICE(K.no_store)
 _HELPERS: dict[T, dict[str, Any]] = {}
 
@@ -100,69 +98,54 @@ def _per_row(kernel: Any, nrows: int, nt: int, *args: Any) -> Launch:
 
 
 # -- element-wise ---------------------------------------------------------------------------
-
-_UNARY = {OpKind.SCALE: K.U_SCALE, OpKind.CLAMP: K.U_CLAMP, OpKind.FILL: K.U_FILL,
-          OpKind.SILU: K.U_SILU, OpKind.GELU: K.U_GELU, OpKind.SIGMOID: K.U_SIGMOID}
-_BINARY = {OpKind.ADD: K.B_ADD, OpKind.MUL: K.B_MUL, OpKind.DIV: K.B_DIV,
-           OpKind.SWIGLU: K.B_SWIGLU}
-
+# (the numbers after the arrays: backends/shared/kernel_args.py, the same for the CPU)
 
 def _unary(node: Tensor, s: Session) -> Launch:
-    a, p = node.src[0], node.params
-    p0, p1 = {OpKind.SCALE: lambda: (p.s, p.b), OpKind.CLAMP: lambda: (p.min, p.max),
-              OpKind.FILL: lambda: (p.value, 0.0)}.get(node.op, lambda: (0.0, 0.0))()
+    a = node.src[0]
     return _ew(_compiled(K.k_unary, a=a.type, d=node.type), node.nelements, s.arr(a),
-               s.arr(node), _UNARY[node.op], np.float32(p0), np.float32(p1))
+               s.arr(node), *unary_args(node))
 
 
 def _binary(node: Tensor, s: Session) -> Launch:
     a, b = node.src
     return _ew(_compiled(K.k_binary, a=a.type, b=b.type, d=node.type), node.nelements,
-               s.arr(a), s.arr(b), s.arr(node), _BINARY[node.op])
+               s.arr(a), s.arr(b), s.arr(node), *binary_args(node))
 
 
 def _norm(node: Tensor, s: Session) -> Launch:
     a = node.src[0]
     return _per_row(_compiled(K.k_norm, a=a.type, d=node.type), _rows(node), K.ROW_NT,
-                    s.arr(a), s.arr(node), float(node.params.eps), node.op == OpKind.RMS_NORM)
+                    s.arr(a), s.arr(node), *norm_args(node))
 
 
 # -- softmax, rope, attention ---------------------------------------------------------------
 
 def _soft_max(node: Tensor, s: Session) -> Launch:
     a, mask, sinks = node.src
-    p = node.params
     k = _compiled(K.k_soft_max, a=a.type, m=mask.type if mask is not None else T.F32,
                   d=node.type)
     return _per_row(k, _rows(node), K.ROW_NT, s.arr(a),
                     s.arr(mask) if mask is not None else R.dummy(np.float32),
                     s.arr(sinks) if sinks is not None else R.dummy(np.float32), s.arr(node),
-                    float(p.scale), float(p.max_bias), p.head_offset, p.n_head or a.ne[2],
-                    mask is not None, sinks is not None)
+                    *soft_max_args(node), mask is not None, sinks is not None)
 
 
 def _rope(node: Tensor, s: Session) -> Launch:
     a, pos, ff = node.src
-    p = node.params
-    lo, hi = (yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
-              if p.ext_factor != 0.0 else (0.0, 0.0))
-    work = _rows(node) * (p.n_dims // 2 + node.ne[0] - p.n_dims)
+    n_dims = node.params.n_dims
+    work = _rows(node) * (n_dims // 2 + node.ne[0] - n_dims)
     return _ew(_compiled(K.k_rope, a=a.type, d=node.type), work, s.arr(a), s.arr(pos),
-               s.arr(ff) if ff is not None else R.dummy(np.float32), s.arr(node), p.n_dims,
-               p.mode == RopeMode.NEOX, float(p.freq_base), float(p.freq_scale),
-               float(p.ext_factor), float(p.attn_factor), float(lo), float(hi), ff is not None)
+               s.arr(ff) if ff is not None else R.dummy(np.float32), s.arr(node),
+               *rope_args(node), ff is not None)
 
 
 def _flash_attn(node: Tensor, s: Session) -> Launch:
     q, k, v, mask = node.src
-    p = node.params
-    scale = p.scale / p.softcap if p.softcap else p.scale
     kern = _compiled(KM.k_flash_attn, k=k.type, v=v.type,
                      m=mask.type if mask is not None else T.F32)
     return _per_row(kern, q.ne[1] * q.ne[2] * q.ne[3], KM.FA_NT, s.arr(q), s.arr(k),
                     s.arr(v), s.arr(mask) if mask is not None else R.dummy(np.float32),
-                    s.arr(node), float(scale), float(p.max_bias), float(p.softcap),
-                    p.head_offset, p.n_head or q.ne[2], mask is not None)
+                    s.arr(node), *flash_attn_args(node), mask is not None)
 
 
 def _fa_fits(n: Tensor) -> bool:
@@ -221,8 +204,7 @@ def _set_rows(node: Tensor, s: Session) -> Launch:
 def _copy_into(a: Tensor, d: Tensor, s: Session) -> Launch:
     """a's elements, in ggml order, into d: raw copies for equal types (and int widths)."""
     A, D = s.arr(a), s.arr(d)
-    if (a.type == d.type and (not a.type.is_quantized or a.ne[0] == d.ne[0])) or \
-            (a.type.is_int and d.type.is_int):
+    if raw_copy(a, d) or (a.type.is_int and d.type.is_int):
         return _ew(K.k_copy_raw, int(np.prod(A.shape)), A, D)
     if a.type.is_quantized or d.type.is_quantized:
         return _ew(_compiled(K.k_copy_chunks, a=a.type, d=d.type), a.nelements // K.CH, A, D,
@@ -256,15 +238,9 @@ def _sum_rows(node: Tensor, s: Session) -> Launch:
 
 
 def _argsort(node: Tensor, s: Session) -> Launch:
-    from ggraph.ops.reduce import SortOrder
-
     a = node.src[0]
-    if node.op == OpKind.TOP_K:
-        desc, k = True, node.params.k
-    else:
-        desc, k = node.params.order == SortOrder.DESC, a.ne[0]
     return _per_row(_compiled(K.k_argsort, a=a.type), _rows(a), K.SORT_NT, s.arr(a),
-                    s.arr(node), a.ne[0], desc, k)
+                    s.arr(node), a.ne[0], *argsort_args(node))
 
 
 def _view(node: Tensor, s: Session) -> Launch:

@@ -9,6 +9,8 @@ array in numpy order (see backends/shared/codecs.py). Free names are bound per r
   cdot_r           dot a chunk of a stored row with float32 values
   dot_r            dot a whole stored row (the shared codec)
   Q_r              whether r's type is quantized (a compile-time constant)
+and the shared math by name (backends/shared: numeric, elementwise), among it `unflatten`, the
+(i3, i2, i1, i0) of a flat index that every grid-stride loop over elements walks with.
 No kernel keeps a whole row in scratch: rows are walked in chunks of CH elements (one quant
 block) through cuda.local arrays, or reduced across a thread block through shared memory.
 Kernels that ggml-alloc may run in place (a and d the same memory) read each element before
@@ -19,17 +21,15 @@ import math
 import numpy as np
 from numba import cuda, float32, float64, int32
 
-from .runtime import SMALL
+from .runtime import SMALL, TARGET
 
 CH = 32                          # chunk: one quant block; the unit of row-walking
 EW_NT = 32 if SMALL else 256     # threads per block of element-wise kernels
 ROW_NT = 8 if SMALL else 128     # threads per block of row kernels (power of two)
 SORT_MAX = 2048                  # longest row argsort sorts in shared memory
 SORT_NT = 8 if SMALL else 256
-
-# op codes of k_unary / k_binary (the same as the CPU's)
-U_SCALE, U_CLAMP, U_FILL, U_SILU, U_GELU, U_SIGMOID = 0, 1, 2, 3, 4, 5
-B_ADD, B_MUL, B_DIV, B_SWIGLU = 0, 1, 2, 3
+# for the raw kernels below (compiled from this module's globals, not bound by the Target)
+unflatten = TARGET.fn("unflatten")
 
 
 # ---- per-type device helpers (bound with dec/enc/dot, BS = block size, TS = bytes per
@@ -101,58 +101,32 @@ def block_max(red, tid, v):
 @cuda.jit(device=True)
 def flat_at(x, k):
     """Element k of x in numpy order, whatever its shape (small parameter vectors)."""
-    n3, n2, n1, n0 = x.shape
-    return x[k // (n0 * n1 * n2), (k // (n0 * n1)) % n2, (k // n0) % n1, k % n0]
+    i3, i2, i1, i0 = unflatten(k, x.shape[1], x.shape[2], x.shape[3])
+    return x[i3, i2, i1, i0]
 
 
 # ---- element-wise ---------------------------------------------------------------------------
 
 def k_unary(a, d, op, p0, p1):
+    """op: a code of backends/shared/elementwise.py (U_*), p0/p1 its float32 parameters."""
     n3, n2, n1, n0 = d.shape
     for k in range(cuda.grid(1), n3 * n2 * n1 * n0, cuda.gridsize(1)):
-        i0 = k % n0
-        r = k // n0
-        i1 = r % n1
-        r //= n1
-        i2 = r % n2
-        i3 = r // n2
-        y = p0
-        if op != U_FILL:
+        i3, i2, i1, i0 = unflatten(k, n2, n1, n0)
+        x = p0
+        if op != U_FILL:  # noqa: F821  (fill does not read a)
             x = ld_a(a, i3, i2, i1, i0)  # noqa: F821
-            if op == U_SCALE:
-                y = x * p0 + p1
-            elif op == U_CLAMP:
-                y = min(max(x, p0), p1)
-            elif op == U_SILU:
-                y = silu(x)  # noqa: F821
-            elif op == U_GELU:
-                y = gelu(x)  # noqa: F821
-            else:
-                y = sigmoid(x)  # noqa: F821
-        st_d(d, i3, i2, i1, i0, np.float32(y))  # noqa: F821
+        st_d(d, i3, i2, i1, i0, np.float32(unary_value(op, x, p0, p1)))  # noqa: F821
 
 
 def k_binary(a, b, d, op):
+    """op: a code of backends/shared/elementwise.py (B_*); b broadcast by modulo."""
     n3, n2, n1, n0 = d.shape
     b3, b2, b1, b0 = b.shape
     for k in range(cuda.grid(1), n3 * n2 * n1 * n0, cuda.gridsize(1)):
-        i0 = k % n0
-        r = k // n0
-        i1 = r % n1
-        r //= n1
-        i2 = r % n2
-        i3 = r // n2
+        i3, i2, i1, i0 = unflatten(k, n2, n1, n0)
         x = ld_a(a, i3, i2, i1, i0)  # noqa: F821
         v = ld_b(b, i3 % b3, i2 % b2, i1 % b1, i0 % b0)  # noqa: F821
-        if op == B_ADD:
-            y = x + v
-        elif op == B_MUL:
-            y = x * v
-        elif op == B_DIV:
-            y = x / v
-        else:
-            y = silu(x) * v  # noqa: F821
-        st_d(d, i3, i2, i1, i0, np.float32(y))  # noqa: F821
+        st_d(d, i3, i2, i1, i0, np.float32(binary_value(op, x, v)))  # noqa: F821
 
 
 # ---- rows reduced by one thread block each ------------------------------------------------
@@ -284,12 +258,7 @@ def k_rope(a, pos, ff, d, n_dims, neox, freq_base, freq_scale, ext_factor, attn_
     half = n_dims // 2
     w = half + (n0 - n_dims)
     for k in range(cuda.grid(1), n3 * n2 * n1 * w, cuda.gridsize(1)):
-        it = k % w
-        r = k // w
-        i1 = r % n1
-        r //= n1
-        i2 = r % n2
-        i3 = r // n2
+        i3, i2, i1, it = unflatten(k, n2, n1, w)
         if it >= half:  # dims past n_dims are copied
             j = n_dims + it - half
             st_d(d, i3, i2, i1, j, ld_a(a, i3, i2, i1, j))  # noqa: F821
@@ -315,12 +284,7 @@ def k_get_rows(a, idx, d):
     n3, n2, n1, n0 = d.shape
     nch = (n0 + CH - 1) // CH
     for k in range(cuda.grid(1), n3 * n2 * n1 * nch, cuda.gridsize(1)):
-        c = k % nch
-        r = k // nch
-        i1 = r % n1
-        r //= n1
-        i2 = r % n2
-        i3 = r // n2
+        i3, i2, i1, c = unflatten(k, n2, n1, nch)
         k0 = c * CH
         n = min(CH, n0 - k0)
         cdec_a(a, i3, i2, idx[0, i3, i2, i1], k0, n, vals)  # noqa: F821
@@ -336,12 +300,7 @@ def k_set_rows(s, idx, d):
     c2, c1 = idx.shape[1], idx.shape[2]
     nch = (n0 + CH - 1) // CH
     for k in range(cuda.grid(1), n3 * n2 * n1 * nch, cuda.gridsize(1)):
-        c = k % nch
-        r = k // nch
-        i1 = r % n1
-        r //= n1
-        i2 = r % n2
-        i3 = r // n2
+        i3, i2, i1, c = unflatten(k, n2, n1, nch)
         k0 = c * CH
         n = min(CH, n0 - k0)
         for e in range(n):
@@ -352,12 +311,11 @@ def k_set_rows(s, idx, d):
 def k_copy_elem(a, d):
     """Element-order copy converting between element types (one thread per element)."""
     n3, n2, n1, n0 = a.shape
-    m3, m2, m1, m0 = d.shape
+    m2, m1, m0 = d.shape[1], d.shape[2], d.shape[3]
     for k in range(cuda.grid(1), n3 * n2 * n1 * n0, cuda.gridsize(1)):
-        v = ld_a(a, k // (n0 * n1 * n2), (k // (n0 * n1)) % n2, (k // n0) % n1,  # noqa: F821
-                 k % n0)
-        st_d(d, k // (m0 * m1 * m2), (k // (m0 * m1)) % m2, (k // m0) % m1, k % m0,  # noqa
-             v)
+        i3, i2, i1, i0 = unflatten(k, n2, n1, n0)
+        j3, j2, j1, j0 = unflatten(k, m2, m1, m0)
+        st_d(d, j3, j2, j1, j0, ld_a(a, i3, i2, i1, i0))  # noqa: F821
 
 
 def k_copy_chunks(a, d, n0, m0):
@@ -371,21 +329,19 @@ def k_copy_chunks(a, d, n0, m0):
     for q in range(cuda.grid(1), total // CH, cuda.gridsize(1)):
         k0 = q * CH
         if Q_a:  # noqa: F821
-            r = k0 // n0
-            cdec_a(a, r // (n1 * n2), (r // n1) % n2, r % n1, k0 % n0, CH, vals)  # noqa: F821
+            i3, i2, i1, i0 = unflatten(k0, n2, n1, n0)
+            cdec_a(a, i3, i2, i1, i0, CH, vals)  # noqa: F821
         else:
             for e in range(CH):
-                k = k0 + e
-                vals[e] = ld_a(a, k // (n0 * n1 * n2), (k // (n0 * n1)) % n2,  # noqa: F821
-                               (k // n0) % n1, k % n0)
+                i3, i2, i1, i0 = unflatten(k0 + e, n2, n1, n0)
+                vals[e] = ld_a(a, i3, i2, i1, i0)  # noqa: F821
         if Q_d:  # noqa: F821
-            r = k0 // m0
-            cenc_d(vals, d, r // (m1 * m2), (r // m1) % m2, r % m1, k0 % m0, CH)  # noqa: F821
+            j3, j2, j1, j0 = unflatten(k0, m2, m1, m0)
+            cenc_d(vals, d, j3, j2, j1, j0, CH)  # noqa: F821
         else:
             for e in range(CH):
-                k = k0 + e
-                st_d(d, k // (m0 * m1 * m2), (k // (m0 * m1)) % m2, (k // m0) % m1,  # noqa
-                     k % m0, vals[e])
+                j3, j2, j1, j0 = unflatten(k0 + e, m2, m1, m0)
+                st_d(d, j3, j2, j1, j0, vals[e])  # noqa: F821
 
 
 # ---- raw (type-preserving) kernels: numba specializes them on the array dtypes -------------
@@ -394,22 +350,18 @@ def k_copy_chunks(a, d, n0, m0):
 def k_copy_raw(a, d):
     """d's elements (or row bytes) = a's, in element order; shapes may differ."""
     n3, n2, n1, n0 = a.shape
-    m3, m2, m1, m0 = d.shape
+    m2, m1, m0 = d.shape[1], d.shape[2], d.shape[3]
     for k in range(cuda.grid(1), n3 * n2 * n1 * n0, cuda.gridsize(1)):
-        d[k // (m0 * m1 * m2), (k // (m0 * m1)) % m2, (k // m0) % m1, k % m0] = a[
-            k // (n0 * n1 * n2), (k // (n0 * n1)) % n2, (k // n0) % n1, k % n0]
+        i3, i2, i1, i0 = unflatten(k, n2, n1, n0)
+        j3, j2, j1, j0 = unflatten(k, m2, m1, m0)
+        d[j3, j2, j1, j0] = a[i3, i2, i1, i0]
 
 
 @cuda.jit
 def k_get_rows_raw(a, idx, d):
     n3, n2, n1, n0 = d.shape
     for k in range(cuda.grid(1), n3 * n2 * n1 * n0, cuda.gridsize(1)):
-        i0 = k % n0
-        r = k // n0
-        i1 = r % n1
-        r //= n1
-        i2 = r % n2
-        i3 = r // n2
+        i3, i2, i1, i0 = unflatten(k, n2, n1, n0)
         d[i3, i2, i1, i0] = a[i3, i2, idx[0, i3, i2, i1], i0]
 
 
@@ -419,12 +371,7 @@ def k_concat(a, b, d, axis):
     n3, n2, n1, n0 = d.shape
     cut = a.shape[axis]
     for k in range(cuda.grid(1), n3 * n2 * n1 * n0, cuda.gridsize(1)):
-        i0 = k % n0
-        r = k // n0
-        i1 = r % n1
-        r //= n1
-        i2 = r % n2
-        i3 = r // n2
+        i3, i2, i1, i0 = unflatten(k, n2, n1, n0)
         c = i3 if axis == 0 else (i2 if axis == 1 else (i1 if axis == 2 else i0))
         if c < cut:
             d[i3, i2, i1, i0] = a[i3, i2, i1, i0]
@@ -443,12 +390,7 @@ def k_repeat(a, d):
     n3, n2, n1, n0 = d.shape
     a3, a2, a1, a0 = a.shape
     for k in range(cuda.grid(1), n3 * n2 * n1 * n0, cuda.gridsize(1)):
-        i0 = k % n0
-        r = k // n0
-        i1 = r % n1
-        r //= n1
-        i2 = r % n2
-        i3 = r // n2
+        i3, i2, i1, i0 = unflatten(k, n2, n1, n0)
         d[i3, i2, i1, i0] = a[i3 % a3, i2 % a2, i1 % a1, i0 % a0]
 
 

@@ -1,0 +1,65 @@
+"""The element-wise ops of every backend, once: their op codes, the value of one element, and
+the walk of a flat element index over a 4-D array.
+
+k_unary and k_binary (backends/cpu/templates.py, backends/cuda/templates.py) take an op code
+and call `unary_value` / `binary_value` for each element, compiled into them by
+ggraph.backends.jit with the target's `silu`, `gelu` and `sigmoid` (backends/shared/numeric.py).
+Everything is float32 in and out: x, y, p0 and p1 are float32 and each formula rounds where
+the kernels always have (one float32 operation at a time, in this order).
+
+The op codes are the positions of the ops in the shared kernel rules' lists
+(backends/accepts.py: UNARY_OPS, BINARY_OPS), computed here and nowhere else;
+backends/shared/kernel_args.py turns a node into its code.
+"""
+from ggraph.opkind import OpKind
+
+from ..accepts import BINARY_OPS, UNARY_OPS
+from .numeric import gelu, sigmoid, silu
+
+UNARY_CODE = {op: i for i, op in enumerate(UNARY_OPS)}
+BINARY_CODE = {op: i for i, op in enumerate(BINARY_OPS)}
+# the names the formulas compare with (compiled code reads them as integer constants)
+U_SCALE, U_CLAMP, U_FILL = (UNARY_CODE[o] for o in (OpKind.SCALE, OpKind.CLAMP, OpKind.FILL))
+U_SILU, U_GELU, U_SIGMOID = (UNARY_CODE[o] for o in (OpKind.SILU, OpKind.GELU, OpKind.SIGMOID))
+B_ADD, B_MUL, B_DIV, B_SWIGLU = (BINARY_CODE[o] for o in (OpKind.ADD, OpKind.MUL, OpKind.DIV,
+                                                          OpKind.SWIGLU))
+if sorted((U_SCALE, U_CLAMP, U_FILL, U_SILU, U_GELU, U_SIGMOID)) != list(range(len(UNARY_OPS))) \
+        or sorted((B_ADD, B_MUL, B_DIV, B_SWIGLU)) != list(range(len(BINARY_OPS))):
+    raise ImportError("an element-wise op of backends/accepts.py has no formula here")
+
+
+def unary_value(op, x, p0, p1):
+    """Unary op `op` of x with its parameters: scale x*p0 + p1, clamp x to [p0, p1], fill with
+    p0 (x unused), silu, gelu, sigmoid."""
+    if op == U_SCALE:
+        return x * p0 + p1
+    if op == U_CLAMP:
+        return min(max(x, p0), p1)
+    if op == U_FILL:
+        return p0
+    if op == U_SILU:
+        return silu(x)
+    if op == U_GELU:
+        return gelu(x)
+    return sigmoid(x)
+
+
+def binary_value(op, x, y):
+    """Binary op `op` of x and y: x + y, x * y, x / y, swiglu silu(x) * y."""
+    if op == B_ADD:
+        return x + y
+    if op == B_MUL:
+        return x * y
+    if op == B_DIV:
+        return x / y
+    return silu(x) * y
+
+
+def unflatten(k, n2, n1, n0):
+    """(i3, i2, i1, i0) of flat index k of an (n3, n2, n1, n0) array in numpy order: the walk
+    of every grid-stride loop over elements (or over (row, item of the row) with n0 items)."""
+    i0 = k % n0
+    r = k // n0
+    i1 = r % n1
+    r //= n1
+    return r // n2, r % n2, i1, i0
