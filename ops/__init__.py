@@ -1,24 +1,28 @@
 """ggraph.ops: op constructors (which record nodes and compute nothing) and the op registry.
 
-Importing this package defines every op kind and registers its record: `REGISTRY[OpKind.X]`
-holds X's params, reference, in-place flag, family, accepted types, ggml mapping and
-conformance cases, all declared in X's own module.
+Importing this package imports every op module in it (found, not listed), which defines each
+op kind and registers its record: `REGISTRY[OpKind.X]` holds X's params, reference, in-place
+flag, family, accepted types, ggml mapping and conformance cases, all declared in X's own
+module. The functions and classes an op module defines (constructors, params dataclasses,
+enums) are exported here as `ggraph.ops.<name>`.
 """
-from .registry import REGISTRY, GGMLMap, OpDef, get_op, ops_where
-from .views import (view_1d, view_2d, view_3d, view_4d, reshape, reshape_1d, reshape_2d,
-                    reshape_3d, reshape_4d, permute, transpose, cont, cpy, PermuteParams)
-from .matmul import mul_mat, mul_mat_id
-from .attention import (soft_max_ext, soft_max, flash_attn_ext, alibi_slope, alibi_slopes,
-                        SoftMaxParams, FlashAttnParams)
-from .rope import rope_ext, RopeMode, RopeParams, yarn_corr_dims, rope_cache
-from .norm import rms_norm, norm, NormParams
-from .rows import get_rows, set_rows
-from .elementwise import (add, mul, div, scale, clamp, fill, silu, gelu, sigmoid, swiglu,
-                          ScaleParams, ClampParams, FillParams)
-from .reduce import (sum_rows, argsort, top_k, concat, repeat, SortOrder, ArgsortParams,
-                     TopKParams, ConcatParams)
-from .case import Case, CaseBuilder
+import importlib as _importlib
+import pkgutil as _pkgutil
+
 from ggraph.opkind import OpKind as _OpKind
+
+from .case import Case, CaseBuilder
+from .registry import REGISTRY, GGMLMap, OpDef, get_op, ops_where
+
+_INFRASTRUCTURE = {"case", "registry"}  # modules that hold machinery, not ops
+
+for _info in sorted(_pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    if _info.name in _INFRASTRUCTURE or _info.name.startswith("_"):
+        continue
+    _mod = _importlib.import_module(f"{__name__}.{_info.name}")
+    for _name, _value in vars(_mod).items():
+        if not _name.startswith("_") and getattr(_value, "__module__", None) == _mod.__name__:
+            globals()[_name] = _value
 
 _missing = [k for k in _OpKind if k not in REGISTRY or REGISTRY[k].cases is None]
 assert not _missing, f"ops without a record or without conformance cases: {_missing}"
