@@ -191,6 +191,13 @@ INSTALL_HINT = ("install it with `pip install llama-cpp-python` (builds ggml fro
                 "libggml-cpu")
 _EXT = ".dylib" if sys.platform == "darwin" else ".so"
 
+def ggml_cdecls() -> list[str]:
+    """C declarations the op records add (constructors of ops newer than CDEFS)."""
+    from ggraph.ops import REGISTRY
+
+    return [d.ggml.cdecl for d in REGISTRY.values() if d.ggml is not None and d.ggml.cdecl]
+
+
 def ggml_ops() -> dict[OpKind, tuple[str, str | None]]:
     """ggraph op -> (ggml op name, unary/GLU sub-op name or None), from the op records."""
     from ggraph.ops import REGISTRY
@@ -273,6 +280,7 @@ def load() -> GGML:
         ffi = cffi.FFI()
         ffi.cdef(CDEFS)
         ffi.cdef(CPU_CDEFS)
+        ffi.cdef("\n".join(ggml_cdecls()))
         try:
             base = ffi.dlopen(str(d / f"libggml-base{_EXT}"), ffi.RTLD_NOW | ffi.RTLD_GLOBAL)
             cpu = ffi.dlopen(str(d / f"libggml-cpu{_EXT}"), ffi.RTLD_NOW | ffi.RTLD_GLOBAL)

@@ -96,7 +96,7 @@ def unsupported_reason(lib: GGML, t: Tensor, kernels: bool = True) -> str | None
     if t.op == OpKind.SCALE and not (_contig_rows(s[0]) and s[0].nb[2] == s[0].nb[1] * s[0].ne[1]
                                      and s[0].nb[3] == s[0].nb[2] * s[0].ne[2]):
         return "ggml_scale needs a padded-1d source (packed rows, dims 2-3 contiguous)"
-    if t.op in (OpKind.SILU, OpKind.GELU, OpKind.SIGMOID) and not _contig_rows(s[0]):
+    if get_op(t.op).ggml_op[0] == "UNARY" and not _contig_rows(s[0]):
         return f"ggml's unary {t.op} needs packed rows (nb0 = type size)"
     if t.op == OpKind.FILL and not _contig_from(s[0], 0):
         return "ggml_fill needs a contiguous tensor"

@@ -41,6 +41,9 @@ class GGMLMap:
     op: str | None = None
     sub: str | None = None
     build: Callable[[Any, Any, Tensor, list[Any]], Any] | None = None
+    # the C declaration of the constructor, for an op whose constructor ggml_cdefs.py does not
+    # declare (cffi binds only declared functions)
+    cdecl: str | None = None
 
 
 @dataclass(frozen=True)

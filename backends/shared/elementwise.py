@@ -23,8 +23,9 @@ U_SCALE, U_CLAMP, U_FILL = (UNARY_CODE[o] for o in (OpKind.SCALE, OpKind.CLAMP, 
 U_SILU, U_GELU, U_SIGMOID = (UNARY_CODE[o] for o in (OpKind.SILU, OpKind.GELU, OpKind.SIGMOID))
 B_ADD, B_MUL, B_DIV, B_SWIGLU = (BINARY_CODE[o] for o in (OpKind.ADD, OpKind.MUL, OpKind.DIV,
                                                           OpKind.SWIGLU))
-if sorted((U_SCALE, U_CLAMP, U_FILL, U_SILU, U_GELU, U_SIGMOID)) != list(range(len(UNARY_OPS))) \
-        or sorted((B_ADD, B_MUL, B_DIV, B_SWIGLU)) != list(range(len(BINARY_OPS))):
+_NAMED = {k: v for k, v in globals().items() if k[:2] in ("U_", "B_")}
+if len({v for k, v in _NAMED.items() if k[0] == "U"}) != len(UNARY_OPS) \
+        or len({v for k, v in _NAMED.items() if k[0] == "B"}) != len(BINARY_OPS):
     raise ImportError("an element-wise op of backends/accepts.py has no formula here")
 
 
