@@ -30,6 +30,7 @@ FILL = OpKind.define("fill", Family.ARITHMETIC)
 SILU = OpKind.define("silu", Family.ACTIVATION)
 GELU = OpKind.define("gelu", Family.ACTIVATION)
 SIGMOID = OpKind.define("sigmoid", Family.ACTIVATION)
+GELU_QUICK = OpKind.define("gelu_quick", Family.ACTIVATION)
 SWIGLU = OpKind.define("swiglu", Family.ACTIVATION)
 
 
@@ -102,6 +103,11 @@ def gelu(a: Tensor, name: str = "") -> Tensor:
 
 def sigmoid(a: Tensor, name: str = "") -> Tensor:
     return _unary(OpKind.SIGMOID, a, None, name)
+
+
+def gelu_quick(a: Tensor, name: str = "") -> Tensor:
+    """x * sigmoid(1.702 x), as ggml_gelu_quick (CLIP-style encoders use it)."""
+    return _unary(OpKind.GELU_QUICK, a, None, name)
 
 
 def swiglu(gate: Tensor, up: Tensor, name: str = "") -> Tensor:
@@ -213,6 +219,10 @@ _unary_op(OpKind.GELU, "gelu", lambda n, ex: 0.5 * _x(n, ex) * (
     ggml=GGMLMap("UNARY", "GELU"))
 _unary_op(OpKind.SIGMOID, "sigmoid", lambda n, ex: 1.0 / (1.0 + np.exp(-_x(n, ex))), sigmoid,
           ggml=GGMLMap("UNARY", "SIGMOID"))
+_unary_op(OpKind.GELU_QUICK, "gelu_quick",
+          lambda n, ex: _x(n, ex) / (1.0 + np.exp(-1.702 * _x(n, ex))), gelu_quick,
+          ggml=GGMLMap("UNARY", "GELU_QUICK", cdecl="struct ggml_tensor * ggml_gelu_quick("
+                       "struct ggml_context * ctx, struct ggml_tensor * a);"))
 register(OpDef(OpKind.SWIGLU, "swiglu", lambda n, ex: _silu(
     ex.read(n.src[0]).astype(np.float64)) * ex.read(n.src[1]).astype(np.float64),
     cases=_swiglu_cases, accepts=_floats_2, accepts_why="F32/F16 only", elementwise="binary",

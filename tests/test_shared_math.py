@@ -4,6 +4,8 @@ CPU target's compiled functions (where f16 -> f32 is a table); the element-wise 
 codes and index walk (shared/elementwise.py) and the kernel arguments (shared/kernel_args.py)."""
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 import pytest
@@ -108,6 +110,9 @@ def test_unary_value_compiled_for_the_cpu(op):
             ref = np.where(np.isnan(x), x, np.minimum(np.maximum(x, p0), p1))
         elif op == OpKind.FILL:
             ref = np.full_like(x, p0)
+        elif op == OpKind.GELU_QUICK:  # ggml's formula, compiled the same way
+            ref = _map(numba.njit(lambda v: v * (np.float32(1.0) / (
+                np.float32(1.0) + math.exp(np.float32(-1.702) * v)))), x, np.float32)
         else:
             ref = _map(TARGET.fn(op.value), x, np.float32)
     assert got.dtype == np.float32

@@ -11,6 +11,10 @@ The op codes are the positions of the ops in the shared kernel rules' lists
 (backends/accepts.py: UNARY_OPS, BINARY_OPS), computed here and nowhere else;
 backends/shared/kernel_args.py turns a node into its code.
 """
+import math
+
+import numpy as np
+
 from ggraph.opkind import OpKind
 
 from ..accepts import BINARY_OPS, UNARY_OPS
@@ -21,6 +25,7 @@ BINARY_CODE = {op: i for i, op in enumerate(BINARY_OPS)}
 # the names the formulas compare with (compiled code reads them as integer constants)
 U_SCALE, U_CLAMP, U_FILL = (UNARY_CODE[o] for o in (OpKind.SCALE, OpKind.CLAMP, OpKind.FILL))
 U_SILU, U_GELU, U_SIGMOID = (UNARY_CODE[o] for o in (OpKind.SILU, OpKind.GELU, OpKind.SIGMOID))
+U_GELU_QUICK = UNARY_CODE[OpKind.GELU_QUICK]
 B_ADD, B_MUL, B_DIV, B_SWIGLU = (BINARY_CODE[o] for o in (OpKind.ADD, OpKind.MUL, OpKind.DIV,
                                                           OpKind.SWIGLU))
 _NAMED = {k: v for k, v in globals().items() if k[:2] in ("U_", "B_")}
@@ -31,7 +36,7 @@ if len({v for k, v in _NAMED.items() if k[0] == "U"}) != len(UNARY_OPS) \
 
 def unary_value(op, x, p0, p1):
     """Unary op `op` of x with its parameters: scale x*p0 + p1, clamp x to [p0, p1], fill with
-    p0 (x unused), silu, gelu, sigmoid."""
+    p0 (x unused), silu, gelu, gelu_quick, sigmoid."""
     if op == U_SCALE:
         return x * p0 + p1
     if op == U_CLAMP:
@@ -42,6 +47,8 @@ def unary_value(op, x, p0, p1):
         return silu(x)
     if op == U_GELU:
         return gelu(x)
+    if op == U_GELU_QUICK:  # ggml: x * (1 / (1 + expf(-1.702 x)))
+        return x * (np.float32(1.0) / (np.float32(1.0) + math.exp(np.float32(-1.702) * x)))
     return sigmoid(x)
 
 
