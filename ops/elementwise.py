@@ -31,6 +31,7 @@ SILU = OpKind.define("silu", Family.ACTIVATION)
 GELU = OpKind.define("gelu", Family.ACTIVATION)
 SIGMOID = OpKind.define("sigmoid", Family.ACTIVATION)
 GELU_QUICK = OpKind.define("gelu_quick", Family.ACTIVATION)
+TANH = OpKind.define("tanh", Family.ACTIVATION)
 SWIGLU = OpKind.define("swiglu", Family.ACTIVATION)
 
 
@@ -108,6 +109,11 @@ def sigmoid(a: Tensor, name: str = "") -> Tensor:
 def gelu_quick(a: Tensor, name: str = "") -> Tensor:
     """x * sigmoid(1.702 x), as ggml_gelu_quick (CLIP-style encoders use it)."""
     return _unary(OpKind.GELU_QUICK, a, None, name)
+
+
+def tanh(a: Tensor, name: str = "") -> Tensor:
+    """tanh(x), as ggml_tanh (Gemma 2's logit soft-capping uses it)."""
+    return _unary(OpKind.TANH, a, None, name)
 
 
 def swiglu(gate: Tensor, up: Tensor, name: str = "") -> Tensor:
@@ -222,6 +228,9 @@ _unary_op(OpKind.SIGMOID, "sigmoid", lambda n, ex: 1.0 / (1.0 + np.exp(-_x(n, ex
 _unary_op(OpKind.GELU_QUICK, "gelu_quick",
           lambda n, ex: _x(n, ex) / (1.0 + np.exp(-1.702 * _x(n, ex))), gelu_quick,
           ggml=GGMLMap("UNARY", "GELU_QUICK", cdecl="struct ggml_tensor * ggml_gelu_quick("
+                       "struct ggml_context * ctx, struct ggml_tensor * a);"))
+_unary_op(OpKind.TANH, "tanh", lambda n, ex: np.tanh(_x(n, ex)), tanh,
+          ggml=GGMLMap("UNARY", "TANH", cdecl="struct ggml_tensor * ggml_tanh("
                        "struct ggml_context * ctx, struct ggml_tensor * a);"))
 register(OpDef(OpKind.SWIGLU, "swiglu", lambda n, ex: _silu(
     ex.read(n.src[0]).astype(np.float64)) * ex.read(n.src[1]).astype(np.float64),

@@ -287,6 +287,7 @@ UNARY = {
     "gelu": (lambda a: ops.gelu(a), _gelu_tanh),
     "sigmoid": (lambda a: ops.sigmoid(a), lambda x: 1.0 / (1.0 + math.exp(-x))),
     "gelu_quick": (lambda a: ops.gelu_quick(a), lambda x: x / (1.0 + math.exp(-1.702 * x))),
+    "tanh": (lambda a: ops.tanh(a), math.tanh),
     "scale": (lambda a: ops.scale(a, -0.75), lambda x: -0.75 * x),
     "scale_bias": (lambda a: ops.scale(a, 2.5, 0.125), lambda x: 2.5 * x + 0.125),
     "clamp": (lambda a: ops.clamp(a, -0.5, 1.25), lambda x: min(1.25, max(-0.5, x))),
@@ -380,6 +381,6 @@ def test_every_op_has_an_independent_reference_test():
         # this file
         "mul_mat", "mul_mat_id", "rope", "rms_norm", "norm", "add", "mul", "div", "scale",
         "clamp", "fill", "silu", "gelu", "sigmoid", "swiglu", "sum_rows", "argsort", "top_k",
-        "gelu_quick",
+        "gelu_quick", "tanh",
     }
     assert {k.value for k in OpKind} == covered

@@ -113,6 +113,8 @@ def test_unary_value_compiled_for_the_cpu(op):
         elif op == OpKind.GELU_QUICK:  # ggml's formula, compiled the same way
             ref = _map(numba.njit(lambda v: v * (np.float32(1.0) / (
                 np.float32(1.0) + math.exp(np.float32(-1.702) * v)))), x, np.float32)
+        elif op == OpKind.TANH:
+            ref = _map(numba.njit(lambda v: math.tanh(v)), x, np.float32)
         else:
             ref = _map(TARGET.fn(op.value), x, np.float32)
     assert got.dtype == np.float32

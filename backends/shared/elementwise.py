@@ -25,7 +25,7 @@ BINARY_CODE = {op: i for i, op in enumerate(BINARY_OPS)}
 # the names the formulas compare with (compiled code reads them as integer constants)
 U_SCALE, U_CLAMP, U_FILL = (UNARY_CODE[o] for o in (OpKind.SCALE, OpKind.CLAMP, OpKind.FILL))
 U_SILU, U_GELU, U_SIGMOID = (UNARY_CODE[o] for o in (OpKind.SILU, OpKind.GELU, OpKind.SIGMOID))
-U_GELU_QUICK = UNARY_CODE[OpKind.GELU_QUICK]
+U_GELU_QUICK, U_TANH = UNARY_CODE[OpKind.GELU_QUICK], UNARY_CODE[OpKind.TANH]
 B_ADD, B_MUL, B_DIV, B_SWIGLU = (BINARY_CODE[o] for o in (OpKind.ADD, OpKind.MUL, OpKind.DIV,
                                                           OpKind.SWIGLU))
 _NAMED = {k: v for k, v in globals().items() if k[:2] in ("U_", "B_")}
@@ -36,7 +36,7 @@ if len({v for k, v in _NAMED.items() if k[0] == "U"}) != len(UNARY_OPS) \
 
 def unary_value(op, x, p0, p1):
     """Unary op `op` of x with its parameters: scale x*p0 + p1, clamp x to [p0, p1], fill with
-    p0 (x unused), silu, gelu, gelu_quick, sigmoid."""
+    p0 (x unused), silu, gelu, gelu_quick, tanh, sigmoid."""
     if op == U_SCALE:
         return x * p0 + p1
     if op == U_CLAMP:
@@ -49,6 +49,8 @@ def unary_value(op, x, p0, p1):
         return gelu(x)
     if op == U_GELU_QUICK:  # ggml: x * (1 / (1 + expf(-1.702 x)))
         return x * (np.float32(1.0) / (np.float32(1.0) + math.exp(np.float32(-1.702) * x)))
+    if op == U_TANH:
+        return math.tanh(x)
     return sigmoid(x)
 
 
