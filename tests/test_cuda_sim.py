@@ -326,3 +326,36 @@ def test_scheduler_splits_a_model_across_cpu_and_cuda(tmp_path):
     assert [split.device_names[s.device] for s in sch.splits] == ["CPU", "CUDA0", "CPU"]
     assert split.session.placement[split.cache.k[1]] == 0
     assert split.session.placement[split.cache.k[0]] == 1
+
+
+# -- in place under the real planner (issue #14) ------------------------------------------------
+# A few cases of the in-place ops with the result in its source's memory, planned by the real
+# allocator at CUDA's alignment (the whole in-place mode on the CPU: test_conformance_inplace.py;
+# here each case costs seconds). add runs on each of its sources in turn.
+
+from ggraph.conformance import inplace_graph, run_case_inplace  # noqa: E402
+
+
+def _inplace_case(op, **want):
+    return next(c for c in cases_for([op])
+                if all(str(dict(c.vars).get(k)) == str(v) for k, v in want.items()))
+
+
+INPLACE = [
+    (OpKind.ADD, dict(type="f32", ne_b=[64, 5, 3, 2]), 0),
+    (OpKind.ADD, dict(type="f32", ne_b=[64, 5, 3, 2]), 1),
+    (OpKind.SCALE, dict(type="f16"), 0),
+    (OpKind.RMS_NORM, dict(ne=[33, 2]), 0),
+    (OpKind.ROPE, dict(type="f32", mode=2, n_dims=32), 0),
+    (OpKind.SOFT_MAX, dict(mask="f16", scale=0.125), 0),
+]
+
+
+@pytest.mark.parametrize("op,want,src", INPLACE,
+                         ids=[f"{o.value}-src{s}-{i}" for i, (o, _, s) in enumerate(INPLACE)])
+def test_inplace_case(op, want, src):
+    case = _inplace_case(op, **want)
+    _, node, source = inplace_graph(case, src)
+    assert source is node.src[src] and source.op == OpKind.CONT   # a planned intermediate
+    r = run_case_inplace(case, BACKEND, src=src)
+    assert r.status == "OK" and r.variant == f"in place on src{src}", r.line()

@@ -2,6 +2,8 @@
 
 Modes: test (OK/FAIL per case, a summary per backend, exit status 1 on any failure), perf
 (GFLOPS or GB/s per perf case), support (the op x type coverage table per backend).
+--inplace (test mode): every case of the ops ggml-alloc may run in place, with the result in
+its source's memory under the real planner (a plan that does not reuse the source fails).
 """
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import argparse
 import json
 from collections import defaultdict
 
-from ggraph.conformance import Summary, cases_for, perf_case, run_case
+from ggraph.conformance import (Summary, cases_for, cases_inplace, perf_case, run_case,
+                                run_case_inplace)
 from ggraph.opkind import OpKind
 
 TYPE_COLUMNS = ("f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "i32", "i64")
@@ -24,6 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", metavar="FILE", help="write results as JSON")
     p.add_argument("--reference", choices=("numpy", "ggml"), default="numpy",
                    help="oracle: ggraph's numpy reference or the real libggml through cffi")
+    p.add_argument("--inplace", action="store_true",
+                   help="run the in-place ops (OpDef.inplace) with the result in its source's "
+                        "memory, planned by the real allocator (test mode)")
     p.add_argument("-q", "--quiet", action="store_true", help="print failures only")
     p.set_defaults(func=main)
 
@@ -54,6 +60,10 @@ def main(args: argparse.Namespace) -> int:
     from ggraph.backends import get_backend
 
     ops = parse_ops(args.op)
+    inplace = getattr(args, "inplace", False)
+    if inplace and args.mode != "test":
+        raise ValueError(f"--inplace runs in --mode test only, not --mode {args.mode}")
+    runs = list(cases_inplace(ops)) if inplace else None   # names ops that never run in place
     reference = None
     if args.reference == "ggml":
         from ggraph.tools.ggml_ref import GGMLReference  # raises a clear error without libggml
@@ -73,20 +83,30 @@ def main(args: argparse.Namespace) -> int:
             continue
         summary = Summary(name)
         per_op: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-        for case in cases_for(ops, perf=args.mode == "perf"):
-            r = perf_case(case, backend) if args.mode == "perf" else run_case(
-                case, backend, reference)
+        if inplace:
+            results = (run_case_inplace(case, backend, reference, src) for case, src in runs)
+        elif args.mode == "perf":
+            results = (perf_case(case, backend) for case in cases_for(ops, perf=True))
+        else:
+            results = (run_case(case, backend, reference) for case in cases_for(ops))
+        for r in results:
             summary.results.append(r)
-            per_op[case.op.name][0] += r.status == "OK"
-            per_op[case.op.name][1] += r.status != "not supported"
+            per_op[r.case.op.name][0] += r.status == "OK"
+            per_op[r.case.op.name][1] += r.status not in ("not supported", "skipped")
             if not args.quiet or r.status == "FAIL":
                 print(r.line(), flush=True)
         if args.mode == "test":
             print("  cases per op: " + ", ".join(f"{k} {ok}/{n}" for k, (ok, n) in
                                                  per_op.items()))
-        print(f"  {summary.passed}/{summary.tested} tests passed")
+        skipped = (f", {summary.skipped} skipped (no source can hold the result: ggml-alloc "
+                   f"never runs them in place)" if summary.skipped else "")
+        print(f"  {summary.passed}/{summary.tested} tests passed"
+              f"{' in place' if inplace else ''}{skipped}")
         failed |= summary.failed > 0
-        report.append(summary.to_json())
+        out = summary.to_json()
+        if inplace:
+            out["mode"] = "inplace"
+        report.append(out)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
