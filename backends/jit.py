@@ -130,3 +130,7 @@ class Target:
             glb.update(names)
             k = self._bound[key] = decorator(_copy(template, glb, tag))
         return k
+
+    def bound_kernels(self) -> list[Any]:
+        """Every kernel `bind` has compiled so far (for tools that inspect their code)."""
+        return list(self._bound.values())

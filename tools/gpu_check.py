@@ -227,7 +227,7 @@ def _ptxas(ptxas: str, name: str, sig: tuple, cc: tuple[int, int]) -> str:
 
 
 def _find_kernel(KK: Any, qualname: str) -> Any:
-    for (template, _tag), k in KK.TARGET._bound.items():
+    for k in KK.TARGET.bound_kernels():
         if getattr(k, "py_func", None) is not None and k.py_func.__qualname__ == qualname:
             return k
     from ggraph.backends.cuda import templates as K
