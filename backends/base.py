@@ -9,6 +9,9 @@ get zeroed static memory that a Session keeps between runs.
 A Session is safe to share between threads: run, read and write take its lock, and a read by
 a thread other than the one whose run produced the current values is refused (another run
 may come in between); `with session:` holds the lock around a run and its reads.
+
+A Session is the one-device runner of backends/runner.py (reserve, run, read, write, plans,
+memory lines); backends/multi.py's MultiSession is the same interface over several.
 """
 from __future__ import annotations
 
@@ -23,6 +26,9 @@ from ggraph import buffers
 from ggraph.graph import Graph
 from ggraph.opkind import OpKind
 from ggraph.tensor import Tensor
+from ggraph.types import MIB
+
+from .runner import ComputeBuffer, ModelMemory, check_device
 
 KernelFn = Callable[[Tensor, "Session"], None]
 
@@ -106,7 +112,9 @@ class Backend:
 
 class Session:
     """Runs graphs on one backend: holds the compute arena, static (cache) buffers and the
-    plan of the last graph. Reuse one Session for graphs of the same topology (decode steps)."""
+    plan of the last graph. Reuse one Session for graphs of the same topology (decode steps).
+    The one-device Runner (backends/runner.py): its device is index 0, named as its
+    allocator (the backend's name in capitals by default)."""
 
     def __init__(self, backend: Backend, allocator: Any = None) -> None:
         self.backend = backend
@@ -129,6 +137,9 @@ class Session:
         self._run_thread: int | None = None       # thread whose run left the current values
         self._in_run = False                      # kernels are running: a source they read is
         #                                           live at that step, freed or not afterwards
+        self.name: str = getattr(allocator, "name", backend.name.upper())
+        self.placement: dict[Tensor, int] = {}    # always device 0; kept for the interface
+        self._reserved: list[ComputeBuffer] = []  # what the last reserve() returned
 
     def __enter__(self) -> "Session":
         self._lock.acquire()
@@ -136,6 +147,40 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self._lock.release()
+
+    # -- the runner interface (backends/runner.py) ----------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return [self.name]
+
+    def place(self, t: Tensor, device: int) -> None:
+        """One device: every tensor lives on device 0, so placing only checks the index."""
+        check_device(t, device, self.names)
+        self.placement[t] = device
+
+    def reserve(self, graph: Graph) -> list[ComputeBuffer]:
+        """Size the compute buffer on this (worst-case) graph; later graphs of its topology
+        are placed at its offsets. The arena itself is allocated by the next run."""
+        with self._lock:
+            plan = self.allocator.reserve(graph)
+            # bound calls hold views at the old plan's offsets: the next run plans again
+            # (the last run's values stay readable until then: self.plan is kept)
+            self._calls = None
+            self._reserved = [ComputeBuffer(self.name, plan)]
+            return list(self._reserved)
+
+    @property
+    def plans(self) -> list[ComputeBuffer]:
+        return list(self._reserved)
+
+    def memory_lines(self, model: ModelMemory) -> list[str]:
+        """llama.cpp's lines for one CPU-like device: the mapped weights, the KV cache, the
+        compute buffer (with ggml-alloc's size where ours differs) and the graph's size."""
+        lines = [f"{self.name}_Mapped model buffer size = {model.mapped_bytes / MIB:10.2f} MiB",
+                 model.kv_summary]
+        lines += [b.line(baseline=True) for b in self._reserved]
+        lines.append(f"graph nodes  = {model.graph.n_nodes}")
+        return lines
 
     # -- memory ---------------------------------------------------------------------------
     def storage(self, t: Tensor) -> tuple[Any, int]:

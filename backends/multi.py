@@ -8,7 +8,8 @@ and runs: copy the split's inputs in from the devices holding them, then the spl
 
 Like a Session it may be shared between threads: run/read/write serialise on its lock, a read
 from a thread other than the last run's is refused, and `with multi:` holds the lock across
-a run and its reads.
+a run and its reads. Both implement the Runner interface of backends/runner.py, so a caller
+(the Engine) holds either without asking which.
 """
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ggraph import buffers
-from ggraph.alloc import GraphAllocator, Plan
+from ggraph.alloc import GraphAllocator
 from ggraph.graph import Graph
 from ggraph.sched import Schedule, schedule_graph
 from ggraph.tensor import Tensor
+from ggraph.types import MIB
 
 from .base import Backend, Session
+from .runner import ComputeBuffer, ModelMemory, check_device
 
 
 @dataclass
@@ -44,21 +47,26 @@ class MultiSession:
         if not backends:
             raise ValueError("MultiSession needs at least one backend")
         self.backends = list(backends)
-        self.names = list(names) if names is not None else _default_names(self.backends)
-        if len(self.names) != len(self.backends):
-            raise ValueError(f"{len(self.names)} names for {len(self.backends)} backends")
+        self._names = list(names) if names is not None else _default_names(self.backends)
+        if len(self._names) != len(self.backends):
+            raise ValueError(f"{len(self._names)} names for {len(self.backends)} backends")
         self.host = len(self.backends) - 1
         self.placement: dict[Tensor, int] = {}
         for t, d in (placement or {}).items():
             self.place(t, d)
         self.sessions = [b.session(allocator=GraphAllocator(
             alignment=b.alignment, strategy=strategy, name=n, keep_order=True))
-            for b, n in zip(self.backends, self.names)]
+            for b, n in zip(self.backends, self._names)]
         self._schedules: dict[Graph, tuple[Graph, Schedule]] = {}
         self._bound: _Bound | None = None
         self._bound_graph: Graph | None = None
         self._lock = threading.RLock()
         self._run_thread: int | None = None       # thread whose run left the current values
+        self._reserved: list[ComputeBuffer] = []  # what the last reserve() returned
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._names)
 
     def __enter__(self) -> "MultiSession":
         self._lock.acquire()
@@ -68,9 +76,7 @@ class MultiSession:
         self._lock.release()
 
     def place(self, t: Tensor, device: int) -> None:
-        if not 0 <= device < len(self.backends):
-            raise ValueError(f"tensor {t.describe()} placed on device {device}; there are "
-                             f"{len(self.backends)} ({', '.join(self.names)})")
+        check_device(t, device, self._names)
         self.placement[t] = device
 
     # -- planning -----------------------------------------------------------------------------
@@ -78,17 +84,26 @@ class MultiSession:
         hit = self._schedules.get(graph)
         if hit is not None and hit[0] is graph:
             return hit[1]
-        sch = schedule_graph(graph, self.names, [b.supports for b in self.backends],
+        sch = schedule_graph(graph, self._names, [b.supports for b in self.backends],
                              self.placement, self.host)
         self._schedules[graph] = (graph, sch)
         while len(self._schedules) > 4:
             self._schedules.pop(next(iter(self._schedules)))
         return sch
 
-    def reserve(self, graph: Graph) -> list[Plan]:
-        """Size every device's compute buffer on this (worst-case) graph."""
-        sch = self.schedule(graph)
-        return [s.allocator.reserve(g) for s, g in zip(self.sessions, sch.device_graphs)]
+    def reserve(self, graph: Graph) -> list[ComputeBuffer]:
+        """Size every device's compute buffer on this (worst-case) graph, each through its
+        device's Session (as ggml_backend_sched_reserve does per backend); host last."""
+        with self._lock:
+            sch = self.schedule(graph)
+            # bound split calls hold the old plans' offsets: the next run plans again
+            self._bound = self._bound_graph = None
+            self._reserved = [s.reserve(g)[0] for s, g in zip(self.sessions, sch.device_graphs)]
+            return list(self._reserved)
+
+    @property
+    def plans(self) -> list[ComputeBuffer]:
+        return list(self._reserved)
 
     @property
     def buffer_sizes(self) -> list[int]:
@@ -179,6 +194,35 @@ class MultiSession:
     def synchronize(self) -> None:
         for s in self.sessions:
             s.synchronize()
+
+    # -- memory figures -------------------------------------------------------------------------
+    def memory_lines(self, model: ModelMemory) -> list[str]:
+        """llama.cpp's per-device lines: the offloaded layers, model buffers, KV buffers,
+        compute buffers (as reserved), then the graph's nodes and splits."""
+        names = self._names
+        weights = [0] * len(names)
+        kv = [0] * len(names)
+        seen: set[Tensor] = set()
+        for t in model.graph.leafs:
+            d = self.placement.get(t)
+            if d is None or t in seen:
+                continue
+            seen.add(t)
+            (kv if t in model.kv else weights)[d] += t.nbytes
+        lm = model.layers
+        counts = ", ".join(f"{n} {lm.count(i)}" for i, n in enumerate(names))
+        lines = [f"load_tensors: offloaded {sum(lm.count(i) for i in range(self.host))}/"
+                 f"{len(lm.layers)} repeating layers (layers per device: {counts}; output "
+                 f"layer on {names[lm.output]})"]
+        lines += [f"{n} model buffer size = {w / MIB:10.2f} MiB" for n, w in zip(names, weights)
+                  if w]
+        lines.append(model.kv_summary)
+        lines += [f"llama_kv_cache: {n} KV buffer size = {b / MIB:10.2f} MiB"
+                  for n, b in zip(names, kv) if b]
+        lines += [b.line() for b in self._reserved]
+        lines.append(f"graph nodes  = {model.graph.n_nodes}")
+        lines.append(f"graph splits = {self.schedule(model.graph).n_splits}")
+        return lines
 
 
 def _default_names(backends: Sequence[Backend]) -> list[str]:

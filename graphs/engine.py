@@ -5,6 +5,10 @@ The worst case is what llama.cpp reserves: n_tokens = min(n_ctx, n_ubatch), n_kv
 every token an output. Later graphs attend to the first n_kv cells (the used cells rounded up
 to KV_PAD) and are placed into the reserved offsets; a decode graph is reused while its n_kv
 holds, so a generated token costs one pass over bound kernel calls.
+
+This file owns the model side (config, graphs, the KV cache's sequence, thread turns); the
+devices are one Runner (backends/runner.py): a Session on one backend or a MultiSession over
+several, chosen once by `new_runner` and used the same way after that.
 """
 from __future__ import annotations
 
@@ -16,9 +20,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ggraph.alloc import GraphAllocator
+from ggraph.alloc import GraphAllocator, Plan
+from ggraph.backends.runner import ComputeBuffer, ModelMemory, Runner
 from ggraph.tensor import Context
-from ggraph.types import MIB
 
 from .arch import build_model
 from .gguf_file import load_gguf
@@ -73,11 +77,36 @@ class Timings:
                 f"({tg:.2f} tokens/s)")
 
 
+def new_runner(cfg: EngineConfig, n_layer: int, host_kw: dict[str, Any]
+               ) -> tuple[Runner, LayerMap]:
+    """The runner for `cfg` and where the model's layers go: a Session on one backend, or,
+    with devices, a MultiSession over the devices and the host CPU (the host last). The one
+    place that tells the two apart; everything after talks to the Runner interface."""
+    from ggraph.backends import get_backend
+    from ggraph.backends.multi import MultiSession
+
+    if not cfg.devices:
+        backend = get_backend(cfg.backend, **host_kw)
+        allocator = GraphAllocator(alignment=backend.alignment, strategy=cfg.strategy,
+                                   name=cfg.backend.upper())
+        # no offload devices: every layer on the host, device 0
+        return backend.session(allocator=allocator), layer_map(n_layer, 0)
+    if cfg.backend != "cpu":
+        raise ValueError(f"with --devices the host is the CPU and the devices are "
+                         f"listed there; got backend {cfg.backend!r} as well")
+    devs = parse_devices(cfg.devices)
+    if any(d.kind == "virtual" for d in devs):
+        raise ValueError(f"--devices {cfg.devices!r}: running needs backends (cuda, cpu); "
+                         f"sizes such as 24GiB describe virtual devices for `ggraph plan`")
+    layers = layer_map(n_layer, len(devs), cfg.n_gpu_layers, cfg.tensor_split)
+    backends = [get_backend(d.kind) for d in devs] + [get_backend("cpu", **host_kw)]
+    names = [d.name for d in devs] + ["CPU"]
+    return MultiSession(backends, names=names, strategy=cfg.strategy), layers
+
+
 class Engine:
     def __init__(self, path: str, config: EngineConfig | None = None,
                  progress: bool = False) -> None:
-        from ggraph.backends import get_backend
-
         cfg = self.cfg = config or EngineConfig()
         # threads may share an Engine: eval, reset and each step of generate hold the lock,
         # so callers take turns; _kv_epoch counts changes of the KV cache, which generate
@@ -105,44 +134,34 @@ class Engine:
             if cfg.backend != "cpu":
                 raise ValueError("ggml_exact reproduces ggml's CPU arithmetic: CPU backend only")
             kw["ggml_exact"] = True
-        self.layers: LayerMap | None = None
-        if cfg.devices:
-            if cfg.backend != "cpu":
-                raise ValueError(f"with --devices the host is the CPU and the devices are "
-                                 f"listed there; got backend {cfg.backend!r} as well")
-            self._multi_device(cfg, kw)
-        else:
-            self.backend = get_backend(cfg.backend, **kw)
-            self.allocator = GraphAllocator(alignment=self.backend.alignment,
-                                            strategy=cfg.strategy, name=cfg.backend.upper())
-            self.session = self.backend.session(allocator=self.allocator)
+        # one runner, one device or many: the rest of the Engine never asks which
+        self.runner, self.layers = new_runner(cfg, hp.n_layer, kw)
         self.timings = Timings()
         self._graphs: dict[tuple[int, int, int], ModelGraph] = {}
-        # the worst case's Plan; with devices, one Plan per device (the host last)
-        self.reserve_plan = self.reserve()
+        # the worst case's compute buffer per device (the host last)
+        self.reserve_plans = self.reserve()
 
-    def _multi_device(self, cfg: EngineConfig, host_kw: dict[str, Any]) -> None:
-        from ggraph.backends import get_backend
-        from ggraph.backends.multi import MultiSession
+    @property
+    def reserve_plan(self) -> Plan:
+        """The host's compute buffer Plan: the only one without devices."""
+        return self.reserve_plans[-1].plan
 
-        devs = parse_devices(cfg.devices)
-        if any(d.kind == "virtual" for d in devs):
-            raise ValueError(f"--devices {cfg.devices!r}: running needs backends (cuda, cpu); "
-                             f"sizes such as 24GiB describe virtual devices for `ggraph plan`")
-        self.layers = layer_map(self.model.hp.n_layer, len(devs), cfg.n_gpu_layers,
-                                cfg.tensor_split)
-        backends = [get_backend(d.kind) for d in devs] + [get_backend("cpu", **host_kw)]
-        self.device_names = [d.name for d in devs] + ["CPU"]
-        self.session = MultiSession(backends, names=self.device_names, strategy=cfg.strategy)
-        self.backend = backends[-1]
+    @property
+    def session(self) -> Runner:
+        """The runner (its older name; benchmarks and tests read its placement and plans)."""
+        return self.runner
+
+    @property
+    def device_names(self) -> list[str]:
+        return self.runner.names
 
     def _place(self, graph: Any) -> None:
-        """Put the weights and cache tensors of a new graph on their layer's device."""
-        if self.layers is None:
-            return
+        """Put the weights and cache tensors of a new graph on their layer's device; a tensor
+        keeps its first device (decode's derived weights are placed by name on theirs)."""
+        placed = self.runner.placement
         for t, d in place_tensors(graph.leafs, self.layers).items():
-            if t not in self.session.placement:
-                self.session.place(t, d)
+            if t not in placed:
+                self.runner.place(t, d)
 
     # -- memory -------------------------------------------------------------------------------
     def build(self, n_tokens: int, n_kv: int, n_outputs: int) -> ModelGraph:
@@ -157,7 +176,8 @@ class Engine:
             self._graphs.pop(next(iter(self._graphs)))
         return mg
 
-    def reserve(self) -> Any:
+    def reserve(self) -> list[ComputeBuffer]:
+        """Build the worst-case graph and size every device's compute buffer on it."""
         n = min(self.cfg.n_ctx, self.cfg.n_ubatch)
         if self.cfg.reserve_outputs not in ("all", "last"):
             raise ValueError(f"reserve_outputs must be 'all' or 'last', got "
@@ -166,53 +186,15 @@ class Engine:
         mg = self.model.build(self.ctx, self.cache, n, self.cfg.n_ctx, n_out,
                               self.cfg.flash_attn, self.cfg.amb_mib)
         self.worst_case = mg
-        if self.layers is not None:
-            self._place(mg.graph)
-            return self.session.reserve(mg.graph)
-        return self.allocator.reserve(mg.graph)
+        self._place(mg.graph)
+        return self.runner.reserve(mg.graph)
 
     def memory_lines(self) -> list[str]:
-        if self.layers is not None:
-            return self._device_memory_lines()
-        plan = self.reserve_plan
-        name = self.cfg.backend.upper()
-        lines = [f"{name}_Mapped model buffer size = {self.file.tensor_bytes / MIB:10.2f} MiB",
-                 self.cache.summary(),
-                 f"{name} compute buffer size = {plan.size / MIB:10.2f} MiB"]
-        if plan.baseline is not None and plan.baseline.size != plan.size:
-            lines[-1] += f" (ggml-alloc's plan: {plan.baseline.size / MIB:.2f} MiB)"
-        lines.append(f"graph nodes  = {self.worst_case.graph.n_nodes}")
-        return lines
-
-    def _device_memory_lines(self) -> list[str]:
-        """llama.cpp's per-device lines: model buffers, KV buffers, compute buffers, splits."""
-        names, sess = self.device_names, self.session
-        weights = [0] * len(names)
-        kv = [0] * len(names)
-        cache = set(self.cache.k + self.cache.v)
-        seen: set[int] = set()
-        for t in self.worst_case.graph.leafs:
-            d = sess.placement.get(t)
-            if d is None or t in seen:
-                continue
-            seen.add(t)
-            (kv if t in cache else weights)[d] += t.nbytes
-        lm = self.layers
-        counts = ", ".join(f"{n} {lm.count(i)}" for i, n in enumerate(names))
-        lines = [f"load_tensors: offloaded {sum(lm.count(i) for i in range(len(names) - 1))}/"
-                 f"{len(lm.layers)} repeating layers (layers per device: {counts}; output "
-                 f"layer on {names[lm.output]})"]
-        lines += [f"{n} model buffer size = {w / MIB:10.2f} MiB" for n, w in zip(names, weights)
-                  if w]
-        lines.append(self.cache.summary())
-        lines += [f"llama_kv_cache: {n} KV buffer size = {b / MIB:10.2f} MiB"
-                  for n, b in zip(names, kv) if b]
-        for n, plan in zip(names, self.reserve_plan):
-            lines.append(f"{n} compute buffer size = {plan.size / MIB:10.2f} MiB")
-        sch = sess.schedule(self.worst_case.graph)
-        lines.append(f"graph nodes  = {self.worst_case.graph.n_nodes}")
-        lines.append(f"graph splits = {sch.n_splits}")
-        return lines
+        """llama.cpp's memory lines for the worst case, per device: the runner's wording."""
+        return self.runner.memory_lines(ModelMemory(
+            graph=self.worst_case.graph, mapped_bytes=self.file.tensor_bytes,
+            kv=frozenset(self.cache.k + self.cache.v), kv_summary=self.cache.summary(),
+            layers=self.layers))
 
     # -- evaluation ---------------------------------------------------------------------------
     def eval(self, tokens: list[int], all_logits: bool = False, n_past: int | None = None
@@ -248,10 +230,10 @@ class Engine:
                 n_past_now = self.cache.n_used
                 n_kv = min(cfg.n_ctx, -(-(n_past_now + n) // KV_PAD) * KV_PAD)
                 mg = self.build(n, n_kv, len(rows))
-                self.session.run(mg.graph, self.model.batch_inputs(mg, self.cache, chunk,
-                                                                   n_past_now, rows))
+                self.runner.run(mg.graph, self.model.batch_inputs(mg, self.cache, chunk,
+                                                                  n_past_now, rows))
                 self.cache.n_used += n
-                logits = self.session.read(mg.logits).reshape(len(rows), -1)
+                logits = self.runner.read(mg.logits).reshape(len(rows), -1)
                 if all_logits or last:
                     out.append(logits)
             return np.concatenate(out) if all_logits else out[-1][-1]

@@ -278,6 +278,6 @@ def test_deepseek2_split_across_two_backends(tmp_path):
     prompt = [3, 4, 5, 6, 7]
     assert list(one.generate(prompt, 4, stop_at_eos=False)) == \
         list(two.generate(prompt, 4, stop_at_eos=False))
-    placed = two.session.placement
+    placed = two.runner.placement
     derived = [t for t in placed if "attn_k_b" in t.name]
     assert derived and all(placed[t] < 2 for t in derived)

@@ -1,0 +1,118 @@
+"""The runner interface: what a caller (the Engine) needs to run graphs, whether they run on
+one backend (backends.base.Session) or are scheduled across several (backends.multi.
+MultiSession).
+
+A runner places pre-allocated tensors (weights, caches) on its devices, reserves every
+device's compute buffer on a worst-case graph, runs graphs, reads and writes tensor values,
+and prints its memory figures in llama.cpp's wording. Devices are indexed in priority order
+with the host last; a single-backend runner has one device, index 0, which is its host.
+
+This file owns the Protocol and the small records passed through it; the implementations
+stay with their classes, so that a one-backend Session needs nothing from the scheduler.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from ggraph.graph import Graph
+from ggraph.tensor import Tensor
+from ggraph.types import MIB
+
+if TYPE_CHECKING:
+    from ggraph.alloc import Plan
+
+
+@dataclass(frozen=True)
+class ComputeBuffer:
+    """One device's compute buffer as reserve() sized it: the device's name and its Plan."""
+    device: str
+    plan: Plan
+
+    @property
+    def size(self) -> int:
+        return self.plan.size
+
+    def line(self, baseline: bool = False) -> str:
+        """llama.cpp's `<device> compute buffer size = ...` line; with `baseline`, ggml-alloc's
+        own size is added where the chosen plan differs from it."""
+        text = f"{self.device} compute buffer size = {self.size / MIB:10.2f} MiB"
+        base = self.plan.baseline
+        if baseline and base is not None and base.size != self.size:
+            text += f" (ggml-alloc's plan: {base.size / MIB:.2f} MiB)"
+        return text
+
+
+class LayerCounts(Protocol):
+    """Where a model's layers run (graphs.placement.LayerMap): a device index per repeating
+    layer and the output layer's device. Only the offload line of a multi-device runner
+    reads it; a protocol keeps backends/ free of imports from graphs/."""
+    layers: tuple[int, ...]
+    output: int
+
+    def count(self, device: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class ModelMemory:
+    """What the runner cannot know about the model when it prints its memory lines."""
+    graph: Graph                   # the worst-case graph that reserve() sized the buffers on
+    mapped_bytes: int              # every weight's bytes (the file's tensor data, mapped)
+    kv: frozenset[Tensor]          # the KV cache tensors, told apart from the weights
+    kv_summary: str                # the cache's own `llama_kv_cache: size = ...` line
+    layers: LayerCounts            # the layer placement the weights were placed with
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """Runs graphs on one device or many; shared between threads as a Session is (run, read
+    and write serialise on its lock, `with runner:` holds it across a run and its reads)."""
+
+    @property
+    def names(self) -> list[str]:
+        """Device names in device-index order, the host last (["CPU"] for one CPU)."""
+        ...
+
+    @property
+    def placement(self) -> Mapping[Tensor, int]:
+        """Device index of every tensor placed so far."""
+        ...
+
+    def place(self, t: Tensor, device: int) -> None:
+        """Put pre-allocated tensor `t` (a weight, a cache) on `device`."""
+        ...
+
+    def reserve(self, graph: Graph) -> list[ComputeBuffer]:
+        """Size every device's compute buffer on this worst-case graph (host last)."""
+        ...
+
+    @property
+    def plans(self) -> list[ComputeBuffer]:
+        """What the last reserve() returned (empty before any)."""
+        ...
+
+    def run(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None = None
+            ) -> Runner: ...
+
+    def read(self, t: Tensor) -> np.ndarray: ...
+
+    def write(self, t: Tensor, values: np.ndarray) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+    def memory_lines(self, model: ModelMemory) -> list[str]:
+        """Model, KV and compute buffer sizes per device, then the graph's figures."""
+        ...
+
+    def __enter__(self) -> Runner: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+def check_device(t: Tensor, device: int, names: Sequence[str]) -> None:
+    """ValueError unless `device` indexes `names` (both runners' place())."""
+    if not 0 <= device < len(names):
+        raise ValueError(f"tensor {t.describe()} placed on device {device}; there are "
+                         f"{len(names)} ({', '.join(names)})")
