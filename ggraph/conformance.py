@@ -142,12 +142,7 @@ def run_case(case: Case, backend: Any, reference: Any = None) -> Result:
     leaf_data = {t: t.data.copy() for t in graph.leafs if t.data is not None}
     alloc = CanaryAllocator(backend.alignment)
     session = backend.session(allocator=alloc)
-    session.prepare(graph)
-    _fill_canaries(session)
-    t0 = time.perf_counter()
-    session.run(graph)
-    dt = time.perf_counter() - t0
-    got = session.read(out)
+    got, dt = _run_framed(session, graph, out)
     problems = [f"canary overwritten around {n}" for n in
                 alloc.plan.canary_damage(session.host_arena())]
     problems += [f"input {t.describe()} modified" for t in graph.leafs
@@ -169,6 +164,16 @@ def _expected(graph: Graph, out: Tensor, reference: Any) -> np.ndarray | str:
                 else run_reference(graph).read(out))
     except NotImplementedError as e:  # a reference that cannot express this case
         return f"by the reference: {e}"
+
+
+def _run_framed(session: Any, graph: Graph, out: Tensor) -> tuple[np.ndarray, float]:
+    """Plan, fill the arena with canaries, run once (timed) and read `out`."""
+    session.prepare(graph)
+    _fill_canaries(session)
+    t0 = time.perf_counter()
+    session.run(graph)
+    dt = time.perf_counter() - t0
+    return session.read(out), dt
 
 
 def _fill_canaries(session: Any) -> None:
@@ -397,12 +402,7 @@ def run_case_inplace(case: Case, backend: Any, reference: Any = None, src: int |
         allocator = GraphAllocator(alignment=backend.alignment, name=backend.name.upper())
     alloc = FramedAllocator(allocator, backend.alignment)
     session = backend.session(allocator=alloc)
-    session.prepare(graph)
-    _fill_canaries(session)
-    t0 = time.perf_counter()
-    session.run(graph)
-    dt = time.perf_counter() - t0
-    got = session.read(node)
+    got, dt = _run_framed(session, graph, node)
     plan = alloc.plan.inner                  # the plan the run used
     problems = []
     p = plan.placement(node)
