@@ -14,6 +14,7 @@ import types
 from pathlib import Path
 from typing import Any, Callable
 
+from ggraph.type_records import TYPE_RECORDS
 from ggraph.types import GGMLType
 from .shared import codecs, elementwise, numeric
 
@@ -21,14 +22,10 @@ NUMERIC = ("rint", "half_to_f32", "f32_to_half", "bf16_to_f32", "f32_to_bf16", "
            "gelu", "sigmoid", "alibi_slope", "rope_cos_sin")
 ELEMENTWISE = ("unary_value", "binary_value", "unflatten")
 CODEC_HELPERS = ("_half_at", "_put_half", "_finite_or_zero", "_trunc_u8", "_half_row", "_opaque")
-ELEM_CODECS = {GGMLType.F32: ("load_f32", "store_f32", "load1_f32"),
-               GGMLType.F16: ("load_f16", "store_f16", "load1_f16"),
-               GGMLType.BF16: ("load_bf16", "store_bf16", "load1_bf16"),
-               GGMLType.I32: ("load_int", "store_int", "load1_f32"),
-               GGMLType.I64: ("load_int", "store_int", "load1_f32")}
-BLOCK_CODECS = {GGMLType.Q4_0: ("dec_q4_0", "enc_q4_0", "dot_q4_0"),
-                GGMLType.Q4_1: ("dec_q4_1", "enc_q4_1", "dot_q4_1"),
-                GGMLType.Q8_0: ("dec_q8_0", "enc_q8_0", "dot_q8_0")}
+# each type's codec names in shared/codecs.py, from its record (ggraph/type_records.py):
+# (load, store, load1) for element types, (dec, enc, dot) for block types
+ELEM_CODECS = {t: r.codecs for t, r in TYPE_RECORDS.items() if not r.is_quantized}
+BLOCK_CODECS = {t: r.codecs for t, r in TYPE_RECORDS.items() if r.is_quantized}
 
 
 def source_hash(*files: str | Path) -> str:

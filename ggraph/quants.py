@@ -18,6 +18,10 @@ back into float32. Both are vectorized numpy and bit-exact with ggml's reference
   NaN `(bits >> 16) | 64`; values that round past the largest bf16 become inf.
 
 All multi-byte fields are little-endian, as in GGUF files, whatever the host.
+
+Each type's record (ggraph/type_records.py) is registered here, by `register_type` next to
+its numpy code: block layout, these kernels, its scale offsets, the names of its compiled
+codecs in backends/shared/codecs.py and its roles (weight, KV cache, storable).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from typing import Callable
 
 import numpy as np
 
+from .type_records import TYPE_RECORDS, register_type
 from .types import GGMLType, row_size
 
 __all__ = ["quantize", "dequantize", "f32_to_bf16_bits", "bf16_bits_to_f32", "first_nonfinite"]
@@ -50,6 +55,44 @@ def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     """uint16 bf16 bits -> float32 (exact: the bits become the upper half of the f32)."""
     return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _f32_quantize(x: np.ndarray) -> np.ndarray:
+    return x.astype(_F32, copy=False)
+
+
+def _f32_dequantize(data: np.ndarray) -> np.ndarray:
+    return data.view(_F32).astype(np.float32)
+
+
+def _f16_quantize(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):  # beyond 65504 becomes inf, as in ggml
+        return x.astype(_F16)
+
+
+def _f16_dequantize(data: np.ndarray) -> np.ndarray:
+    return data.view(_F16).astype(np.float32)
+
+
+def _bf16_quantize(x: np.ndarray) -> np.ndarray:
+    return f32_to_bf16_bits(x).astype(_U16, copy=False)
+
+
+def _bf16_dequantize(data: np.ndarray) -> np.ndarray:
+    return bf16_bits_to_f32(data.view(_U16))
+
+
+# element types: whole-array converters; (unsigned view, exponent mask): all-ones is inf/NaN
+_ROLES = dict(weight=True, kv=True, storable=True)
+register_type(GGMLType.F32, 1, 4, numpy_dtype="float32", quantize=_f32_quantize,
+              dequantize=_f32_dequantize, float_bits=("<u4", 0x7F800000),
+              codecs=("load_f32", "store_f32", "load1_f32"), **_ROLES)
+register_type(GGMLType.F16, 1, 2, numpy_dtype="float16", quantize=_f16_quantize,
+              dequantize=_f16_dequantize, float_bits=("<u2", 0x7C00),
+              codecs=("load_f16", "store_f16", "load1_f16"), **_ROLES)
+register_type(GGMLType.BF16, 1, 2, numpy_dtype="uint16",  # raw bits; converted here
+              quantize=_bf16_quantize, dequantize=_bf16_dequantize, float_bits=("<u2", 0x7F80),
+              codecs=("load_bf16", "store_bf16", "load1_bf16"), **_ROLES)
 
 
 def _f16_bytes(v: np.ndarray) -> np.ndarray:
@@ -99,6 +142,10 @@ def _q4_0_dequantize(b: np.ndarray, out: np.ndarray) -> None:
     out *= _f16_field(b, 0)
 
 
+register_type(GGMLType.Q4_0, 32, 18, quantize=_q4_0_quantize, dequantize=_q4_0_dequantize,
+              scale_fields=(0,), codecs=("dec_q4_0", "enc_q4_0", "dot_q4_0"), **_ROLES)
+
+
 def _q4_1_quantize(x: np.ndarray, out: np.ndarray) -> None:
     vmin = x.min(axis=1)
     vmax = x.max(axis=1)
@@ -114,6 +161,10 @@ def _q4_1_dequantize(b: np.ndarray, out: np.ndarray) -> None:
     _unpack_nibbles(b[:, 4:20], out)
     out *= _f16_field(b, 0)
     out += _f16_field(b, 2)
+
+
+register_type(GGMLType.Q4_1, 32, 20, quantize=_q4_1_quantize, dequantize=_q4_1_dequantize,
+              scale_fields=(0, 2), codecs=("dec_q4_1", "enc_q4_1", "dot_q4_1"), **_ROLES)
 
 
 def _q8_0_quantize(x: np.ndarray, out: np.ndarray) -> None:
@@ -133,12 +184,18 @@ def _q8_0_dequantize(b: np.ndarray, out: np.ndarray) -> None:
     out *= _f16_field(b, 0)
 
 
+register_type(GGMLType.Q8_0, 32, 34, quantize=_q8_0_quantize, dequantize=_q8_0_dequantize,
+              scale_fields=(0,), codecs=("dec_q8_0", "enc_q8_0", "dot_q8_0"), **_ROLES)
+
+# index types: stored, never converted; compiled as plain integer loads/stores
+register_type(GGMLType.I32, 1, 4, numpy_dtype="int32", integer=True,
+              codecs=("load_int", "store_int", "load1_f32"))
+register_type(GGMLType.I64, 1, 8, numpy_dtype="int64", integer=True,
+              codecs=("load_int", "store_int", "load1_f32"))
+_missing = [t for t in GGMLType if t not in TYPE_RECORDS]
+assert not _missing, f"types without a record: {_missing}"
+
 _Kernel = Callable[[np.ndarray, np.ndarray], None]
-_BLOCK_KERNELS: dict[GGMLType, tuple[_Kernel, _Kernel]] = {
-    GGMLType.Q4_0: (_q4_0_quantize, _q4_0_dequantize),
-    GGMLType.Q4_1: (_q4_1_quantize, _q4_1_dequantize),
-    GGMLType.Q8_0: (_q8_0_quantize, _q8_0_dequantize),
-}
 
 
 def _over_blocks(kernel: _Kernel, src: np.ndarray, out: np.ndarray) -> None:
@@ -172,17 +229,13 @@ def quantize(t: GGMLType, x: np.ndarray) -> np.ndarray:
                          f"multiple of its block size {t.block_size}")
     lead = x.shape[:-1]
     x = np.ascontiguousarray(x, dtype=np.float32)
-    if t == GGMLType.F32:
-        raw = x.astype(_F32, copy=False)
-    elif t == GGMLType.F16:
-        with np.errstate(over="ignore"):  # beyond 65504 becomes inf, as in ggml
-            raw = x.astype(_F16)
-    elif t == GGMLType.BF16:
-        raw = f32_to_bf16_bits(x).astype(_U16, copy=False)
+    rec = TYPE_RECORDS[t]
+    if not rec.is_quantized:
+        raw = rec.quantize(x)
     else:
         blocks = x.reshape(-1, t.block_size)
         raw = np.empty((blocks.shape[0], t.type_size), dtype=np.uint8)
-        _over_blocks(_BLOCK_KERNELS[t][0], blocks, raw)
+        _over_blocks(rec.quantize, blocks, raw)
     return raw.view(np.uint8).reshape(*lead, row_size(t, n))
 
 
@@ -206,28 +259,22 @@ def dequantize(t: GGMLType, data: np.ndarray, n: int | None = None) -> np.ndarra
         raise ValueError(f"{nbytes} bytes per row of {t} hold {n_have} elements, not {n}")
     lead = data.shape[:-1]
     data = np.ascontiguousarray(data)
-    if t == GGMLType.F32:
-        out = data.view(_F32).astype(np.float32)
-    elif t == GGMLType.F16:
-        out = data.view(_F16).astype(np.float32)
-    elif t == GGMLType.BF16:
-        out = bf16_bits_to_f32(data.view(_U16))
+    rec = TYPE_RECORDS[t]
+    if not rec.is_quantized:
+        out = rec.dequantize(data)
     else:
         blocks = data.reshape(-1, t.type_size)
         out = np.empty((blocks.shape[0], t.block_size), dtype=np.float32)
-        _over_blocks(_BLOCK_KERNELS[t][1], blocks, out)
+        _over_blocks(rec.dequantize, blocks, out)
     return out.reshape(*lead, n_have)
 
 
-# where the f16 scales sit in each block (the only floats a quantized block stores)
+# where the f16 scales sit in each block (the only floats a quantized block stores), and the
+# (unsigned view, exponent mask) of the float element types: derived from the records
 _SCALE_FIELDS: dict[GGMLType, tuple[int, ...]] = {
-    GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q8_0: (0,),
-}
-# (unsigned view, exponent mask) of the float element types: all-ones exponent = inf/NaN
+    t: r.scale_fields for t, r in TYPE_RECORDS.items() if r.scale_fields}
 _FLOAT_BITS: dict[GGMLType, tuple[str, int]] = {
-    GGMLType.F32: ("<u4", 0x7F800000), GGMLType.F16: ("<u2", 0x7C00),
-    GGMLType.BF16: ("<u2", 0x7F80),
-}
+    t: r.float_bits for t, r in TYPE_RECORDS.items() if r.float_bits}
 
 
 def first_nonfinite(t: GGMLType, raw: np.ndarray) -> int:

@@ -2,12 +2,14 @@
 the byte unit (MIB) that sizes are reported in.
 
 Only the types ggraph can compute with are listed; their ids match ggml's `enum ggml_type`
-so that GGUF files map onto them directly.
+so that GGUF files map onto them directly. Each has a record (ggraph/type_records.py)
+registered in ggraph/quants.py: sizes and every other fact are read from it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import IntEnum
+
+from .type_records import TYPE_RECORDS, TypeRecord
 
 MIB = 1 << 20   # bytes in a MiB: llama.cpp reports buffer sizes in MiB, and so does ggraph
 
@@ -23,7 +25,7 @@ class GGMLType(IntEnum):
     BF16 = 30
 
     @property
-    def traits(self) -> "TypeTraits":
+    def traits(self) -> TypeRecord:
         return TYPE_TRAITS[self]
 
     @property
@@ -40,11 +42,11 @@ class GGMLType(IntEnum):
 
     @property
     def is_float(self) -> bool:
-        return self in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+        return TYPE_TRAITS[self].is_float
 
     @property
     def is_int(self) -> bool:
-        return self in (GGMLType.I32, GGMLType.I64)
+        return TYPE_TRAITS[self].integer
 
     @classmethod
     def parse(cls, name: "str | int | GGMLType") -> "GGMLType":
@@ -68,23 +70,11 @@ class GGMLType(IntEnum):
         return self.name.lower()
 
 
-@dataclass(frozen=True)
-class TypeTraits:
-    block_size: int  # elements per block along ne[0]
-    type_size: int   # bytes per block
-    numpy_dtype: str | None  # element dtype for block-size-1 types; None for blocks
-
-
-TYPE_TRAITS: dict[GGMLType, TypeTraits] = {
-    GGMLType.F32: TypeTraits(1, 4, "float32"),
-    GGMLType.F16: TypeTraits(1, 2, "float16"),
-    GGMLType.BF16: TypeTraits(1, 2, "uint16"),  # raw bits; quants.py converts
-    GGMLType.Q4_0: TypeTraits(32, 18, None),
-    GGMLType.Q4_1: TypeTraits(32, 20, None),
-    GGMLType.Q8_0: TypeTraits(32, 34, None),
-    GGMLType.I32: TypeTraits(1, 4, "int32"),
-    GGMLType.I64: TypeTraits(1, 8, "int64"),
-}
+# A type's facts (block layout, numpy codec, compiled codec names, roles) are its record in
+# ggraph/type_records.py, registered next to its numpy code in ggraph/quants.py; TYPE_TRAITS
+# is that registry (the same dict), TypeTraits its record class.
+TypeTraits = TypeRecord
+TYPE_TRAITS: dict[GGMLType, TypeRecord] = TYPE_RECORDS
 
 
 def row_size(t: GGMLType, n: int) -> int:
@@ -94,3 +84,6 @@ def row_size(t: GGMLType, n: int) -> int:
         raise ValueError(f"a row of {n} elements of type {t} is not a multiple of its block "
                          f"size {bs}")
     return t.type_size * n // bs
+
+
+from . import quants as _quants  # noqa: E402,F401  (registers every type's record)

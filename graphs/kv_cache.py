@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ggraph.tensor import Context, Tensor
+from ggraph.type_records import kv_types
 from ggraph.types import GGMLType, row_size, MIB
 
-CACHE_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0,
-               GGMLType.Q4_1)
+CACHE_TYPES = kv_types()  # -ctk/-ctv: the types whose record says kv=True
 
 
 @dataclass

@@ -14,6 +14,7 @@ import numpy as np
 
 from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor
+from ggraph.type_records import kv_types
 from ggraph.types import GGMLType, GGMLType as T
 from .case import KV, TOL_MATMUL, TOL_SOFTMAX, Case, case
 from .registry import FLOATS, GGMLMap, OpDef, new_node, register, require, require_type, types_ok
@@ -21,8 +22,7 @@ from .registry import FLOATS, GGMLMap, OpDef, new_node, register, require, requi
 SOFT_MAX = OpKind.define("soft_max", Family.ATTENTION)
 FLASH_ATTN_EXT = OpKind.define("flash_attn_ext", Family.ATTENTION)
 
-KV_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0,
-            GGMLType.Q4_1)
+KV_TYPES = kv_types()  # the types whose record says kv=True (the KV cache types)
 MASK_TYPES = (GGMLType.F16, GGMLType.F32)
 
 

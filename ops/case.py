@@ -14,6 +14,7 @@ import numpy as np
 
 from ggraph.opkind import OpKind
 from ggraph.tensor import Context, Tensor
+from ggraph.type_records import kv_types, storable_types, weight_types
 from ggraph.types import GGMLType as T
 
 
@@ -102,6 +103,9 @@ def any_values(B: CaseBuilder, t: T, *ne: int) -> Tensor:
     return B.idx(t, 1000, *ne) if t.is_int else B.inp(t, *ne)
 
 
-# the weight and KV types the matrix and attention cases run over
-WEIGHTS = (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q8_0)
-KV = (T.F16, T.BF16, T.F32, T.Q8_0, T.Q4_0, T.Q4_1)
+# the weight, KV and stored types the matrix, attention and set_rows/cpy cases run over:
+# every type whose record (ggraph/type_records.py) has that role
+WEIGHTS = weight_types()
+KV = kv_types()
+STORED = storable_types()
+QUANT_STORED = tuple(t for t in STORED if t.is_quantized)

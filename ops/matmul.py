@@ -11,6 +11,7 @@ import numpy as np
 
 from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor
+from ggraph.type_records import weight_types
 from ggraph.types import GGMLType, GGMLType as T
 from .case import TOL_MATMUL, WEIGHTS, Case, case
 from .registry import FLOATS, GGMLMap, OpDef, new_node, register, require, require_type, types_ok
@@ -18,8 +19,7 @@ from .registry import FLOATS, GGMLMap, OpDef, new_node, register, require, requi
 MUL_MAT = OpKind.define("mul_mat", Family.MATMUL)
 MUL_MAT_ID = OpKind.define("mul_mat_id", Family.MATMUL)
 
-WEIGHT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1,
-                GGMLType.Q8_0)
+WEIGHT_TYPES = weight_types()  # the types whose record says weight=True
 ACT_TYPES = (GGMLType.F32, GGMLType.F16)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor, contiguous_strides, fmt_ne
+from ggraph.type_records import element_floats, storable_types
 from ggraph.types import GGMLType
 
 
@@ -117,8 +118,8 @@ def types_ok(node: Tensor, *roles_ok: Sequence[GGMLType]) -> bool:
 
 # type groups the accepts rules use
 FLOATS = (GGMLType.F32, GGMLType.F16)
-ELEM_FLOATS = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
-STORABLE = ELEM_FLOATS + (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0)
+ELEM_FLOATS = element_floats()   # from the type records (ggraph/type_records.py)
+STORABLE = storable_types()      # set_rows / cpy destinations: records with storable=True
 
 
 # -- errors -------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import numpy as np
 from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType, GGMLType as T
-from .case import TOL_DEFAULT, WEIGHTS, Case, case
+from .case import STORED, TOL_DEFAULT, WEIGHTS, Case, case
 from .registry import (STORABLE, GGMLMap, OpDef, new_node, new_view, register, require,
                        require_type, types_ok)
 
@@ -99,7 +99,7 @@ def _get_rows_cases() -> Iterator[Case]:
 
 
 def _set_rows_cases() -> Iterator[Case]:
-    for t in (T.F16, T.BF16, T.F32, T.Q8_0, T.Q4_0, T.Q4_1):
+    for t in STORED:
         for it in (T.I64, T.I32):
             yield case(OpKind.SET_ROWS, lambda B, t=t, it=it: set_rows(
                 B.cache(t, 64, 12, 2), B.inp(T.F32, 64, 5, 2),

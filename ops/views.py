@@ -14,7 +14,7 @@ import numpy as np
 from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor, fmt_ne
 from ggraph.types import GGMLType as T
-from .case import Case, TOL_DEFAULT, TOL_QUANT_COPY, any_values, case
+from .case import QUANT_STORED, STORED, Case, TOL_DEFAULT, TOL_QUANT_COPY, any_values, case
 from .registry import GGMLMap, OpDef, new_node, new_view, register, require
 
 VIEW = OpKind.define("view", Family.VIEW)
@@ -149,7 +149,7 @@ def _view_cases() -> Iterator[Case]:
 
 def _cpy_cases() -> Iterator[Case]:
     for src in (T.F32, T.F16, T.BF16):
-        for dst in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1):
+        for dst in STORED:
             tol = TOL_QUANT_COPY.get(dst, 0.0 if src == dst or dst == T.F32 else TOL_DEFAULT)
             if src == T.F32 and dst in (T.F16, T.BF16):
                 tol = 0.0  # one rounding, identical everywhere
@@ -167,7 +167,7 @@ def _cont_cases() -> Iterator[Case]:
     for t in (T.F32, T.F16, T.BF16, T.I32, T.I64):
         yield case(OpKind.CONT, lambda B, t=t: cont(transpose(any_values(B, t, 8, 5, 3))),
                    0.0, type=t, src="transposed")
-    for t in (T.Q8_0, T.Q4_0, T.Q4_1):
+    for t in QUANT_STORED:
         yield case(OpKind.CONT, lambda B, t=t: cont(permute(B.inp(t, 64, 5, 3), 0, 2, 1, 3)),
                    0.0, type=t, src="permuted")
 

@@ -14,8 +14,9 @@ from collections import defaultdict
 from ggraph.conformance import (Summary, cases_for, cases_inplace, perf_case, run_case,
                                 run_case_inplace)
 from ggraph.opkind import OpKind
+from ggraph.type_records import TYPE_RECORDS
 
-TYPE_COLUMNS = ("f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "i32", "i64")
+TYPE_COLUMNS = tuple(str(t) for t in TYPE_RECORDS)  # every registered type, in record order
 
 
 def register(sub: argparse._SubParsersAction) -> None:
