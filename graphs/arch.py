@@ -25,7 +25,8 @@ from ggraph.types import GGMLType
 
 from .gguf_file import GGUFError, GGUFModel
 from .model_graph import ModelGraph
-from .tensor_names import TensorNames, expect_tensor
+from .hparams import read_hparams
+from .tensor_names import TensorNames, expect_tensor, vocab_size
 
 if TYPE_CHECKING:
     from .mla import MLAShape
@@ -68,6 +69,17 @@ class Architecture(ABC):
     def batch_inputs(self, mg: ModelGraph[Any], cache: Any, tokens: np.ndarray, n_past: int,
                      out_rows: np.ndarray) -> dict[Tensor, np.ndarray]:
         """The values of mg's inputs for tokens at positions n_past.. (rows out_rows out)."""
+
+    def load_hparams(self, gguf: GGUFModel, overrides: dict[str, Any]) -> Any:
+        """Set self.gguf and self.hp (hparams_class read from gguf's metadata, overrides
+        replacing keys; n_vocab from the vocabulary or the embedding when the file has no
+        vocab_size key) and return hp."""
+        self.gguf = gguf
+        hp = self.hp = read_hparams(self.hparams_class, gguf.metadata, gguf.arch, gguf.path,
+                                    **overrides)
+        if hp.n_vocab == 0:
+            object.__setattr__(hp, "n_vocab", vocab_size(gguf, self.tensors))
+        return hp
 
     # -- weights, by logical name (graphs/tensor_names.py) ------------------------------------
     def weight(self, logical: str, ne: tuple[int, ...], il: int | None = None,

@@ -31,7 +31,7 @@ from ggraph.types import GGMLType
 
 from ..arch import Architecture, MLAPlanner, register_arch
 from ..gguf_file import GGUFError, GGUFModel
-from ..hparams import DeepSeek2HParams, read_hparams
+from ..hparams import DeepSeek2HParams
 from ..kv_cache import MIB, KVCache, cache_type
 from ..mla import (
     DECOMPRESS_MIN_TOKENS,
@@ -45,7 +45,7 @@ from ..mla import (
 )
 from ..model_graph import GraphInputs, ModelGraph, causal_batch
 from ..moe import MoEConfig, build_ffn, build_moe_ffn
-from ..tensor_names import TensorNames, io_weights, vocab_size
+from ..tensor_names import TensorNames, io_weights
 
 # node counts used to size the graph (checked against real graphs by the tests): per layer
 # without the attention groups, and per attention group
@@ -97,12 +97,8 @@ class DeepSeek2Model(Architecture, MLAPlanner):
     decompress_min_tokens = DECOMPRESS_MIN_TOKENS
 
     def __init__(self, gguf: GGUFModel, **overrides: Any) -> None:
-        self.gguf = gguf
+        self.hp: DeepSeek2HParams = self.load_hparams(gguf, overrides)
         self.path = gguf.path
-        self.hp: DeepSeek2HParams = read_hparams(DeepSeek2HParams, gguf.metadata, gguf.arch,
-                                                 gguf.path, **overrides)
-        if self.hp.n_vocab == 0:
-            object.__setattr__(self.hp, "n_vocab", vocab_size(gguf, self.tensors))
         self._derived_ctx = Context(f"{gguf.path} (derived)")
         self.w = self._weights()
 

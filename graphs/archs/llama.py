@@ -22,11 +22,11 @@ from ggraph.tensor import Context, Tensor
 from ..arch import Architecture, register_arch
 from ..attention import AttentionShape, build_attention, split_heads
 from ..gguf_file import GGUFModel
-from ..hparams import LlamaHParams, read_hparams
+from ..hparams import LlamaHParams
 from ..kv_cache import KVCache
 from ..model_graph import GraphInputs, ModelGraph, causal_batch
 from ..moe import build_ffn
-from ..tensor_names import TensorNames, io_weights, vocab_size
+from ..tensor_names import TensorNames, io_weights
 
 NODES_PER_LAYER = 40  # generous bound used to size the graph (split attention adds more)
 
@@ -37,12 +37,7 @@ class LlamaModel(Architecture):
     tensors = TensorNames.of("llama")
 
     def __init__(self, gguf: GGUFModel, **overrides: Any) -> None:
-        self.gguf = gguf
-        self.hp: LlamaHParams = read_hparams(LlamaHParams, gguf.metadata, gguf.arch, gguf.path,
-                                             **overrides)
-        hp = self.hp
-        if hp.n_vocab == 0:
-            object.__setattr__(hp, "n_vocab", vocab_size(gguf, self.tensors))
+        self.hp: LlamaHParams = self.load_hparams(gguf, overrides)
         self.w = self._weights()
 
     # -- weights ------------------------------------------------------------------------------
