@@ -31,8 +31,7 @@ def raw_view(buf: np.ndarray, offset: int, t: Tensor, half_bits: bool = False) -
     requires the blocks of a row to be packed (nb0 == type_size).
     """
     _check_bounds(buf, offset, t)
-    if min(t.nb) < 0:  # nbytes would understate the span: refuse, never wander
-        raise ValueError(f"tensor {t.describe()} has a negative stride nb={list(t.nb)}")
+    _check_strides(t)  # nbytes would understate a negative stride's span: never wander
     tr = t.type.traits
     ne3, ne2, ne1, ne0 = t.shape
     nb0, nb1, nb2, nb3 = t.nb
@@ -103,15 +102,19 @@ def check_layout(t: Tensor) -> None:
     """Refuse a tensor whose strides could reach memory outside its own: a negative stride, or
     a view whose bytes [view_offs, view_offs + nbytes) leave its root. Op constructors refuse
     these at build time; executors check again because Tensor fields can be set directly."""
-    if min(t.nb) < 0:
-        raise ValueError(f"tensor {t.describe()} has a negative stride nb={list(t.nb)}: "
-                         f"strides must be >= 0")
+    _check_strides(t)
     root = t.view_src
     if root is not None:
         start, n, have = t.view_offs, t.nbytes, root.nbytes
         if start < 0 or start > have or start + n > have:
             raise ValueError(f"view {t.describe()} spans bytes [{start}, {start + n}) outside "
                              f"its root {root.describe()} of {have} bytes")
+
+
+def _check_strides(t: Tensor) -> None:
+    if min(t.nb) < 0:
+        raise ValueError(f"tensor {t.describe()} has a negative stride nb={list(t.nb)}: "
+                         f"strides must be >= 0")
 
 
 def _expected_shape(t: Tensor) -> tuple[int, ...]:
