@@ -16,7 +16,6 @@ memory lines); backends/multi.py's MultiSession is the same interface over sever
 from __future__ import annotations
 
 import contextlib
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
@@ -28,7 +27,7 @@ from ggraph.opkind import OpKind
 from ggraph.tensor import Tensor
 from ggraph.types import MIB
 
-from .runner import ComputeBuffer, ModelMemory, check_device
+from .runner import ComputeBuffer, ModelMemory, ThreadGuard, check_device
 
 KernelFn = Callable[[Tensor, "Session"], None]
 
@@ -110,7 +109,7 @@ class Backend:
         buf[offset:offset + data.nbytes] = data
 
 
-class Session:
+class Session(ThreadGuard):
     """Runs graphs on one backend: holds the compute arena, static (cache) buffers and the
     plan of the last graph. Reuse one Session for graphs of the same topology (decode steps).
     The one-device Runner (backends/runner.py): its device is index 0, named as its
@@ -132,21 +131,12 @@ class Session:
         # the caller's array (or a read-only mmap of weights) is never written
         self._own: dict[Tensor, Any] = {}
         self._own_changed = False                 # a new copy: bound calls see the old array
-        # run/read/write serialise on this lock; `with session:` holds it across several calls
-        self._lock = threading.RLock()
-        self._run_thread: int | None = None       # thread whose run left the current values
+        ThreadGuard.__init__(self)                # run/read/write take turns
         self._in_run = False                      # kernels are running: a source they read is
         #                                           live at that step, freed or not afterwards
         self.name: str = getattr(allocator, "name", backend.name.upper())
         self.placement: dict[Tensor, int] = {}    # always device 0; kept for the interface
         self._reserved: list[ComputeBuffer] = []  # what the last reserve() returned
-
-    def __enter__(self) -> "Session":
-        self._lock.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
 
     # -- the runner interface (backends/runner.py) ----------------------------------------
     @property
@@ -243,14 +233,6 @@ class Session:
         self.backend.write_bytes(buf, 0, data.reshape(-1).view(np.uint8))
         return buf
 
-    def check_reader(self, t: Tensor) -> None:
-        """RuntimeError unless the calling thread made the last run (or none was made): the
-        values in memory belong to that thread's run, and its next run may replace them."""
-        if self._run_thread is not None and self._run_thread != threading.get_ident():
-            raise RuntimeError(f"cannot read {t.describe()}: the last run on this Session was "
-                               f"made by another thread; use one Session per thread or hold "
-                               f"`with session:` around run and read")
-
     def check_not_freed(self, t: Tensor, shown: Tensor | None = None) -> None:
         """ValueError if the active plan freed t's memory (in-place reuse included): its
         bytes may hold a later node's values. Outputs, views of outputs and pre-allocated
@@ -317,7 +299,7 @@ class Session:
                 self._calls = self._bind(graph)
                 self._graph = graph
                 self._own_changed = False
-            self._run_thread = threading.get_ident()
+            self.mark_run()
             with self.running(), self.backend.run_context():
                 for call in self._calls:
                     call()

@@ -14,7 +14,6 @@ a run and its reads. Both implement the Runner interface of backends/runner.py, 
 from __future__ import annotations
 
 import contextlib
-import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -28,7 +27,7 @@ from ggraph.tensor import Tensor
 from ggraph.types import MIB
 
 from .base import Backend, Session
-from .runner import ComputeBuffer, ModelMemory, check_device
+from .runner import ComputeBuffer, ModelMemory, ThreadGuard, check_device
 
 
 @dataclass
@@ -38,7 +37,7 @@ class _Bound:
     steps: list[tuple[list[tuple[Tensor, Tensor, int]], int, list[Callable[[], None]]]]
 
 
-class MultiSession:
+class MultiSession(ThreadGuard):
     """Sessions over `backends` (priority order, the host last: graph inputs are written
     there) with weights and caches placed by `placement` (tensor -> device index)."""
 
@@ -60,20 +59,12 @@ class MultiSession:
         self._schedules: dict[Graph, tuple[Graph, Schedule]] = {}
         self._bound: _Bound | None = None
         self._bound_graph: Graph | None = None
-        self._lock = threading.RLock()
-        self._run_thread: int | None = None       # thread whose run left the current values
+        ThreadGuard.__init__(self)                # run/read/write take turns
         self._reserved: list[ComputeBuffer] = []  # what the last reserve() returned
 
     @property
     def names(self) -> list[str]:
         return list(self._names)
-
-    def __enter__(self) -> "MultiSession":
-        self._lock.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
 
     def place(self, t: Tensor, device: int) -> None:
         check_device(t, device, self._names)
@@ -141,7 +132,7 @@ class MultiSession:
                 self._bound_graph = graph
                 for s in self.sessions:
                     s._own_changed = False
-            self._run_thread = threading.get_ident()
+            self.mark_run()
             with contextlib.ExitStack() as running:
                 for s in self.sessions:      # kernels may read their sources (Session.running)
                     running.enter_context(s.running())
@@ -177,10 +168,7 @@ class MultiSession:
         """Values of t; refused from a thread other than the last run's, and for a tensor
         whose memory its device's plan freed (mark it with set_output() to keep it)."""
         with self._lock:
-            if self._run_thread is not None and self._run_thread != threading.get_ident():
-                raise RuntimeError(f"cannot read {t.describe()}: the last run on this "
-                                   f"MultiSession was made by another thread; use one session "
-                                   f"per thread or hold `with session:` around run and read")
+            self.check_reader(t)
             s, local = self._where(t)
             s.check_not_freed(local, shown=t)
             s.synchronize()

@@ -12,6 +12,7 @@ stay with their classes, so that a one-backend Session needs nothing from the sc
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, runtime_checkable
 
@@ -23,6 +24,36 @@ from ggraph.types import MIB
 
 if TYPE_CHECKING:
     from ggraph.alloc import Plan
+
+
+class ThreadGuard:
+    """What makes a runner safe to share between threads: run/read/write serialise on one
+    re-entrant lock (`with runner:` holds it across several calls), and a read from a thread
+    other than the one whose run left the current values is refused, since that thread's
+    next run may replace them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._run_thread: int | None = None       # thread whose run left the current values
+
+    def __enter__(self) -> "ThreadGuard":
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    def mark_run(self) -> None:
+        """The calling thread's run now owns the values in memory."""
+        self._run_thread = threading.get_ident()
+
+    def check_reader(self, t: Tensor) -> None:
+        """RuntimeError unless the calling thread made the last run (or none was made)."""
+        if self._run_thread is not None and self._run_thread != threading.get_ident():
+            name = type(self).__name__
+            raise RuntimeError(f"cannot read {t.describe()}: the last run on this {name} was "
+                               f"made by another thread; use one {name} per thread or hold "
+                               f"`with session:` around run and read")
 
 
 @dataclass(frozen=True)
