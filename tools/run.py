@@ -8,7 +8,7 @@ import sys
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="generate text with a GGUF model", description=__doc__)
-    p.add_argument("model", nargs="?", default="default", help="GGUF path or 'default'")
+    p.add_argument("model", nargs="?", default="default", help="GGUF path or a model name: default (= smollm2), smollm2, gemma3")
     p.add_argument("-p", "--prompt", default="The capital of France is")
     p.add_argument("-n", "--n-predict", type=int, default=32,
                    help="tokens to generate (default 32; -1: until the context is full)")
@@ -40,14 +40,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--check-tensors", action="store_true",
                    help="check model tensor data for invalid values")
     p.set_defaults(func=main)
-
-
-def resolve_model(name: str) -> str:
-    if name == "default":
-        from ggraph.graphs.fetch import default_model
-
-        return str(default_model())
-    return name
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -88,6 +80,8 @@ def main(args: argparse.Namespace) -> int:
                        n_gpu_layers=args.n_gpu_layers,
                        tensor_split=tuple(split) if split else None,
                        check_tensors=args.check_tensors)
+    from ggraph.graphs.fetch import resolve_model
+
     path = resolve_model(args.model)
     eng = Engine(path, cfg, progress=sys.stderr.isatty())  # GGUFError: one line (ggraph.cli)
     user = argv_text(args.prompt)  # bytes that are not UTF-8 read as U+FFFD
