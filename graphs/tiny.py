@@ -1,14 +1,22 @@
-"""Small random-weight GGUF models with the real keys and tensor names, for tests and users
-who want a model that loads in milliseconds. Written with the `gguf` package's writer.
+"""Small random-weight GGUF models of the dense llama-like architectures (llama, qwen2,
+qwen3) with the real keys and tensor names, for tests and users who want a model that loads
+in milliseconds. Written with the `gguf` package's writer; llama.cpp loads them.
 
-The vocabulary is byte-level BPE: GPT-2's byte alphabet plus the tokens of a few merges
-(llama.cpp refuses a BPE vocabulary without merges), so the tokenizer loads exactly as for a
-real model.
+`DENSE_ARCHS` is the table of what each architecture's file holds beyond llama's (biases, Q/K
+norms, the head-size key, the tokenizer's pre-tokenizer name); a `TinyDense` config names its
+architecture. The vocabulary is byte-level BPE: GPT-2's byte alphabet plus the tokens of a
+few merges (llama.cpp refuses a BPE vocabulary without merges), so the tokenizer loads
+exactly as for a real model. The same seed draws llama's tensors in the same order in every
+architecture (extras come after each layer's llama tensors), and a llama file is the same
+bytes it always was.
+
+    python -m ggraph.graphs.tiny ARCH OUT.gguf [weight_type]
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -18,22 +26,64 @@ from ggraph.types import GGMLType
 
 from .tensor_names import TensorNames
 
-LLAMA_TENSORS = TensorNames.of("llama")
+
+@dataclass(frozen=True)
+class DenseArch:
+    """What one architecture's tiny GGUF holds beyond llama's.
+
+    tokenizer_pre: tokenizer.ggml.pre (llama.cpp picks its pre-tokenizer by it).
+    qkv_bias: attn_q/k/v biases. qk_norm: attn_q_norm / attn_k_norm (one per layer, head size).
+    output_bias: TinyDense.output_bias may add output.bias (the builder reads it).
+    head_dim_key: attention.key_length / value_length carry the head size, and
+      rope.dimension_count is left out (llama.cpp's default: the head size), as the Qwen
+      converters write; otherwise rope.dimension_count is written and the head size is
+      n_embd / n_head.
+    """
+    tokenizer_pre: str
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    output_bias: bool = False
+    head_dim_key: bool = False
+
+
+DENSE_ARCHS: dict[str, DenseArch] = {
+    "llama": DenseArch("default"),
+    "qwen2": DenseArch("qwen2", qkv_bias=True, output_bias=True, head_dim_key=True),
+    "qwen3": DenseArch("qwen2", qk_norm=True, head_dim_key=True),
+}
 
 
 @dataclass(frozen=True)
-class TinyLlama:
+class TinyDense:
+    arch: str = "llama"           # a key of DENSE_ARCHS
     n_layer: int = 2
     n_embd: int = 64
     n_head: int = 4
     n_head_kv: int = 2
     n_ff: int = 96
+    head_dim: int = 0             # 0: n_embd // n_head (only head_dim_key architectures differ)
     n_ctx_train: int = 4096
     rope_freq_base: float = 10000.0
-    weight_type: str = "f32"      # f32, f16, q8_0, q4_0, q4_1 for the matrices
+    rms_eps: float = 1e-5
+    weight_type: str = "f32"      # f32, f16, bf16, q8_0, q4_0, q4_1 for the matrices
     tied_output: bool = True
+    output_bias: bool = False     # architectures whose DenseArch allows it
     seed: int = 0
 
+    @property
+    def layout(self) -> DenseArch:
+        spec = DENSE_ARCHS.get(self.arch)
+        if spec is None:
+            raise ValueError(f"no tiny writer for architecture {self.arch!r}; tiny.py writes "
+                             f"{', '.join(DENSE_ARCHS)}")
+        return spec
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.n_embd // self.n_head
+
+
+TinyLlama = TinyDense  # the name the llama-only writer had
 
 MERGES = ["t h"]
 
@@ -61,70 +111,121 @@ def _matrix(rng: np.random.Generator, ne0: int, ne1: int, scale: float) -> np.nd
     return (rng.standard_normal((ne1, ne0)) * scale).astype(np.float32)
 
 
-def write_tiny_llama(path: str | os.PathLike, cfg: TinyLlama = TinyLlama(),
-                     skip: tuple[str, ...] = (), reshape: dict[str, tuple[int, ...]] | None = None,
-                     arch: str = "llama") -> str:
-    """Write a tiny llama GGUF. `skip` drops tensors and `reshape` changes their shapes
-    (for bad-input tests); `arch` writes another architecture name."""
-    import gguf
+def _norm(rng: np.random.Generator, n: int) -> np.ndarray:
+    return (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
+
+def _vector(rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
+    return (scale * rng.standard_normal(n)).astype(np.float32)
+
+
+def tiny_tensors(cfg: TinyDense) -> dict[str, tuple[np.ndarray, bool]]:
+    """name -> (values in numpy order, is a matrix that takes weight_type)."""
+    spec = cfg.layout
+    if cfg.head_dim and not spec.head_dim_key and cfg.head_dim != cfg.n_embd // cfg.n_head:
+        raise ValueError(f"{cfg.arch}: the head size is n_embd / n_head; head_dim="
+                         f"{cfg.head_dim} needs an architecture with attention.key_length")
+    if cfg.output_bias and not spec.output_bias:
+        raise ValueError(f"{cfg.arch} has no output.bias")
     rng = np.random.default_rng(cfg.seed)
-    tokens = vocab()
-    w = gguf.GGUFWriter(os.fspath(path), arch)
-    w.add_name("tiny-llama")
+    n_vocab = len(vocab())
+    e, hd = cfg.n_embd, cfg.hd
+    nq, kv = hd * cfg.n_head, hd * cfg.n_head_kv
+    tn = TensorNames.of(cfg.arch)
+    t: dict[str, tuple[np.ndarray, bool]] = {
+        tn("token_embd"): (_matrix(rng, e, n_vocab, 0.5), True),
+        tn("output_norm"): (_norm(rng, e), False),
+    }
+    if not cfg.tied_output:
+        t[tn("output")] = (_matrix(rng, e, n_vocab, e ** -0.5), True)
+    for il in range(cfg.n_layer):
+        t.update({
+            tn("attn_norm", il): (_norm(rng, e), False),
+            tn("attn_q", il): (_matrix(rng, e, nq, e ** -0.5), True),
+            tn("attn_k", il): (_matrix(rng, e, kv, e ** -0.5), True),
+            tn("attn_v", il): (_matrix(rng, e, kv, e ** -0.5), True),
+            tn("attn_output", il): (_matrix(rng, nq, e, nq ** -0.5), True),
+            tn("ffn_norm", il): (_norm(rng, e), False),
+            tn("ffn_gate", il): (_matrix(rng, e, cfg.n_ff, e ** -0.5), True),
+            tn("ffn_up", il): (_matrix(rng, e, cfg.n_ff, e ** -0.5), True),
+            tn("ffn_down", il): (_matrix(rng, cfg.n_ff, e, cfg.n_ff ** -0.5), True),
+        })
+        if spec.qkv_bias:  # large enough to move the logits visibly
+            for name, width in (("attn_q", nq), ("attn_k", kv), ("attn_v", kv)):
+                t[tn(name, il, "bias")] = (_vector(rng, width, 0.5), False)
+        if spec.qk_norm:   # spread around 1 so a missing or misplaced norm shows
+            t[tn("attn_q_norm", il)] = ((1 + 0.3 * rng.standard_normal(hd)).astype(np.float32),
+                                        False)
+            t[tn("attn_k_norm", il)] = ((1 + 0.3 * rng.standard_normal(hd)).astype(np.float32),
+                                        False)
+    if cfg.output_bias:
+        t[tn("output", None, "bias")] = (_vector(rng, n_vocab, 0.5), False)
+    return t
+
+
+def _write_keys(w: Any, cfg: TinyDense, name: str, tokens: list[str]) -> None:
+    spec = cfg.layout
+    w.add_name(f"tiny-{cfg.arch}")
     w.add_block_count(cfg.n_layer)
     w.add_context_length(cfg.n_ctx_train)
     w.add_embedding_length(cfg.n_embd)
     w.add_feed_forward_length(cfg.n_ff)
     w.add_head_count(cfg.n_head)
     w.add_head_count_kv(cfg.n_head_kv)
-    w.add_rope_dimension_count(cfg.n_embd // cfg.n_head)
+    if spec.head_dim_key:
+        w.add_key_length(cfg.hd)
+        w.add_value_length(cfg.hd)
+    else:
+        w.add_rope_dimension_count(cfg.hd)
     w.add_rope_freq_base(cfg.rope_freq_base)
-    w.add_layer_norm_rms_eps(1e-5)
+    w.add_layer_norm_rms_eps(cfg.rms_eps)
     w.add_vocab_size(len(tokens))
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
+    w.add_tokenizer_pre(spec.tokenizer_pre)
     w.add_token_list(tokens)
     w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
     w.add_token_merges(MERGES)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
-    hd = cfg.n_embd // cfg.n_head
-    e, kv = cfg.n_embd, hd * cfg.n_head_kv
-    tn = LLAMA_TENSORS
-    tensors: dict[str, tuple[np.ndarray, bool]] = {
-        tn("token_embd"): (_matrix(rng, e, len(tokens), 0.5), True),
-        tn("output_norm"): ((1 + 0.1 * rng.standard_normal(e)).astype(np.float32), False),
-    }
-    if not cfg.tied_output:
-        tensors[tn("output")] = (_matrix(rng, e, len(tokens), e ** -0.5), True)
-    for il in range(cfg.n_layer):
-        tensors.update({
-            tn("attn_norm", il): ((1 + 0.1 * rng.standard_normal(e)).astype(np.float32),
-                                  False),
-            tn("attn_q", il): (_matrix(rng, e, e, e ** -0.5), True),
-            tn("attn_k", il): (_matrix(rng, e, kv, e ** -0.5), True),
-            tn("attn_v", il): (_matrix(rng, e, kv, e ** -0.5), True),
-            tn("attn_output", il): (_matrix(rng, e, e, e ** -0.5), True),
-            tn("ffn_norm", il): ((1 + 0.1 * rng.standard_normal(e)).astype(np.float32),
-                                 False),
-            tn("ffn_gate", il): (_matrix(rng, e, cfg.n_ff, e ** -0.5), True),
-            tn("ffn_up", il): (_matrix(rng, e, cfg.n_ff, e ** -0.5), True),
-            tn("ffn_down", il): (_matrix(rng, cfg.n_ff, e, cfg.n_ff ** -0.5), True),
-        })
+
+
+def write_tiny(path: str | os.PathLike, cfg: TinyDense = TinyDense(),
+               skip: tuple[str, ...] = (), reshape: dict[str, tuple[int, ...]] | None = None,
+               arch: str | None = None) -> str:
+    """Write a tiny GGUF of cfg.arch. `skip` drops tensors and `reshape` changes their shapes
+    (ne order), for bad-input tests; `arch` writes another `general.architecture` name over
+    cfg.arch's layout."""
+    import gguf
+
+    tokens = vocab()
+    name = arch or cfg.arch
+    w = gguf.GGUFWriter(os.fspath(path), name)
+    _write_keys(w, cfg, name, tokens)
     wt = GGMLType.parse(cfg.weight_type)
-    for name, (arr, is_matrix) in tensors.items():
-        if name in skip:
+    for tname, (arr, is_matrix) in tiny_tensors(cfg).items():
+        if tname in skip:
             continue
-        if reshape and name in reshape:
-            arr = np.resize(arr, tuple(reversed(reshape[name])))
-        add_weight(w, name, arr, wt if is_matrix else GGMLType.F32)
+        if reshape and tname in reshape:
+            arr = np.resize(arr, tuple(reversed(reshape[tname])))
+        add_weight(w, tname, arr, wt if is_matrix else GGMLType.F32)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return os.fspath(path)
+
+
+def write_tiny_llama(path: str | os.PathLike, cfg: TinyDense = TinyDense(),
+                     skip: tuple[str, ...] = (), reshape: dict[str, tuple[int, ...]] | None = None,
+                     arch: str = "") -> str:
+    """write_tiny under its first name (cfg.arch is llama unless the config says otherwise)."""
+    return write_tiny(path, cfg, skip, reshape, arch or None)
+
+
+def write_tiny_gguf(path: str | os.PathLike, arch: str = "llama", **kw: Any) -> str:
+    """A tiny model of `arch` (a key of DENSE_ARCHS) with TinyDense fields from kw."""
+    return write_tiny(path, replace(TinyDense(arch=arch), **kw))
 
 
 def add_weight(w: Any, name: str, arr: np.ndarray, t: GGMLType) -> None:
@@ -138,3 +239,14 @@ def add_weight(w: Any, name: str, arr: np.ndarray, t: GGMLType) -> None:
     else:
         raw = quants.quantize(t, arr)
         w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType(int(t)))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (3, 4):
+        sys.exit(f"usage: python -m ggraph.graphs.tiny {{{','.join(DENSE_ARCHS)}}} OUT.gguf "
+                 f"[weight_type]")
+    try:
+        print(write_tiny_gguf(sys.argv[2], sys.argv[1],
+                              weight_type=sys.argv[3] if len(sys.argv) == 4 else "f32"))
+    except ValueError as e:
+        sys.exit(f"error: {e}")

@@ -117,7 +117,7 @@ def test_bad_files(tmp_path, capsys, tiny):
     bad[:4] = b"XXXX"
     (tmp_path / "bad.gguf").write_bytes(bytes(bad))
     assert "not a readable GGUF" in _run_cli(capsys, str(tmp_path / "bad.gguf"))
-    assert "no such file" in _run_cli(capsys, str(tmp_path / "nope.gguf"))
+    assert "nope.gguf: no such" in _run_cli(capsys, str(tmp_path / "nope.gguf"))
 
 
 def test_bad_models(tmp_path, capsys):
