@@ -63,6 +63,12 @@ class GGUFModel:
             self.used.add(name)
         return t
 
+    def find(self, name: str, ne: tuple[int, ...], optional: bool) -> Tensor | None:
+        """The tensor an architecture asks for by name and expected shape (tensor_names'
+        expect_tensor checks the shape); a file answers with its own tensor or None. Models
+        without a file (graphs/presets.py) answer with a placeholder of that shape."""
+        return self.get(name)
+
     def check_all_used(self) -> None:
         """llama.cpp refuses a file with tensors its architecture does not use ("wrong number
         of tensors"): a block_count lower than the layers in the file would silently drop

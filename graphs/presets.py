@@ -1,34 +1,36 @@
 """Models without weights, for planning: named presets and GGUF headers.
 
-A preset is an architecture name and its published hyperparameters (DeepSeek2HParams).
-`preset_model` turns it into the GGUF keys and a tensor table of metadata-only weights (no
-data, `buffer = "model"`, shapes from the architecture's `weight_shapes`), so the registered
-builder (graphs/arch.py) builds the same graph it would build from a file. `header_model` does
-the same from a GGUF file's header (no tensor data is read, any tensor type is fine). Both need
-an architecture with the MLAPlanner capability.
-Weight tensors in these graphs carry placeholder types (Q8_0 where rows fit its blocks, else
-F32): the compute buffer does not depend on weight types, and weight memory is reported
-separately, from a bytes-per-weight figure (a ggml type's size, or any number for the
-formats ggraph cannot compute with, e.g. Q2_K's 84 bytes per 256 weights).
+A preset is an architecture name and its published hyperparameters, as the GGUF keys a
+converter would write. `preset_model` turns it into a model over metadata-only weights (no
+data, `buffer = "model"`), so the registered builder (graphs/arch.py) builds the same graph it
+would build from a file:
+- architectures with the MLAPlanner capability list their weights (`weight_shapes`, with the
+  MLA layout choices);
+- every other architecture asks for its weights by name and shape as it does from a file, and a
+  `ShapeOnlyModel` answers with a placeholder of exactly that shape (optional tensors exist
+  when the preset says so: an untied output matrix, say).
+`header_model` does the same from a GGUF file's header (no tensor data is read, any tensor type
+is fine). Weight tensors in these graphs carry placeholder types (Q8_0 where rows fit its
+blocks, else F32): the compute buffer does not depend on weight types, and weight memory is
+reported separately, from a bytes-per-weight figure (a ggml type's size, or any number for the
+formats ggraph cannot compute with).
 
-`plan_deepseek2` builds the worst-case graph as llama.cpp reserves it (n_tokens =
-min(ctx, ubatch), n_kv = ctx, every token an output) and plans its compute buffer.
+Planning itself (the worst-case graph, the KV cache, the compute buffer) is
+graphs/memory_plan.py.
 """
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from gguf.constants import Keys
 
-from ggraph.alloc import Plan, plan_graph
 from ggraph.tensor import Context, Tensor
 from ggraph.types import GGMLType
 
-from .arch import MLAPlanner, architectures_with, model_class, supports
-from .gguf_file import GGUFError, GGUFModel
+from .arch import MLAPlanner, model_class, supports
+from .gguf_file import GGUFModel
 from .hparams import DeepSeek2HParams
 
 GIB = 1 << 30
@@ -58,12 +60,41 @@ DEEPSEEK_V2_LITE = DeepSeek2HParams(
     n_expert_shared=2, n_ff_exp=1408, expert_weights_scale=1.0, expert_weights_norm=False,
     expert_gating_func=1, n_vocab=102400)
 
-# name -> (general.architecture, hyperparameters, default weight format for the weight-memory
-# figure)
-PRESETS: dict[str, tuple[str, DeepSeek2HParams, str]] = {
-    "deepseek-v3": ("deepseek2", DEEPSEEK_V3, "q2_k"),
-    "deepseek-r1": ("deepseek2", DEEPSEEK_V3, "q2_k"),        # the same architecture and sizes
-    "deepseek-v2-lite": ("deepseek2", DEEPSEEK_V2_LITE, "q8_0"),
+
+@dataclass(frozen=True)
+class Preset:
+    """A published model: its architecture, the default weight format for the weight-memory
+    figure, and its hyperparameters, either as GGUF keys without the architecture prefix
+    (`block_count`) or as the architecture's hparams dataclass (MLA planners list their
+    weights from it). `optional`: the optional tensors it has (names without the `blk.N.`
+    prefix, e.g. `output.weight` for an untied output matrix)."""
+    arch: str
+    weights: str
+    keys: dict[str, Any] = field(default_factory=dict)
+    hparams: Any = None
+    optional: frozenset[str] = field(default_factory=frozenset)
+
+    def metadata(self) -> dict[str, Any]:
+        if self.hparams is not None:
+            return hparams_metadata(self.hparams, self.arch)
+        meta: dict[str, Any] = {Keys.General.ARCHITECTURE: self.arch}
+        meta.update({f"{self.arch}.{k}": v for k, v in self.keys.items()})
+        return meta
+
+
+# Qwen2-7B (the second seed's model): config.json of Qwen/Qwen2-7B as the converter writes it
+QWEN2_7B = {
+    "block_count": 28, "embedding_length": 3584, "context_length": 32768,
+    "feed_forward_length": 18944, "attention.head_count": 28, "attention.head_count_kv": 4,
+    "rope.freq_base": 1000000.0, "attention.layer_norm_rms_epsilon": 1e-6,
+    "vocab_size": 152064,
+}
+
+PRESETS: dict[str, Preset] = {
+    "deepseek-v3": Preset("deepseek2", "q2_k", hparams=DEEPSEEK_V3),
+    "deepseek-r1": Preset("deepseek2", "q2_k", hparams=DEEPSEEK_V3),  # the same sizes
+    "deepseek-v2-lite": Preset("deepseek2", "q8_0", hparams=DEEPSEEK_V2_LITE),
+    "qwen2-7b": Preset("qwen2", "q4_k", QWEN2_7B, optional=frozenset({"output.weight"})),
 }
 
 
@@ -103,13 +134,31 @@ def _placeholder(ctx: Context, name: str, ne: tuple[int, ...]) -> Tensor:
     return t
 
 
-def planner_class(arch: str, path: str) -> type[Any]:
-    """The registered builder of `arch`, which must declare the MLAPlanner capability."""
-    cls = model_class(arch, path)
-    if not supports(cls, MLAPlanner):
-        raise GGUFError(f"{path}: architecture {arch!r} has no MLA planner; ggraph plan covers "
-                        f"{', '.join(architectures_with(MLAPlanner))}")
-    return cls
+class ShapeOnlyModel(GGUFModel):
+    """A model without a file: each weight the architecture asks for (by name and shape)
+    exists as a placeholder of that shape; optional ones only when listed in `optional`."""
+
+    def __init__(self, path: str, metadata: dict[str, Any], bpw: float,
+                 optional: frozenset[str] = frozenset()) -> None:
+        super().__init__(path, metadata, {}, Context(path), 0, 0, 0)
+        self.bpw = bpw
+        self.optional = optional
+
+    def find(self, name: str, ne: tuple[int, ...], optional: bool) -> Tensor | None:
+        t = self.tensors.get(name)
+        if t is None:
+            parts = name.split(".")
+            logical = ".".join(parts[2:] if parts[0] == "blk" else parts)  # attn_q.bias
+            if optional and logical not in self.optional:
+                return None
+            t = self.tensors[name] = _placeholder(self.ctx, name, ne)
+            n = 1
+            for x in ne:
+                n *= x
+            self.sizes[name] = int(n * self.bpw) if len(ne) > 1 else 4 * n
+            self.tensor_bytes += self.sizes[name]
+        self.used.add(name)
+        return t
 
 
 def preset_model(name: str, weights: str | float | None = None) -> tuple[Any, int]:
@@ -118,20 +167,24 @@ def preset_model(name: str, weights: str | float | None = None) -> tuple[Any, in
     key = name.strip().lower()
     if key not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
-    arch, hp, default_fmt = PRESETS[key]
-    cls = planner_class(arch, f"preset:{key}")
-    bpw = bytes_per_weight(default_fmt if weights is None else weights)
+    preset = PRESETS[key]
+    cls = model_class(preset.arch, f"preset:{key}")
+    bpw = bytes_per_weight(preset.weights if weights is None else weights)
+    if not supports(cls, MLAPlanner):
+        gguf = ShapeOnlyModel(f"preset:{key}", preset.metadata(), bpw, preset.optional)
+        return cls(gguf), gguf.tensor_bytes
+    hp = preset.hparams
     ctx = Context(f"preset:{key}")
     shapes = cls.weight_shapes(hp)
     tensors = {n: _placeholder(ctx, n, ne) for n, ne in shapes.items()}
     sizes = {}
-    for name, ne in shapes.items():
+    for tname, ne in shapes.items():
         n = 1
         for x in ne:
             n *= x
-        sizes[name] = int(n * bpw) if len(ne) > 1 else 4 * n
+        sizes[tname] = int(n * bpw) if len(ne) > 1 else 4 * n
     total = sum(sizes.values())
-    gguf = GGUFModel(f"preset:{key}", hparams_metadata(hp, arch), tensors, ctx, 0, 0, total,
+    gguf = GGUFModel(f"preset:{key}", preset.metadata(), tensors, ctx, 0, 0, total,
                      sizes=sizes)
     return cls(gguf), total
 
@@ -149,108 +202,8 @@ def header_model(path: str | os.PathLike) -> tuple[Any, int]:
         tensors[info.name] = _placeholder(ctx, info.name, info.ne)
         sizes[info.name] = info.nbytes
     total = sum(sizes.values())
-    model = GGUFModel(path, hdr.metadata, tensors, ctx, hdr.file_size, hdr.data_offset, total,
-                      kv_types=hdr.kv_types, sizes=sizes)
-    built = planner_class(model.arch, os.fspath(path))(model)
+    model = GGUFModel(os.fspath(path), hdr.metadata, tensors, ctx, hdr.file_size,
+                      hdr.data_offset, total, kv_types=hdr.kv_types, sizes=sizes)
+    built = model_class(model.arch, os.fspath(path))(model)
     model.check_all_used()
     return built, total
-
-
-# -- planning ---------------------------------------------------------------------------------
-
-@dataclass
-class PathInfo:
-    name: str
-    iterations: int                 # head groups actually built per layer
-    largest: str                    # what the largest per-step tensor is
-    largest_bytes: int
-    formula_steps: int | None = None   # the facts page's n_step (absorbed)
-    ik_iterations: int | None = None   # ik_llama.cpp's divisor search (decompress)
-    max_heads: int = 0
-    unavailable: str | None = None
-
-
-@dataclass
-class PlanResult:
-    source: str
-    hp: DeepSeek2HParams
-    n_ctx: int
-    n_ubatch: int
-    n_tokens: int
-    n_kv: int
-    amb_mib: int
-    type_k: GGMLType
-    flash: bool
-    path: str
-    kv_bytes: int
-    kv_by_type: dict[str, int]
-    weight_bytes: int
-    paths: list[PathInfo]
-    plan: Plan
-    n_nodes: int
-    capacity: int
-    strategy: str
-    build_s: float
-    plan_s: float
-    notes: list[str] = field(default_factory=list)
-
-
-def path_infos(model: Any, n_tokens: int, n_kv: int, amb_mib: int,
-               cache_type: GGMLType) -> list[PathInfo]:
-    from .mla import (
-        PATHS,
-        absorbed_n_step,
-        decompress_supported,
-        ik_decompress_niter,
-        largest_tensor,
-        path_groups,
-    )
-
-    s = model.mla_shape(n_tokens, n_kv)
-    out = []
-    for p in PATHS:
-        groups = path_groups(p, s, amb_mib, cache_type)
-        what, size = largest_tensor(p, s, amb_mib, cache_type)
-        info = PathInfo(p, len(groups), what, size, max_heads=max(n for _, n in groups))
-        if p == "absorbed":
-            info.formula_steps = absorbed_n_step(s, amb_mib)
-            if cache_type.is_quantized:
-                info.unavailable = f"a quantized cache ({cache_type}) needs flash attention"
-        elif p == "decompress-fa":
-            info.ik_iterations = ik_decompress_niter(s, amb_mib)
-            info.unavailable = decompress_supported(cache_type, s)
-        out.append(info)
-    return out
-
-
-def plan_deepseek2(model: Any, source: str, n_ctx: int, n_ubatch: int = 512, amb_mib: int = 0,
-                   type_k: str = "f16", flash: bool = False, path: str | None = None,
-                   strategy: str = "ggml", weight_bytes: int = 0,
-                   alignment: int = 32) -> PlanResult:
-    """Plan the worst-case graph of `model` (metadata-only weights welcome)."""
-    hp = model.hp
-    if n_ctx <= 0 or n_ubatch <= 0:
-        raise ValueError("context and ubatch sizes must be positive")
-    if n_ctx > hp.n_ctx_train:
-        raise ValueError(f"context {n_ctx} is larger than the model's training context "
-                         f"{hp.n_ctx_train} ({source})")
-    tk = GGMLType.parse(type_k)
-    n_tokens = min(n_ctx, n_ubatch)
-    t0 = time.perf_counter()
-    ctx = Context("plan")
-    cache = model.new_cache(ctx, n_ctx, tk, flash_attn=flash)
-    mg = model.build(ctx, cache, n_tokens, n_ctx, n_tokens, flash, amb_mib, path=path)
-    t1 = time.perf_counter()
-    plan = plan_graph(mg.graph, alignment=alignment, strategy=strategy, name="CPU")
-    t2 = time.perf_counter()
-    kv_by_type = {t: model.cache_bytes(n_ctx, t) for t in ("f16", "q8_0", "q4_0")
-                  if hp.mla_row % GGMLType.parse(t).block_size == 0}
-    notes = []
-    if path is None and flash and mg.path == "absorbed-fa" and n_tokens >= \
-            model.decompress_min_tokens:
-        notes.append("flash attention without the decompress path: " +
-                     str(path_infos(model, n_tokens, n_ctx, amb_mib, tk)[2].unavailable))
-    return PlanResult(source, hp, n_ctx, n_ubatch, n_tokens, n_ctx, amb_mib, tk, flash, mg.path,
-                      cache.nbytes, kv_by_type, weight_bytes,
-                      path_infos(model, n_tokens, n_ctx, amb_mib, tk), plan, mg.graph.n_nodes,
-                      mg.graph.capacity, strategy, t1 - t0, t2 - t1, notes)

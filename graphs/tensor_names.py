@@ -70,7 +70,7 @@ def expect_tensor(gguf: GGUFModel, names: TensorNames, logical: str, ne: tuple[i
     """The weight `logical` (of layer il) with exactly ne; missing or mis-shaped is an error
     naming the file and the tensor (None for a missing optional one)."""
     name = names(logical, il, suffix)
-    t = gguf.get(name)
+    t = gguf.find(name, tuple(ne), optional)
     if t is None:
         if optional:
             return None

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from ggraph.graphs.presets import bytes_per_weight, header_model, plan_deepseek2, preset_model
+from ggraph.graphs.memory_plan import plan_model
+from ggraph.graphs.presets import bytes_per_weight, header_model, preset_model
 from ggraph.graphs.tiny_deepseek2 import write_tiny_deepseek2
 
 from ggraph.cli import main
@@ -73,7 +74,7 @@ def test_text_report_names_every_part(capsys):
                  "--amb", "2048", "--strategy", "ggml"]) == 0
     out = capsys.readouterr().out
     for text in ("K*Q of all heads 40,750 MiB", "n_step = ceil(40750 / 2048) = 20",
-                 "19 iterations of <= 7 heads", "ik_llama.cpp's divisor search: 16",
+                 "19 iterations of <= 7 heads", "ik_llama.cpp splits this path into 16",
                  "15 iterations of <= 9 heads",
                  "CPU compute buffer size =", "kq_soft_max-0-s1", "kq_mask", "graph:"):
         assert text in out, text
@@ -85,7 +86,7 @@ def test_gguf_header_plan_equals_the_engine(tmp_path):
 
     p = write_tiny_deepseek2(tmp_path / "t.gguf")
     model, wbytes = header_model(p)
-    r = plan_deepseek2(model, p, 1024, 64, strategy="default")
+    r = plan_model(model, p, 1024, 64, strategy="default")
     eng = Engine(p, EngineConfig(n_ctx=1024, n_ubatch=64))
     assert r.plan.size == eng.reserve_plan.size and r.kv_bytes == eng.cache.nbytes
     assert r.n_nodes == eng.worst_case.graph.n_nodes
@@ -110,8 +111,54 @@ def test_bad_arguments(tmp_path, capsys):
     assert main(["plan", "--preset", "gpt-5"]) == 1
     assert "unknown preset 'gpt-5'" in capsys.readouterr().err
     p = write_tiny_llama(tmp_path / "llama.gguf")
-    assert main(["plan", str(p)]) == 1
-    assert "no MLA planner" in capsys.readouterr().err
+    assert main(["plan", str(p), "--path", "absorbed"]) == 1
+    assert "one attention path" in capsys.readouterr().err
     assert main(["plan", "--preset", "deepseek-v3", "-c", "200000"]) == 1
     err = capsys.readouterr().err
     assert "training context 163840" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("fa,ctk,ctv", [(False, "f16", "f16"), (True, "f16", "f16"),
+                                        (True, "q8_0", "q4_0"), (False, "q4_1", "f32")])
+def test_llama_header_plan_equals_the_engine(tmp_path, capsys, fa, ctk, ctv):
+    """A non-MLA architecture plans from its header as the engine reserves it: the same KV
+    cache (llama.cpp's line) and the same compute buffer."""
+    from ggraph.graphs.engine import Engine, EngineConfig
+    from ggraph.graphs.tiny import TinyDense, write_tiny_llama
+
+    # heads of 32 values: quantized caches store whole blocks per head
+    p = str(write_tiny_llama(tmp_path / "llama.gguf", TinyDense(n_embd=128)))
+    args = ["-c", "1024", "-ub", "128", "-ctk", ctk, "-ctv", ctv] + (["--fa"] if fa else [])
+    r = _plan_json(capsys, p, "--strategy", "default", *args)
+    eng = Engine(p, EngineConfig(n_ctx=1024, n_ubatch=128, type_k=ctk, type_v=ctv,
+                                 flash_attn=fa))
+    assert r["kv_cache_bytes"] == eng.cache.nbytes
+    assert r["kv_cache_lines"] == [eng.cache.summary()]
+    assert r["compute_buffer_bytes"] == eng.reserve_plan.size
+    assert r["n_nodes"] == eng.worst_case.graph.n_nodes
+    assert main(["plan", p, *args]) == 0
+    out = capsys.readouterr().out
+    assert "llama_kv_cache: size =" in out and "CPU compute buffer size =" in out
+
+
+@pytest.mark.parametrize("ctk,per_row", [("f16", 2 * 512), ("q8_0", 34 * 512 // 32),
+                                         ("q4_0", 18 * 512 // 32)])
+def test_qwen2_7b_kv_cache_at_32k(capsys, ctk, per_row):
+    """The second seed's model: 28 layers, 4 KV heads of 128 (GQA), so K and V rows hold 512
+    values, not 28 * 128 = 3584 as the seed's '14.2 GB at 32K' assumes."""
+    r = _plan_json(capsys, "--preset", "qwen2-7b", "-c", "32768", "-ctk", ctk, "-ctv", ctk,
+                   "--fa")
+    assert r["arch"] == "qwen2"
+    assert r["kv_cache_bytes"] == 28 * 32768 * 2 * per_row
+    assert r["kv_cache_bytes_by_type"]["f16"] == 1792 * MIB
+    assert r["kv_cache_lines"][0].startswith(f"llama_kv_cache: size = {28 * 32768 * 2 * per_row / MIB:7.2f} MiB")
+    # the output head of 512 tokens x 152064 logits is part of the compute buffer
+    assert r["compute_buffer_bytes"] >= 512 * 152064 * 4
+
+
+def test_model_names_and_presets_everywhere(capsys):
+    """`default` names SmolLM2 in plan as in run; presets of any architecture draw."""
+    r = _plan_json(capsys, "default", "-c", "2048")
+    assert r["arch"] == "llama" and r["kv_cache_bytes"] == 30 * 2048 * 2 * 192 * 2
+    assert main(["plan", "no-such-model"]) == 1
+    assert "no such GGUF file or model name" in capsys.readouterr().err

