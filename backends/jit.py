@@ -16,14 +16,20 @@ from typing import Any, Callable
 
 from ggraph.type_records import TYPE_RECORDS
 from ggraph.types import GGMLType
-from .shared import codecs, elementwise, numeric
+from .shared import codecs, codecs_k, elementwise, numeric
 
 NUMERIC = ("rint", "half_to_f32", "f32_to_half", "bf16_to_f32", "f32_to_bf16", "roundf", "silu",
            "gelu", "sigmoid", "alibi_slope", "rope_cos_sin")
 ELEMENTWISE = ("unary_value", "binary_value", "unflatten")
-CODEC_HELPERS = ("_half_at", "_put_half", "_finite_or_zero", "_trunc_u8", "_half_row", "_opaque")
-# each type's codec names in shared/codecs.py, from its record (ggraph/type_records.py):
-# (load, store, load1) for element types, (dec, enc, dot) for block types
+CODEC_HELPERS = ("_half_at", "_put_half", "_finite_or_zero", "_trunc_u8", "_half_row", "_opaque",
+                 "_u32_row", "_put_fives", "_k4_scale", "_k4_min", "_q3_scale", "_iq4_xs_scale",
+                 "_best_iq4", "_f32_row", "_put_f32")
+CODEC_CONSTANTS = ("IQ4NL_VALUES",)  # module-level arrays the codecs read (compile-time constants)
+# the modules codec functions live in; a record names a function of either
+CODEC_MODULES = (codecs, codecs_k)
+# each type's codec names in shared/codecs*.py, from its record (ggraph/type_records.py):
+# (load, store, load1) for element types, (dec, enc, dot) for block types; an empty encoder
+# name (a type without a quantizer, never stored) compiles `enc_none`
 ELEM_CODECS = {t: r.codecs for t, r in TYPE_RECORDS.items() if not r.is_quantized}
 BLOCK_CODECS = {t: r.codecs for t, r in TYPE_RECORDS.items() if r.is_quantized}
 
@@ -34,7 +40,8 @@ def source_hash(*files: str | Path) -> str:
     templates). numba's on-disk cache checks only a kernel's own file, not the functions it
     inlines, so the tag of every binding carries this hash: editing the shared math compiles
     afresh instead of reusing stale code."""
-    paths = [Path(m.__file__) for m in (numeric, codecs, elementwise)] + [Path(__file__)] + \
+    paths = [Path(m.__file__) for m in (numeric, codecs, codecs_k, elementwise)] + \
+        [Path(__file__)] + \
         [Path(f) for f in files]
     return hashlib.sha1(b"".join(p.read_bytes() for p in paths)).hexdigest()[:10]
 
@@ -45,6 +52,14 @@ def _copy(f: Callable, glb: dict, tag: str) -> Callable:
     nf.__module__ = f.__module__
     nf.__doc__ = f.__doc__
     return nf
+
+
+def _codec_source(name: str) -> Any:
+    """The shared codec function (or constant) `name`, from whichever codec module has it."""
+    for m in CODEC_MODULES:
+        if hasattr(m, name):
+            return getattr(m, name)
+    raise KeyError(f"no codec function {name!r} in {', '.join(m.__name__ for m in CODEC_MODULES)}")
 
 
 class Codec:
@@ -72,6 +87,7 @@ class Target:
         device_ieee = device_ieee or device
         glb: dict[str, Any] = dict(numeric.__dict__)
         glb.update({k: v for k, v in codecs.__dict__.items() if k in ("np", "math")})
+        glb.update({k: _codec_source(k) for k in CODEC_CONSTANTS})
         # the op codes U_* and B_* (integer constants in compiled code)
         glb.update({k: v for k, v in vars(elementwise).items() if k.startswith(("U_", "B_"))})
         self.globals = glb
@@ -86,7 +102,7 @@ class Target:
                 raise ValueError(f"override of unknown shared function {n!r}")
             glb[n] = device(f)
         for n in CODEC_HELPERS:
-            glb[n] = device(_copy(getattr(codecs, n), glb, ""))
+            glb[n] = device(_copy(_codec_source(n), glb, ""))
         self._codecs: dict[GGMLType, Codec] = {}
         self._bound: dict[tuple, Any] = {}
 
@@ -102,16 +118,16 @@ class Target:
     def _make_codec(self, t: GGMLType) -> Codec:
         if t in BLOCK_CODECS:
             dec, enc, dot = BLOCK_CODECS[t]
-            return Codec(self.device(_copy(getattr(codecs, dec), self.globals, "")),
-                         self.device(_copy(getattr(codecs, enc), self.globals, "")),
-                         self.device_fast(_copy(getattr(codecs, dot), self.globals, "")))
+            return Codec(self.device(_copy(_codec_source(dec), self.globals, "")),
+                         self.device(_copy(_codec_source(enc or "enc_none"), self.globals, "")),
+                         self.device_fast(_copy(_codec_source(dot), self.globals, "")))
         ld, st, ld1 = ELEM_CODECS[t]
-        load = self.device(_copy(getattr(codecs, ld), self.globals, ""))
-        store = self.device(_copy(getattr(codecs, st), self.globals, ""))
+        load = self.device(_copy(_codec_source(ld), self.globals, ""))
+        store = self.device(_copy(_codec_source(st), self.globals, ""))
         tag = str(t)
         dec = self.device(_copy(codecs.dec_elem, dict(self.globals, load=load), tag))
         enc = self.device(_copy(codecs.enc_elem, dict(self.globals, store=store), tag))
-        load1 = self.device(_copy(getattr(codecs, ld1), self.globals, ""))
+        load1 = self.device(_copy(_codec_source(ld1), self.globals, ""))
         dot = self.device_fast(_copy(codecs.dot_elem, dict(self.globals, load1=load1), tag))
         return Codec(dec, enc, dot, load, store)
 

@@ -1,4 +1,5 @@
-"""Conversion between float32 rows and ggml's storage formats (F32, F16, BF16, Q4_0, Q4_1, Q8_0).
+"""Conversion between float32 rows and ggml's storage formats (F32, F16, BF16, Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0 here; the K-quants, IQ4_NL, IQ4_XS and Q8_K in ggraph/quants_k.py).
 
 This module owns the byte layout and the exact rounding of every float type ggraph stores:
 `quantize` turns float rows into the bytes ggml would write, `dequantize` turns such bytes
@@ -10,7 +11,8 @@ back into float32. Both are vectorized numpy and bit-exact with ggml's reference
   scale `d` (and `m` for Q4_1) is rounded to f16; the quantization itself uses the f32 `d`
   and `id = 1/d` (0 when d == 0).
 - Q8_0 rounds half away from zero, like C `roundf` (not numpy's half-to-even `rint`).
-- Q4_0 / Q4_1 truncate `x*id + 8.5` / `(x-min)*id + 0.5` toward zero and cap at 15.
+- Q4_0 / Q4_1 truncate `x*id + 8.5` / `(x-min)*id + 0.5` toward zero and cap at 15; Q5_0 /
+  Q5_1 the same with `16.5` / `0.5`, capped at 31, the fifth bits packed in a 32-bit `qh`.
 - When `1/d` overflows (a block whose largest magnitude is subnormal) or the input holds
   inf/NaN, the f32 value handed to the integer cast is not finite. C leaves that cast
   undefined; x86 (and gguf's numpy) yields 0, and so does this module, explicitly.
@@ -21,7 +23,8 @@ All multi-byte fields are little-endian, as in GGUF files, whatever the host.
 
 Each type's record (ggraph/type_records.py) is registered here, by `register_type` next to
 its numpy code: block layout, these kernels, its scale offsets, the names of its compiled
-codecs in backends/shared/codecs.py and its roles (weight, KV cache, storable).
+codecs in backends/shared/codecs.py and its roles (weight, KV cache, storable), and the type
+ggml's CPU dot products round activations to for it (vec_dot_type).
 """
 from __future__ import annotations
 
@@ -86,13 +89,17 @@ def _bf16_dequantize(data: np.ndarray) -> np.ndarray:
 _ROLES = dict(weight=True, kv=True, storable=True)
 register_type(GGMLType.F32, 1, 4, numpy_dtype="float32", quantize=_f32_quantize,
               dequantize=_f32_dequantize, float_bits=("<u4", 0x7F800000),
-              codecs=("load_f32", "store_f32", "load1_f32"), **_ROLES)
+              codecs=("load_f32", "store_f32", "load1_f32"), vec_dot_type=GGMLType.F32, **_ROLES)
 register_type(GGMLType.F16, 1, 2, numpy_dtype="float16", quantize=_f16_quantize,
               dequantize=_f16_dequantize, float_bits=("<u2", 0x7C00),
-              codecs=("load_f16", "store_f16", "load1_f16"), **_ROLES)
+              codecs=("load_f16", "store_f16", "load1_f16"), vec_dot_type=GGMLType.F16, **_ROLES)
 register_type(GGMLType.BF16, 1, 2, numpy_dtype="uint16",  # raw bits; converted here
               quantize=_bf16_quantize, dequantize=_bf16_dequantize, float_bits=("<u2", 0x7F80),
-              codecs=("load_bf16", "store_bf16", "load1_bf16"), **_ROLES)
+              codecs=("load_bf16", "store_bf16", "load1_bf16"), vec_dot_type=GGMLType.BF16,
+              **_ROLES)
+# Q4_1 and Q5_1 dot with ggml's Q8_1, which stores Q8_0's values plus their sum: ggraph, which
+# only needs the rounded values, rounds to Q8_0
+_Q8 = dict(vec_dot_type=GGMLType.Q8_0)
 
 
 def _f16_bytes(v: np.ndarray) -> np.ndarray:
@@ -143,7 +150,7 @@ def _q4_0_dequantize(b: np.ndarray, out: np.ndarray) -> None:
 
 
 register_type(GGMLType.Q4_0, 32, 18, quantize=_q4_0_quantize, dequantize=_q4_0_dequantize,
-              scale_fields=(0,), codecs=("dec_q4_0", "enc_q4_0", "dot_q4_0"), **_ROLES)
+              scale_fields=(0,), codecs=("dec_q4_0", "enc_q4_0", "dot_q4_0"), **_ROLES, **_Q8)
 
 
 def _q4_1_quantize(x: np.ndarray, out: np.ndarray) -> None:
@@ -164,7 +171,7 @@ def _q4_1_dequantize(b: np.ndarray, out: np.ndarray) -> None:
 
 
 register_type(GGMLType.Q4_1, 32, 20, quantize=_q4_1_quantize, dequantize=_q4_1_dequantize,
-              scale_fields=(0, 2), codecs=("dec_q4_1", "enc_q4_1", "dot_q4_1"), **_ROLES)
+              scale_fields=(0, 2), codecs=("dec_q4_1", "enc_q4_1", "dot_q4_1"), **_ROLES, **_Q8)
 
 
 def _q8_0_quantize(x: np.ndarray, out: np.ndarray) -> None:
@@ -185,7 +192,66 @@ def _q8_0_dequantize(b: np.ndarray, out: np.ndarray) -> None:
 
 
 register_type(GGMLType.Q8_0, 32, 34, quantize=_q8_0_quantize, dequantize=_q8_0_dequantize,
-              scale_fields=(0,), codecs=("dec_q8_0", "enc_q8_0", "dot_q8_0"), **_ROLES)
+              scale_fields=(0,), codecs=("dec_q8_0", "enc_q8_0", "dot_q8_0"), **_ROLES, **_Q8)
+
+
+def _trunc_fives(v: np.ndarray) -> np.ndarray:
+    """min(31, (int)v) for v >= 0 as uint8, with non-finite v -> 0 (x86 behavior)."""
+    v = np.where(np.isfinite(v), v, np.float32(0))
+    return np.clip(np.trunc(v), 0, 31).astype(np.uint8)
+
+
+def _pack_fives(q: np.ndarray, out: np.ndarray) -> None:
+    """(nb, 32) values 0..31 -> out (nb, 20): qh (bit j: the fifth bit of q[j]), then nibbles."""
+    out[:, 0:4] = np.packbits(q >> np.uint8(4), axis=1, bitorder="little")
+    out[:, 4:20] = _pack_nibbles(q & np.uint8(15))
+
+
+def _unpack_fives(b: np.ndarray, out: np.ndarray) -> None:
+    """(nb, 20) bytes (qh, nibbles) -> out (nb, 32) float32 holding the 5-bit values."""
+    _unpack_nibbles(b[:, 4:20], out)
+    out += np.unpackbits(b[:, 0:4], axis=1, bitorder="little").astype(np.float32) * 16
+
+
+def _q5_0_quantize(x: np.ndarray, out: np.ndarray) -> None:
+    rows = np.arange(x.shape[0])
+    vmax = x[rows, np.abs(x).argmax(axis=1)]
+    d = vmax / np.float32(-16)
+    id_ = _inverse(d)
+    out[:, 0:2] = _f16_bytes(d)
+    _pack_fives(_trunc_fives(x * id_[:, None] + np.float32(16.5)), out[:, 2:22])
+
+
+def _q5_0_dequantize(b: np.ndarray, out: np.ndarray) -> None:
+    _unpack_fives(b[:, 2:22], out)
+    out -= np.float32(16)
+    out *= _f16_field(b, 0)
+
+
+register_type(GGMLType.Q5_0, 32, 22, quantize=_q5_0_quantize, dequantize=_q5_0_dequantize,
+              scale_fields=(0,), codecs=("dec_q5_0", "enc_q5_0", "dot_q5_0"), **_ROLES, **_Q8)
+
+
+def _q5_1_quantize(x: np.ndarray, out: np.ndarray) -> None:
+    vmin = x.min(axis=1)
+    d = (x.max(axis=1) - vmin) / np.float32(31)
+    id_ = _inverse(d)
+    out[:, 0:2] = _f16_bytes(d)
+    out[:, 2:4] = _f16_bytes(vmin)
+    v = (x - vmin[:, None]) * id_[:, None] + np.float32(0.5)
+    _pack_fives(_trunc_fives(v), out[:, 4:24])
+
+
+def _q5_1_dequantize(b: np.ndarray, out: np.ndarray) -> None:
+    _unpack_fives(b[:, 4:24], out)
+    out *= _f16_field(b, 0)
+    out += _f16_field(b, 2)
+
+
+register_type(GGMLType.Q5_1, 32, 24, quantize=_q5_1_quantize, dequantize=_q5_1_dequantize,
+              scale_fields=(0, 2), codecs=("dec_q5_1", "enc_q5_1", "dot_q5_1"), **_ROLES, **_Q8)
+
+from . import quants_k as _quants_k  # noqa: E402,F401  (K-quants, IQ4, Q8_K: same registry)
 
 # index types: stored, never converted; compiled as plain integer loads/stores
 register_type(GGMLType.I32, 1, 4, numpy_dtype="int32", integer=True,
@@ -230,6 +296,9 @@ def quantize(t: GGMLType, x: np.ndarray) -> np.ndarray:
     lead = x.shape[:-1]
     x = np.ascontiguousarray(x, dtype=np.float32)
     rec = TYPE_RECORDS[t]
+    if rec.quantize is None:
+        raise NotImplementedError(f"no quantizer for {t}: ggraph can read and compute with {t} "
+                                  f"data but cannot yet write it")
     if not rec.is_quantized:
         raw = rec.quantize(x)
     else:

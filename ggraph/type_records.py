@@ -3,13 +3,15 @@
 A `TypeRecord` holds a type's block layout (elements and bytes per block, the numpy dtype of an
 element type), its numpy codec (the quantize/dequantize kernels of `ggraph.quants`), the byte
 offsets of the f16 scales of a block (what `first_nonfinite` reads), the names of its shared
-compiled codec functions in backends/shared/codecs.py (which both backends compile), and its
-roles: usable as a mul_mat weight, as a KV cache type, storable by set_rows/cpy.
+compiled codec functions in backends/shared/codecs*.py (which both backends compile), and its
+roles: usable as a mul_mat weight, as a KV cache type, storable by set_rows/cpy, and the type
+ggml rounds activations to for its dot products with the type (vec_dot_type).
 
 Each type registers its record with `register_type(...)` next to its numpy code in
-ggraph/quants.py, as gguf-py's quant classes register themselves. Every list of types the
-rest of ggraph uses is derived from the records, never written out: `TYPE_TRAITS`
-(ggraph.types), `BLOCK_CODECS`/`ELEM_CODECS` (backends/jit.py), `WEIGHT_TYPES` (ops/matmul.py),
+ggraph/quants.py (K-quants and IQ4 in ggraph/quants_k.py), as gguf-py's quant classes register
+themselves. Every list of types the rest of ggraph uses is derived from the records, never
+written out: `TYPE_TRAITS` (ggraph.types), `BLOCK_CODECS`/`ELEM_CODECS` (backends/jit.py),
+`VEC_DOT_TYPE` (backends/cpu/kernels.py), `WEIGHT_TYPES` (ops/matmul.py),
 `KV_TYPES` (ops/attention.py), `STORABLE`/`ELEM_FLOATS` (ops/registry.py), the conformance
 case types `WEIGHTS`/`KV`/`STORED` (ops/case.py) and `CACHE_TYPES` (graphs/kv_cache.py).
 
@@ -48,6 +50,9 @@ class TypeRecord:
     weight: bool = False    # accepted as mul_mat / mul_mat_id weights (`a`)
     kv: bool = False        # accepted as flash_attn_ext K/V, hence as a KV cache type
     storable: bool = False  # a destination of set_rows / cpy (get_rows source too)
+    # ggml's vec_dot_type (ggml-cpu.c type_traits_cpu): the type ggml's CPU dot products round
+    # the activations to before multiplying with a weight of this type; None: not a weight
+    vec_dot_type: "GGMLType | None" = None
 
     @property
     def is_quantized(self) -> bool:

@@ -3,7 +3,8 @@ the byte unit (MIB) that sizes are reported in.
 
 Only the types ggraph can compute with are listed; their ids match ggml's `enum ggml_type`
 so that GGUF files map onto them directly. Each has a record (ggraph/type_records.py)
-registered in ggraph/quants.py: sizes and every other fact are read from it.
+registered in ggraph/quants.py (K-quants and IQ4 in ggraph/quants_k.py): sizes and every
+other fact are read from it.
 """
 from __future__ import annotations
 
@@ -19,7 +20,17 @@ class GGMLType(IntEnum):
     F16 = 1
     Q4_0 = 2
     Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
     Q8_0 = 8
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    Q8_K = 15     # the activation type of K-quant dot products (no tensor role)
+    IQ4_NL = 20
+    IQ4_XS = 23
     I32 = 26
     I64 = 27
     BF16 = 30
@@ -64,10 +75,13 @@ class GGMLType(IntEnum):
             return cls[key]
         except KeyError:
             raise ValueError(f"unknown type {name!r}; expected one of "
-                             f"{', '.join(t.name.lower() for t in cls)}") from None
+                             f"{', '.join(str(t) for t in cls)}") from None
 
-    def __str__(self) -> str:  # ggml prints types in lower case: f16, q8_0
-        return self.name.lower()
+    def __str__(self) -> str:
+        """ggml's name (ggml_type_name): lower case (f16, q8_0, iq4_nl) except the K of the
+        K-quants (q4_K, q8_K)."""
+        low = self.name.lower()
+        return low[:-1] + "K" if low.endswith("_k") else low
 
 
 # A type's facts (block layout, numpy codec, compiled codec names, roles) are its record in

@@ -1,8 +1,8 @@
 """Softmax and attention: soft_max_ext (mask, scale, ALiBi, sinks) and flash_attn_ext.
 
 soft_max_ext runs in place on its input in ggml-alloc, which is how softmax(K*Q) reuses the
-K*Q buffer. flash_attn_ext reads F16/BF16/F32/Q8_0/Q4_0/Q4_1 K and V (the KV cache types) and
-returns [Dv, H, T, S]: heads and tokens swapped relative to q.
+K*Q buffer. flash_attn_ext reads K and V of every KV cache type (the records with kv=True:
+F16, Q8_0, Q5_0, IQ4_NL, ...) and returns [Dv, H, T, S]: heads and tokens swapped relative to q.
 """
 from __future__ import annotations
 

@@ -3,6 +3,12 @@ filled uniform in [-1, 1] (index tensors with valid indices), in the spirit of g
 test-backend-ops. Each op module declares its own cases (small shapes, odd sizes, broadcasts,
 strided sources, every accepted type) in its OpDef; `perf=True` cases are larger shapes used
 by the perf mode only. The tolerances are the facts page's (section 9).
+
+A quantized leaf's rows are widened to whole blocks (a case written with 64-element rows
+covers the K-quants, 256 per block). A type without a quantizer (the K-quants, until ggraph
+has quantizers for them) is filled with random valid blocks: random bytes with small finite
+f16 scales. The case only needs data the type can hold, and the reference reads it back
+through the exact numpy dequantizer, so no quantizer is needed to test computing with it.
 """
 from __future__ import annotations
 
@@ -22,7 +28,24 @@ from ggraph.types import GGMLType as T
 TOL_DEFAULT = 1e-7
 TOL_MATMUL = 5e-4
 TOL_SOFTMAX = 1e-6
-TOL_QUANT_COPY = {T.Q8_0: 1e-5, T.Q4_0: 1e-3, T.Q4_1: 1e-3}  # about one quantization step
+# about one quantization step (Q5 halves Q4's; IQ4_NL's non-linear steps are Q4_0's at most)
+TOL_QUANT_COPY = {T.Q8_0: 1e-5, T.Q4_0: 1e-3, T.Q4_1: 1e-3, T.Q5_0: 3e-4, T.Q5_1: 3e-4,
+                  T.IQ4_NL: 1e-3}
+
+
+def fit_row(t: T, n: int) -> int:
+    """n rounded up to a whole number of t's blocks (the row length a case uses for t)."""
+    return -(-n // t.block_size) * t.block_size
+
+
+def random_blocks(rng: np.random.Generator, t: T, nbytes: int) -> np.ndarray:
+    """nbytes of random t blocks whose f16 scales are finite and small (|d| < 2^-6: values
+    of order one for every K-quant), for types ggraph cannot quantize to."""
+    b = rng.integers(0, 256, (nbytes // t.type_size, t.type_size), dtype=np.uint8)
+    for at in t.traits.scale_fields:
+        d = (rng.uniform(-1.0, 1.0, b.shape[0]) / 64).astype("<f2")
+        b[:, at:at + 2] = d.view(np.uint8).reshape(-1, 2)
+    return b.reshape(-1)
 
 
 class CaseBuilder:
@@ -33,7 +56,11 @@ class CaseBuilder:
         self.rng = np.random.default_rng(seed)
 
     def inp(self, type: T, *ne: int, name: str = "") -> Tensor:
-        t = self.ctx.new_tensor(type, ne, name=name)
+        """A leaf of `type`; a quantized type's rows are widened to whole blocks."""
+        t = self.ctx.new_tensor(type, (fit_row(type, ne[0]),) + tuple(ne[1:]), name=name)
+        if type.is_quantized and type.traits.quantize is None:
+            t.data = random_blocks(self.rng, type, t.nbytes)
+            return t
         return t.set_data(self.rng.uniform(-1.0, 1.0, t.shape))
 
     def idx(self, type: T, n_max: int, *ne: int, unique_rows: bool = False) -> Tensor:

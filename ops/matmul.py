@@ -13,7 +13,7 @@ from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor
 from ggraph.type_records import weight_types
 from ggraph.types import GGMLType, GGMLType as T
-from .case import TOL_MATMUL, WEIGHTS, Case, case
+from .case import TOL_MATMUL, WEIGHTS, Case, case, fit_row
 from .registry import FLOATS, GGMLMap, OpDef, new_node, register, require, require_type, types_ok
 
 MUL_MAT = OpKind.define("mul_mat", Family.MATMUL)
@@ -100,14 +100,18 @@ def _mul_mat_cases() -> Iterator[Case]:
               (16, 9, 64, (1, 2), (3, 2)), (8, 17, 32, (2, 1), (4, 1)))
     for t in WEIGHTS:
         for m, n, k, ab, bb in shapes:  # ab, bb: ne[2:4] of a and b (block-repeat broadcast)
+            k = fit_row(t, k)  # K-quants: whole 256-element blocks
             yield case(OpKind.MUL_MAT, lambda B, t=t, m=m, n=n, k=k, ab=ab, bb=bb: mul_mat(
                 B.inp(t, k, m, *ab), B.inp(T.F32, k, n, *bb)), TOL_MATMUL, flops=mm_flops,
                 type=t, m=m, n=n, k=k, bs=list(bb), nr=[bb[0] // ab[0], bb[1] // ab[1]])
-        yield case(OpKind.MUL_MAT, lambda B, t=t: mul_mat(
-            B.inp(t, 64, 12), B.strided(T.F32, 64, 5)), TOL_MATMUL, flops=mm_flops,
-            type=t, m=12, n=5, k=64, b="strided")
+        k = fit_row(t, 64)
+        yield case(OpKind.MUL_MAT, lambda B, t=t, k=k: mul_mat(
+            B.inp(t, k, 12), B.strided(T.F32, k, 5)), TOL_MATMUL, flops=mm_flops,
+            type=t, m=12, n=5, k=k, b="strided")
+    # SmolLM2-sized mat-vecs: ffn_down (k = 1536, a multiple of the K-quants' 256) per type
+    mv = tuple((t, (576, 1, 1536)) for t in (T.Q4_0, T.Q5_0, T.Q4_K, T.Q6_K))
     for t, (m, n, k) in ((T.F32, (1024, 512, 1024)), (T.Q4_1, (1536, 1, 576)),
-                         (T.Q8_0, (1536, 1, 576)), (T.Q4_1, (1536, 512, 576))):
+                         (T.Q8_0, (1536, 1, 576)), (T.Q4_1, (1536, 512, 576))) + mv:
         yield case(OpKind.MUL_MAT, lambda B, t=t, m=m, n=n, k=k: mul_mat(
             B.inp(t, k, m), B.inp(T.F32, k, n)), TOL_MATMUL, perf=True, flops=mm_flops,
             type=t, m=m, n=n, k=k)
@@ -115,10 +119,11 @@ def _mul_mat_cases() -> Iterator[Case]:
 
 def _mul_mat_id_cases() -> Iterator[Case]:
     for t in WEIGHTS:
+        k = fit_row(t, 64)
         for n_b in (1, 2):
-            yield case(OpKind.MUL_MAT_ID, lambda B, t=t, n_b=n_b: mul_mat_id(
-                B.inp(t, 64, 9, 4), B.inp(T.F32, 64, n_b, 5), B.idx(T.I32, 4, 2, 5)),
-                TOL_MATMUL, flops=mm_flops, type=t, n_expert=4, n_used=2, n_b=n_b, m=9, k=64)
+            yield case(OpKind.MUL_MAT_ID, lambda B, t=t, n_b=n_b, k=k: mul_mat_id(
+                B.inp(t, k, 9, 4), B.inp(T.F32, k, n_b, 5), B.idx(T.I32, 4, 2, 5)),
+                TOL_MATMUL, flops=mm_flops, type=t, n_expert=4, n_used=2, n_b=n_b, m=9, k=k)
 
 
 register(OpDef(OpKind.MUL_MAT, "X", _ref_mul_mat, cases=_mul_mat_cases,

@@ -1,7 +1,7 @@
 """Row gather and scatter: get_rows (dequantizing) and set_rows (quantize on write).
 
-set_rows is how a KV cache is written: F32 rows converted to the cache's type (F16, BF16,
-Q8_0, Q4_0, Q4_1) land in the rows picked by an I64/I32 index; the result is a view of the
+set_rows is how a KV cache is written: F32 rows converted to the cache's type (any storable
+type of ggraph/type_records.py: F16, BF16, Q8_0, Q5_0, IQ4_NL, ...) land in the rows picked by an I64/I32 index; the result is a view of the
 destination, so later ops read the cache through it.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ import numpy as np
 
 from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor
+from ggraph.type_records import weight_types
 from ggraph.types import GGMLType, GGMLType as T
 from .case import STORED, TOL_DEFAULT, WEIGHTS, Case, case
 from .registry import (STORABLE, GGMLMap, OpDef, new_node, new_view, register, require,
@@ -21,6 +22,9 @@ GET_ROWS = OpKind.define("get_rows", Family.COPY)
 SET_ROWS = OpKind.define("set_rows", Family.COPY)
 
 INDEX_TYPES = (GGMLType.I32, GGMLType.I64)
+# get_rows reads rows of every stored type and every weight type: Q4_K_M files keep
+# token_embd in a K-quant, which nothing stores at run time (not STORABLE) but rows are read from
+GET_ROWS_SOURCES = tuple(dict.fromkeys(STORABLE + weight_types())) + (T.I32,)
 
 
 def get_rows(a: Tensor, idx: Tensor, name: str = "") -> Tensor:
@@ -108,7 +112,7 @@ def _set_rows_cases() -> Iterator[Case]:
 
 
 register(OpDef(OpKind.GET_ROWS, "get_rows", _ref_get_rows, cases=_get_rows_cases,
-               accepts=lambda n: types_ok(n, STORABLE + (T.I32,), (T.I32,)), ggml=GGMLMap()))
+               accepts=lambda n: types_ok(n, GET_ROWS_SOURCES, (T.I32,)), ggml=GGMLMap()))
 register(OpDef(OpKind.SET_ROWS, "set_rows", _ref_set_rows, cases=_set_rows_cases,
                accepts=lambda n: types_ok(n, STORABLE, (T.F32,), (T.I32, T.I64)),
                ggml=GGMLMap()))

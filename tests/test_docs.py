@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 EXPECTED = {"index.md", "getting-started.md", "tutorial.md", "memory-planning.md",
-            "conformance.md", "writing-ops.md", "writing-builders.md", "untrusted-files.md"}
+            "conformance.md", "writing-ops.md", "writing-builders.md", "untrusted-files.md",
+            "architectures.md"}
 
 
 def blocks(page: Path, lang: str) -> list[tuple[int, str]]:
@@ -76,3 +77,25 @@ def test_shell_blocks_run(page, tmp_path, monkeypatch, capsys):
                 assert rc == 1 and "apt-get install graphviz" in err, where
                 continue
             assert rc == 0, f"{where}: exit status {rc}\n{err[-2000:]}"
+
+
+def test_architecture_and_type_tables_match_the_registries():
+    """docs/architectures.md marks **yes** exactly what ggraph registers: architectures (by
+    `general.architecture`) and tensor types, with each type's weight and KV roles."""
+    from ggraph.graphs.arch import discover_architectures
+    from ggraph.type_records import TYPE_RECORDS
+
+    text = (ROOT / "docs" / "architectures.md").read_text()
+    archs, types = text.split("## Tensor types")
+    rows = [[c.strip() for c in ln.strip().strip("|").split("|")]
+            for ln in archs.splitlines() if ln.startswith("| ")]
+    yes = {name.strip() for r in rows if r[1] == "**yes**" for name in r[0].split(",")}
+    assert yes == set(discover_architectures())
+    rows = [[c.strip() for c in ln.strip().strip("|").split("|")]
+            for ln in types.splitlines() if ln.startswith("| ") and "**yes**" in ln]
+    listed = {}
+    for r in rows:
+        for name in r[0].split(","):
+            listed[name.strip()] = (r[4] == "yes", r[5] == "yes")
+    have = {str(t): (rec.weight, rec.kv) for t, rec in TYPE_RECORDS.items()}
+    assert listed == have

@@ -1,4 +1,7 @@
-"""ggraph.quants must be bit-exact with gguf.quants (itself bit-exact with ggml's C code)."""
+"""ggraph.quants must be bit-exact with gguf.quants (itself bit-exact with ggml's C code).
+
+The types here are those gguf.quants can quantize too; the K-quants, IQ4 and Q8_K are checked
+in tests/test_kquants.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,7 +17,7 @@ from ggraph.quants import dequantize, quantize  # noqa: E402
 from ggraph.types import GGMLType, row_size  # noqa: E402
 
 FLOAT_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16]
-BLOCK_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0]
+BLOCK_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0]
 ALL_TYPES = FLOAT_TYPES + BLOCK_TYPES
 
 
@@ -121,6 +124,8 @@ SPECIAL_BLOCKS = {
     "q8_ties": np.r_[127.0, np.arange(-15.5, 15.5, 1.0)],     # d == 1: x*id hits .5 exactly
     "q4_0_ties": np.r_[-8.0, np.arange(-7.5, 8.0, 0.5)],
     "q4_1_ties": np.r_[0.0, 15.0, np.arange(0.5, 15.5, 0.5)],
+    "q5_0_ties": np.r_[-16.0, np.arange(-15.5, 15.0, 1.0)],   # d == 1: x + 16.5 hits .0
+    "q5_1_ties": np.r_[0.0, 31.0, np.arange(0.5, 30.5, 1.0)],
     "inf": np.r_[np.inf, np.ones(31)],
     "neg_inf": np.r_[np.linspace(-1, 1, 31), -np.inf],
 }

@@ -19,6 +19,7 @@ import numpy as np
 from ggraph.opkind import OpKind
 from ggraph.ops.attention import alibi_slopes
 from ggraph.tensor import Tensor
+from ggraph.type_records import TYPE_RECORDS
 from ggraph.types import GGMLType as T
 from ..accepts import BINARY_OPS, UNARY_OPS, VIEW_OPS, rule
 from ..base import Kernel, Session
@@ -146,9 +147,11 @@ def _flash_attn_blocks(node, Q, Kr, Vr, Mr, D, scale, max_bias, softcap, h0, n_h
 # -- matrix products ------------------------------------------------------------------------
 
 
-# The type ggml's CPU dot products convert activations to before multiplying (vec_dot_type):
-# matching it keeps ggraph's logits within 1e-3 NMSE of llama.cpp's instead of ~1e-2.
-VEC_DOT_TYPE = {T.Q4_0: T.Q8_0, T.Q8_0: T.Q8_0, T.Q4_1: T.Q8_0, T.F16: T.F16, T.BF16: T.BF16}
+# The type ggml's CPU dot products convert activations to before multiplying (vec_dot_type,
+# from each weight type's record): matching it keeps ggraph's logits within 1e-3 NMSE of
+# llama.cpp's instead of ~1e-2. F32 weights dot F32 activations: nothing to round.
+VEC_DOT_TYPE = {t: r.vec_dot_type for t, r in TYPE_RECORDS.items()
+                if r.weight and r.vec_dot_type not in (None, T.F32)}
 
 
 def _activations(a: Tensor, b: Tensor, B: np.ndarray, node: Tensor):

@@ -305,7 +305,8 @@ def k_flash_attn(q, k, v, m, d, scale, max_bias, softcap, h0, n_head, has_mask):
 
 def k_round_rows(b, out, n, proto):
     """out = b's rows as ggml's dot products see them: encoded to the weights' vec-dot type
-    (Q8_0 for quantized weights, F16/BF16 for half weights) and decoded back."""
+    (Q8_0 for 32-element quants, Q8_K blocks of 256 for K-quants and IQ4_XS, F16/BF16 for half
+    weights) and decoded back through that type's codecs."""
     n3, n2, n1 = b.shape[0], b.shape[1], b.shape[2]
     for r in prange(n3 * n2 * n1):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1

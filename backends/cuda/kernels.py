@@ -52,9 +52,14 @@ def _helpers(t: T) -> dict[str, Any]:
         q = t.is_quantized
         bs, ts = (t.block_size, t.type_size) if q else (1, 1)
         tag = f"{t}_{_SRC}"
-        h = {"cdec": TARGET.bind(K.chunk_dec, _DEVICE, tag, dec=c.dec, BS=bs, TS=ts),
+        # a block longer than a chunk (K-quants: 256) is decoded whole and the chunk picked
+        # out of it (K-quants are weights only: never encoded chunk-wise)
+        big = bs > K.CH
+        h = {"cdec": TARGET.bind(K.chunk_dec_big if big else K.chunk_dec, _DEVICE, tag,
+                                 dec=c.dec, BS=bs, TS=ts),
              "cenc": TARGET.bind(K.chunk_enc, _DEVICE, tag, enc=c.enc, BS=bs, TS=ts),
-             "cdot": TARGET.bind(K.chunk_dot, _DEVICE, tag, dot=c.dot, BS=bs, TS=ts),
+             "cdot": TARGET.bind(K.chunk_dot_big, _DEVICE, tag, dec=c.dec, BS=bs, TS=ts)
+             if big else TARGET.bind(K.chunk_dot, _DEVICE, tag, dot=c.dot, BS=bs, TS=ts),
              "dot": c.dot, "Q": q}
         if q:
             h["ld"] = TARGET.bind(K.block_load, _DEVICE, tag, cdec=h["cdec"])

@@ -53,6 +53,30 @@ def chunk_dot(x, i3, i2, i1, k0, n, v):
                0, 0, 0, v, n)
 
 
+def chunk_dec_big(x, i3, i2, i1, k0, n, out):
+    """chunk_dec for types whose block is longer than a chunk (BS > CH: the K-quants, 256 per
+    block): decode the whole block holding element k0 into scratch, copy the chunk's n
+    elements out (chunks start at multiples of CH and never straddle a block)."""
+    buf = cuda.local.array(BS, float32)  # noqa: F821
+    lo = (k0 // BS) * TS  # noqa: F821
+    dec(x[i3:i3 + 1, i2:i2 + 1, i1:i1 + 1, lo:lo + TS], 0, 0, 0, buf, BS)  # noqa: F821
+    o = k0 % BS  # noqa: F821
+    for e in range(n):
+        out[e] = buf[o + e]
+
+
+def chunk_dot_big(x, i3, i2, i1, k0, n, v):
+    """chunk_dot for BS > CH: the chunk's elements decoded as in chunk_dec_big, then dotted."""
+    buf = cuda.local.array(BS, float32)  # noqa: F821
+    lo = (k0 // BS) * TS  # noqa: F821
+    dec(x[i3:i3 + 1, i2:i2 + 1, i1:i1 + 1, lo:lo + TS], 0, 0, 0, buf, BS)  # noqa: F821
+    o = k0 % BS  # noqa: F821
+    s = float32(0.0)
+    for e in range(n):
+        s += buf[o + e] * v[e]
+    return s
+
+
 def block_load(x, i3, i2, i1, i0):
     """One element of a quantized row: decode its block (the shared decoder) and pick it."""
     buf = cuda.local.array(32, float32)
