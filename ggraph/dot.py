@@ -12,7 +12,7 @@ in ggraph.dot_layers, the summary (one box per layer) in ggraph.dot_summary, the
 ggraph.dot_errors; this module re-exports their public names.
 ggml_graph_dump_dot (facts page section 4) is the starting point: its record nodes, pink leafs
 and `src j` edges become coloured HTML-label nodes, shaped leafs and labels only where the
-source order matters.
+source order matters (ops whose record sets src_labels).
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from ggraph.dot_style import (FAMILIES, INPLACE_COLOR, LEAF_STYLE, OUTPUT_COLOR,
 from ggraph.dot_summary import summary_dot
 from ggraph.graph import Graph
 from ggraph.opkind import OpKind
+from ggraph.ops.registry import get_op
 from ggraph.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -173,10 +174,7 @@ def _edges(w: Writer, c: DrawContext, sel: list[Tensor], views: bool) -> None:
         for j, s in srcs:
             d = _drawn(s, views)
             attrs: dict[str, str] = {}
-            if len(srcs) > 1 and t.op in (OpKind.MUL_MAT, OpKind.MUL_MAT_ID, OpKind.GET_ROWS,
-                                          OpKind.SET_ROWS, OpKind.CPY, OpKind.CONCAT,
-                                          OpKind.SOFT_MAX, OpKind.FLASH_ATTN_EXT, OpKind.ROPE,
-                                          OpKind.DIV):
+            if len(srcs) > 1 and t.op is not None and get_op(t.op).src_labels:
                 attrs.update(label=f"src{j}", fontsize="8", fontcolor="#777777")
             st_s, st_t = c.where[d][1], c.where[t][1]
             if st_s is not None and st_t is not None and st_s != st_t:

@@ -1,10 +1,12 @@
 """The cffi binding of libggml (ABI mode): hand-written declarations of the few functions
-ggraph.ggml_ref calls, locating and loading the library, and checking it against them.
+ggraph.ggml_ref calls besides op constructors (those come from the op records,
+GGMLMap.cdecl), locating and loading the library, and checking it against them.
 
 Declarations come from ggml.h / ggml-alloc.h / ggml-backend.h / ggml-cpu.h of ggml 0.25.3 (the
 copy vendored by llama-cpp-python 0.3.36, ggml commit 0c1e570). Enum arguments are declared
 `int` (C passes these enums as int); their values are never hard-coded: `load()` reads them
-from the library, one probe tensor per op built by ggml's own constructor, and checks them by
+from the library, one probe tensor per op built by ggml's own constructor (the record's
+GGMLMap.probe; `ggml_<op>(ctx, a[, a])` for element-wise ops), and checks them by
 name (ggml_op_name, ggml_unary_op_name, ggml_glu_op_name; types by ggml_type_name, type size
 and block size).
 
@@ -93,60 +95,14 @@ struct ggml_tensor * ggml_set_name(struct ggml_tensor * tensor, const char * nam
 void ggml_set_input(struct ggml_tensor * tensor);
 void ggml_set_output(struct ggml_tensor * tensor);
 
-/* views */
+/* constructors ggml_ref and load() use themselves (views of raw-mode graphs, the layout
+   check); every other op constructor is declared by its op record (GGMLMap.cdecl) */
 struct ggml_tensor * ggml_view_4d(ggml_context * ctx, struct ggml_tensor * a,
         int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3,
         size_t nb1, size_t nb2, size_t nb3, size_t offset);
 struct ggml_tensor * ggml_reshape_4d(ggml_context * ctx, struct ggml_tensor * a,
         int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
-struct ggml_tensor * ggml_permute(ggml_context * ctx, struct ggml_tensor * a,
-        int axis0, int axis1, int axis2, int axis3);
-struct ggml_tensor * ggml_transpose(ggml_context * ctx, struct ggml_tensor * a);
-
-/* ops */
-struct ggml_tensor * ggml_cpy(ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
-struct ggml_tensor * ggml_cont_4d(ggml_context * ctx, struct ggml_tensor * a,
-        int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
-struct ggml_tensor * ggml_get_rows(ggml_context * ctx, struct ggml_tensor * a,
-        struct ggml_tensor * b);
-struct ggml_tensor * ggml_set_rows(ggml_context * ctx, struct ggml_tensor * a,
-        struct ggml_tensor * b, struct ggml_tensor * c);
-struct ggml_tensor * ggml_concat(ggml_context * ctx, struct ggml_tensor * a,
-        struct ggml_tensor * b, int dim);
-struct ggml_tensor * ggml_repeat(ggml_context * ctx, struct ggml_tensor * a,
-        struct ggml_tensor * b);
-struct ggml_tensor * ggml_mul_mat(ggml_context * ctx, struct ggml_tensor * a,
-        struct ggml_tensor * b);
-struct ggml_tensor * ggml_mul_mat_id(ggml_context * ctx, struct ggml_tensor * as,
-        struct ggml_tensor * b, struct ggml_tensor * ids);
-struct ggml_tensor * ggml_soft_max_ext(ggml_context * ctx, struct ggml_tensor * a,
-        struct ggml_tensor * mask, float scale, float max_bias);
-void ggml_soft_max_add_sinks(struct ggml_tensor * a, struct ggml_tensor * sinks);
-struct ggml_tensor * ggml_flash_attn_ext(ggml_context * ctx, struct ggml_tensor * q,
-        struct ggml_tensor * k, struct ggml_tensor * v, struct ggml_tensor * mask,
-        float scale, float max_bias, float logit_softcap);
-struct ggml_tensor * ggml_rope_ext(ggml_context * ctx, struct ggml_tensor * a,
-        struct ggml_tensor * b, struct ggml_tensor * c, int n_dims, int mode, int n_ctx_orig,
-        float freq_base, float freq_scale, float ext_factor, float attn_factor,
-        float beta_fast, float beta_slow);
-struct ggml_tensor * ggml_rms_norm(ggml_context * ctx, struct ggml_tensor * a, float eps);
-struct ggml_tensor * ggml_norm(ggml_context * ctx, struct ggml_tensor * a, float eps);
 struct ggml_tensor * ggml_add(ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
-struct ggml_tensor * ggml_mul(ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
-struct ggml_tensor * ggml_div(ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
-struct ggml_tensor * ggml_scale_bias(ggml_context * ctx, struct ggml_tensor * a, float s,
-        float b);
-struct ggml_tensor * ggml_clamp(ggml_context * ctx, struct ggml_tensor * a, float min,
-        float max);
-struct ggml_tensor * ggml_fill(ggml_context * ctx, struct ggml_tensor * a, float c);
-struct ggml_tensor * ggml_silu(ggml_context * ctx, struct ggml_tensor * a);
-struct ggml_tensor * ggml_gelu(ggml_context * ctx, struct ggml_tensor * a);
-struct ggml_tensor * ggml_sigmoid(ggml_context * ctx, struct ggml_tensor * a);
-struct ggml_tensor * ggml_swiglu_split(ggml_context * ctx, struct ggml_tensor * a,
-        struct ggml_tensor * b);
-struct ggml_tensor * ggml_sum_rows(ggml_context * ctx, struct ggml_tensor * a);
-struct ggml_tensor * ggml_argsort(ggml_context * ctx, struct ggml_tensor * a, int order);
-struct ggml_tensor * ggml_top_k(ggml_context * ctx, struct ggml_tensor * a, int k);
 
 /* graphs */
 struct ggml_cgraph * ggml_new_graph_custom(ggml_context * ctx, size_t size, bool grads);
@@ -340,8 +296,8 @@ def _check_layout(lib: GGML) -> None:
 
 
 def _read_enums(lib: GGML) -> None:
-    """Enum values from tensors built by ggml's constructors, checked against ggml's names."""
-    ffi, b = lib.ffi, lib.base
+    """Type facts checked by name and size; every op record's enum values probed."""
+    b = lib.base
     for t in GGMLType:
         name = b.ggml_type_name(int(t))
         if (lib.s(name) != str(t) or b.ggml_type_size(int(t)) != t.type_size
@@ -349,76 +305,80 @@ def _read_enums(lib: GGML) -> None:
             raise GGMLUnavailable(f"{lib.dir}: ggml type {int(t)} is {lib.s(name)!r} "
                                   f"({b.ggml_type_size(int(t))} bytes per "
                                   f"{b.ggml_blck_size(int(t))}), ggraph expects {t}")
-    ctx = new_context(lib, 64, no_alloc=True)
+    from ggraph.ops import REGISTRY
+
+    for kind in REGISTRY:
+        ensure_op(lib, kind)
+
+
+@dataclass
+class Probe:
+    """What a record's GGMLMap.probe gets (ggraph.ops.registry.GGMLProbe): libggml's
+    functions, a no-alloc context, NULL, an F32 tensor `a` [64, 4, 2, 1], and `new`."""
+    lib: Any
+    ctx: Any
+    null: Any
+    a: Any = None
+
+    def new(self, type: GGMLType, *ne: int) -> Any:
+        ne4 = (tuple(ne) + (1, 1, 1, 1))[:4]
+        return self.lib.ggml_new_tensor_4d(self.ctx, int(type), *ne4)
+
+
+def _default_probe(kind: OpKind, elementwise: str | None) -> Callable[[Probe], Any] | None:
+    """`ggml_<op>(ctx, a[, a])` for an element-wise op (unary: one source, binary: two);
+    any other op must say how its constructor is called (GGMLMap.probe)."""
+    if elementwise is None:
+        return None
+    n = 2 if elementwise == "binary" else 1
+    return lambda k: getattr(k.lib, f"ggml_{kind.value}")(k.ctx, *([k.a] * n))
+
+
+def ensure_op(lib: GGML, kind: OpKind) -> None:
+    """Read kind's ggml enum value (and unary/GLU sub-op) from a tensor built by the probe in
+    its op record, and check it by ggml's names; once per kind (records registered after
+    load() are probed on first use). A constructor this build lacks goes to lib.missing."""
+    if kind in lib.op or kind in lib.missing:
+        return
+    from ggraph.ops import REGISTRY
+
+    rec = REGISTRY.get(kind)
+    if rec is None or rec.ggml_op is None:
+        return  # no record or no ggml counterpart: ggml_ref says "ggml has no op for it"
+    assert rec.ggml is not None
+    want, sub = rec.ggml_op
+    probe = rec.ggml.probe or _default_probe(kind, rec.elementwise)
+    if probe is None:
+        lib.missing[kind] = (f"the record of {kind} maps it to ggml's {want} but gives no "
+                             f"GGMLMap.probe to read its enum value")
+        return
+    b, ffi = lib.base, lib.ffi
+    ctx = new_context(lib, 16, no_alloc=True)
     try:
-        f32, i32 = int(GGMLType.F32), int(GGMLType.I32)
-        a = b.ggml_new_tensor_4d(ctx, f32, 64, 4, 2, 1)
-        p = b.ggml_new_tensor_4d(ctx, i32, 2, 1, 1, 1)
-        m = b.ggml_new_tensor_4d(ctx, int(GGMLType.F16), 64, 4, 1, 1)
-        probes: dict[OpKind, Callable[[], Any]] = {
-            OpKind.VIEW: lambda: b.ggml_view_4d(ctx, a, 64, 4, 1, 1, 256, 1024, 1024, 0),
-            OpKind.RESHAPE: lambda: b.ggml_reshape_4d(ctx, a, 64, 8, 1, 1),
-            OpKind.PERMUTE: lambda: b.ggml_permute(ctx, a, 0, 2, 1, 3),
-            OpKind.TRANSPOSE: lambda: b.ggml_transpose(ctx, a),
-            OpKind.CPY: lambda: b.ggml_cpy(ctx, a, a),
-            OpKind.CONT: lambda: b.ggml_cont_4d(ctx, a, 64, 8, 1, 1),
-            OpKind.GET_ROWS: lambda: b.ggml_get_rows(ctx, a, b.ggml_new_tensor_4d(
-                ctx, i32, 3, 2, 1, 1)),
-            OpKind.SET_ROWS: lambda: b.ggml_set_rows(ctx, a, a, b.ggml_new_tensor_4d(
-                ctx, i32, 4, 1, 1, 1)),
-            OpKind.CONCAT: lambda: b.ggml_concat(ctx, a, a, 1),
-            OpKind.REPEAT: lambda: b.ggml_repeat(ctx, a, a),
-            OpKind.MUL_MAT: lambda: b.ggml_mul_mat(ctx, a, a),
-            OpKind.MUL_MAT_ID: lambda: b.ggml_mul_mat_id(ctx, a, a, b.ggml_new_tensor_4d(
-                ctx, i32, 4, 2, 1, 1)),
-            OpKind.SOFT_MAX: lambda: b.ggml_soft_max_ext(ctx, a, ffi.NULL, 1.0, 0.0),
-            OpKind.FLASH_ATTN_EXT: lambda: b.ggml_flash_attn_ext(ctx, a, a, a, m, 1.0, 0.0, 0.0),
-            OpKind.ROPE: lambda: b.ggml_rope_ext(ctx, a, p, ffi.NULL, 64, 0, 0, 1e4, 1.0, 0.0,
-                                                 1.0, 32.0, 1.0),
-            OpKind.RMS_NORM: lambda: b.ggml_rms_norm(ctx, a, 1e-6),
-            OpKind.NORM: lambda: b.ggml_norm(ctx, a, 1e-6),
-            OpKind.ADD: lambda: b.ggml_add(ctx, a, a), OpKind.MUL: lambda: b.ggml_mul(ctx, a, a),
-            OpKind.DIV: lambda: b.ggml_div(ctx, a, a),
-            OpKind.SCALE: lambda: b.ggml_scale_bias(ctx, a, 1.0, 0.0),
-            OpKind.CLAMP: lambda: b.ggml_clamp(ctx, a, -1.0, 1.0),
-            OpKind.FILL: lambda: b.ggml_fill(ctx, a, 0.0),
-            OpKind.SILU: lambda: b.ggml_silu(ctx, a), OpKind.GELU: lambda: b.ggml_gelu(ctx, a),
-            OpKind.SIGMOID: lambda: b.ggml_sigmoid(ctx, a),
-            OpKind.SWIGLU: lambda: b.ggml_swiglu_split(ctx, a, a),
-            OpKind.SUM_ROWS: lambda: b.ggml_sum_rows(ctx, a),
-            OpKind.ARGSORT: lambda: b.ggml_argsort(ctx, a, 0),
-            OpKind.TOP_K: lambda: b.ggml_top_k(ctx, a, 4),
-        }
-        ops = ggml_ops()
-        for kind, (name, sub) in ops.items():  # element-wise ops: ggml_<op>(ctx, a[, a])
-            if kind not in probes and (sub is not None or name in ("ADD", "MUL", "DIV")):
-                fn = getattr(b, f"ggml_{kind.value}", None)
-                n_src = 2 if name in ("ADD", "MUL", "DIV", "GLU") else 1
-                probes[kind] = (lambda fn=fn, n=n_src: fn(ctx, *([a] * n))) if fn else \
-                    (lambda k=kind: getattr(b, f"ggml_{k.value}"))
-        for kind, make in probes.items():
-            try:
-                t = make()
-            except AttributeError as e:  # the function is not exported by this build
-                lib.missing[kind] = f"this libggml lacks ggml's constructor for {kind} ({e})"
-                continue
-            lib.op[kind] = int(t.op)
-            want, sub = ops[kind]
-            if want == "UNARY":
-                lib.sub[kind] = int(b.ggml_get_unary_op(t))
-            elif want == "GLU":
-                lib.sub[kind] = int(b.ggml_get_glu_op(t))
-        top = max(lib.op.values())
-        lib.op_names = [lib.s(b.ggml_op_name(j)) for j in range(top + 1)]
-        for kind, v in lib.op.items():
-            want, sub = ops[kind]
-            got = lib.op_names[v]
-            if kind in lib.sub:
-                got += "/" + lib.s(b.ggml_unary_op_name(lib.sub[kind]) if want == "UNARY"
-                                   else b.ggml_glu_op_name(lib.sub[kind]))
-                want += "/" + str(sub)
-            if got != want:
-                raise GGMLUnavailable(f"{lib.dir}: ggml's constructor for {kind} built op "
-                                      f"{got}, expected {want}")
+        k = Probe(b, ctx, ffi.NULL)
+        k.a = k.new(GGMLType.F32, 64, 4, 2, 1)
+        try:
+            t = probe(k)
+        except AttributeError as e:  # the function is not exported by this build
+            lib.missing[kind] = f"this libggml lacks ggml's constructor for {kind} ({e})"
+            return
+        value = int(t.op)
+        got = lib.s(b.ggml_op_name(value))
+        sub_value = None
+        if want == "UNARY":
+            sub_value = int(b.ggml_get_unary_op(t))
+            got += "/" + lib.s(b.ggml_unary_op_name(sub_value))
+        elif want == "GLU":
+            sub_value = int(b.ggml_get_glu_op(t))
+            got += "/" + lib.s(b.ggml_glu_op_name(sub_value))
+        expect = want + (f"/{sub}" if sub_value is not None else "")
     finally:
         b.ggml_free(ctx)
+    if got != expect:
+        raise GGMLUnavailable(f"{lib.dir}: ggml's constructor for {kind} built op {got}, "
+                              f"expected {expect}")
+    lib.op[kind] = value
+    if sub_value is not None:
+        lib.sub[kind] = sub_value
+    while len(lib.op_names) <= value:  # names of ggml's ops up to the highest one seen
+        lib.op_names.append(lib.s(b.ggml_op_name(len(lib.op_names))))

@@ -32,13 +32,11 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 
 from ggraph import buffers
-from ggraph.ggml_cdefs import (ENV_VAR, GGML, GGMLUnavailable, new_context, find_libggml,  # noqa: F401
-                               load)
+from ggraph.ggml_cdefs import (ENV_VAR, GGML, GGMLUnavailable, ensure_op,  # noqa: F401
+                               find_libggml, load, new_context)
 from ggraph.graph import Graph
-from ggraph.opkind import OpKind
 from ggraph.ops.registry import get_op
 from ggraph.tensor import Flag, Tensor
-from ggraph.types import GGMLType
 
 T = TypeVar("T")
 
@@ -53,70 +51,19 @@ class GGMLAborted(GGMLUnsupported):
 
 # -- what ggml cannot express ------------------------------------------------------------
 
-def _contig_rows(t: Tensor) -> bool:
-    return t.ne[0] == t.type.block_size or t.nb[0] == t.type.type_size
-
-
-def _contig_from(t: Tensor, m: int) -> bool:
-    """ggml_is_contiguous_m_n(t, m, 4)."""
-    if not _contig_rows(t):
-        return False
-    nxt = t.type.type_size * (t.ne[0] // t.type.block_size)
-    for i in range(1, 4):
-        if i > m:
-            if t.ne[i] != 1 and t.nb[i] != nxt:
-                return False
-            nxt *= t.ne[i]
-        else:
-            nxt = t.ne[i] * t.nb[i]
-    return True
-
-
 def unsupported_reason(lib: GGML, t: Tensor, kernels: bool = True) -> str | None:
     """Why ggml cannot build t with its constructor for t's op (or express t's params), or,
-    with `kernels`, why ggml's CPU backend cannot run it; None when it can."""
+    with `kernels`, why ggml's CPU backend cannot run it; None when it can. The op's own
+    record says what ggml lacks (GGMLMap.limits, .cpu_limits); nothing here names an op."""
     if t.op is None:
         return None if t.is_contiguous() else f"leaf {t.describe()} is not contiguous"
+    ensure_op(lib, t.op)  # a record registered after load() is probed on first use
     if t.op in lib.missing:
         return lib.missing[t.op]
     if t.op not in lib.op:
         return f"ggml has no op for ggraph's {t.op}"
-    s = t.src
-    p = t.params
-    if t.op in (OpKind.SOFT_MAX, OpKind.FLASH_ATTN_EXT):
-        n = (s[0].ne[2])
-        if p.max_bias > 0 and (p.head_offset != 0 or p.n_head not in (0, n)):
-            return (f"{t.op}: ggml has no head offset for ALiBi (head_offset={p.head_offset}, "
-                    f"n_head={p.n_head}): its slopes always count heads from 0 of a.ne[2]={n}")
-    if t.op == OpKind.FLASH_ATTN_EXT:
-        if s[3] is not None and s[3].type != GGMLType.F16:
-            return f"ggml_flash_attn_ext needs an F16 mask, got {s[3].type}"
-        if s[0].ne[3] != s[1].ne[3]:
-            return "ggml_flash_attn_ext needs q.ne[3] == k.ne[3] (no broadcast over dim 3)"
-    if t.op == OpKind.SCALE and not (_contig_rows(s[0]) and s[0].nb[2] == s[0].nb[1] * s[0].ne[1]
-                                     and s[0].nb[3] == s[0].nb[2] * s[0].ne[2]):
-        return "ggml_scale needs a padded-1d source (packed rows, dims 2-3 contiguous)"
-    if get_op(t.op).ggml_op[0] == "UNARY" and not _contig_rows(s[0]):
-        return f"ggml's unary {t.op} needs packed rows (nb0 = type size)"
-    if t.op == OpKind.FILL and not _contig_from(s[0], 0):
-        return "ggml_fill needs a contiguous tensor"
-    if t.op == OpKind.SWIGLU and not (_contig_from(s[0], 1) and _contig_from(s[1], 1)):
-        return "ggml_swiglu_split needs sources contiguous in dims 1-3"
-    if t.op == OpKind.SET_ROWS and s[1].type not in (GGMLType.F32, GGMLType.F16):
-        return f"ggml_set_rows needs an F32/F16 source, got {s[1].type}"
-    if not kernels:
-        return None
-    # limits of ggml's CPU kernels (they GGML_ASSERT / GGML_ABORT on these)
-    packed = {OpKind.MUL_MAT: (0, 1), OpKind.ADD: (0,), OpKind.MUL: (0,), OpKind.DIV: (0,),
-              OpKind.RMS_NORM: (0,), OpKind.CLAMP: (0,)}.get(t.op, ())
-    for i in packed:
-        if s[i].nb[0] != s[i].type.type_size and not (t.op == OpKind.CLAMP and
-                                                      s[i].type != GGMLType.F32):
-            return (f"ggml's CPU {t.op} needs source {i} with packed rows (nb0 = "
-                    f"{s[i].type.type_size}), got nb0={s[i].nb[0]}")
-    if t.op == OpKind.SCALE and s[0].type not in (GGMLType.F32, GGMLType.BF16):
-        return f"ggml's CPU scale has no {s[0].type} kernel (F32, BF16 only)"
-    return None
+    ggml = get_op(t.op).ggml
+    return ggml.reason(t, kernels) if ggml is not None else None
 
 
 def graph_unsupported(graph: Graph, kernels: bool = True) -> str | None:
@@ -212,6 +159,7 @@ class _Translation:
     def _raw(self, t: Tensor) -> Any:
         """A tensor with t's geometry whose op/src fields are written directly."""
         b, lib = self.lib.base, self.lib
+        ensure_op(lib, t.op)
         if t.op not in lib.op:
             raise GGMLUnsupported(lib.missing.get(t.op, f"ggml has no op for {t.op}"))
         if t.view_src is not None:
@@ -369,19 +317,6 @@ def run_graph(graph: Graph, outputs: list[Tensor], n_threads: int | None = None
         tr.free()
 
 
-def _canonical_top_k(idx: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """ggml_top_k returns the k indices in no particular order; sort each row as ggraph does:
-    by value, largest first, ties by lower index."""
-    v = np.take_along_axis(values.astype(np.float64), idx.astype(np.int64), axis=-1)
-    flat_i = idx.reshape(-1, idx.shape[-1])
-    flat_v = v.reshape(-1, idx.shape[-1])
-    out = np.empty_like(flat_i)
-    for r in range(flat_i.shape[0]):
-        order = np.lexsort((flat_i[r], -flat_v[r]))
-        out[r] = flat_i[r][order]
-    return out.reshape(idx.shape)
-
-
 class GGMLReference:
     """The real ggml as the conformance oracle: `run(graph, out)` -> out's values (numpy order,
     float32 / ints); `supports(graph)` -> (bool, reason)."""
@@ -401,13 +336,13 @@ class GGMLReference:
         why = graph_unsupported(graph)
         if why:
             raise GGMLUnsupported(why)
-        extra = [out.src[0]] if out.op == OpKind.TOP_K else []
-        outs = [out] + extra
+        ggml = get_op(out.op).ggml if out.op is not None else None
+        canonical = ggml.canonical if ggml is not None else None
+        # an op whose ggml result is put in ggraph's form reads its sources' values too
+        outs = [out] + ([x for x in out.src if x is not None] if canonical else [])
         vals = (isolated(lambda: run_graph(graph, outs, n_threads=1)) if self.isolate
                 else run_graph(graph, outs))
-        if out.op == OpKind.TOP_K:
-            return _canonical_top_k(vals[0], vals[1])
-        return vals[0]
+        return canonical(out, vals[0], vals[1:]) if canonical else vals[0]
 
 
 # -- the allocator ---------------------------------------------------------------------------

@@ -17,7 +17,8 @@ from ggraph.tensor import Tensor
 from ggraph.type_records import kv_types
 from ggraph.types import GGMLType, GGMLType as T
 from .case import KV, TOL_MATMUL, TOL_SOFTMAX, Case, case
-from .registry import FLOATS, GGMLMap, OpDef, new_node, register, require, require_type, types_ok
+from .registry import (FLOATS, GGMLMap, GGMLProbe, OpDef, ggml_fn, new_node, register, require,
+                       require_type, types_ok)
 
 SOFT_MAX = OpKind.define("soft_max", Family.ATTENTION)
 FLASH_ATTN_EXT = OpKind.define("flash_attn_ext", Family.ATTENTION)
@@ -252,11 +253,49 @@ def _ggml_soft_max(lib, ctx, t: Tensor, S: list):
     return g
 
 
+_SOFT_MAX_DECL = (ggml_fn("ggml_soft_max_ext", "a", "mask", "float scale", "float max_bias") +
+                  "\nvoid ggml_soft_max_add_sinks(struct ggml_tensor * a, "
+                  "struct ggml_tensor * sinks);")
+
+
+def _ggml_alibi(t: Tensor) -> str | None:
+    """ggml's ALiBi slopes count heads from 0 of the node's own heads: no head slice."""
+    p, n = t.params, t.src[0].ne[2]
+    if p.max_bias > 0 and (p.head_offset != 0 or p.n_head not in (0, n)):
+        return (f"{t.op}: ggml has no head offset for ALiBi (head_offset={p.head_offset}, "
+                f"n_head={p.n_head}): its slopes always count heads from 0 of a.ne[2]={n}")
+    return None
+
+
+def _ggml_flash_attn_limits(t: Tensor) -> str | None:
+    q, k, _, mask = t.src
+    if why := _ggml_alibi(t):
+        return why
+    if mask is not None and mask.type != GGMLType.F16:
+        return f"ggml_flash_attn_ext needs an F16 mask, got {mask.type}"
+    if q.ne[3] != k.ne[3]:
+        return "ggml_flash_attn_ext needs q.ne[3] == k.ne[3] (no broadcast over dim 3)"
+    return None
+
+
+def _ggml_flash_attn_probe(k: GGMLProbe):
+    return k.lib.ggml_flash_attn_ext(k.ctx, k.a, k.a, k.a, k.new(GGMLType.F16, 64, 4), 1.0,
+                                     0.0, 0.0)
+
+
 register(OpDef(OpKind.SOFT_MAX, "soft_max", _ref_soft_max, SoftMaxParams, inplace=True,
                cases=_soft_max_cases, accepts=lambda n: types_ok(n, (T.F32,), FLOATS, (T.F32,)),
-               ggml=GGMLMap(build=_ggml_soft_max)))
+               src_labels=True,
+               ggml=GGMLMap(build=_ggml_soft_max, limits=_ggml_alibi, cdecl=_SOFT_MAX_DECL,
+                            probe=lambda k: k.lib.ggml_soft_max_ext(k.ctx, k.a, k.null, 1.0,
+                                                                    0.0))))
 register(OpDef(OpKind.FLASH_ATTN_EXT, "flash_attn_ext", _ref_flash_attn_ext, FlashAttnParams,
                cases=_flash_attn_cases,
                accepts=lambda n: types_ok(n, (T.F32,), KV_TYPES, KV_TYPES, FLOATS),
-               ggml=GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_flash_attn_ext(
-                   ctx, *S[:4], t.params.scale, t.params.max_bias, t.params.softcap))))
+               src_labels=True,
+               ggml=GGMLMap(cdecl=ggml_fn("ggml_flash_attn_ext", "q", "k", "v", "mask",
+                                          "float scale", "float max_bias",
+                                          "float logit_softcap"),
+                            build=lambda lib, ctx, t, S: lib.ggml_flash_attn_ext(
+                   ctx, *S[:4], t.params.scale, t.params.max_bias, t.params.softcap),
+                   limits=_ggml_flash_attn_limits, probe=_ggml_flash_attn_probe)))

@@ -17,7 +17,8 @@ from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType as T
 from .case import Case, case
-from .registry import (FLOATS, GGMLMap, OpDef, can_repeat, new_node, register, require,
+from .registry import (FLOATS, GGMLMap, GGMLProbe, OpDef, can_repeat, ggml_contiguous_from, ggml_fn,
+                       ggml_packed_rows, ggml_packed_sources, new_node, register, require,
                        require_type, types_ok)
 
 FLOAT_TYPES = FLOATS
@@ -193,10 +194,43 @@ def _floats_2(n: Tensor) -> bool:
     return types_ok(n, FLOATS, FLOATS)
 
 
-def _binary_op(kind: OpKind, symbol: str, ref: Callable, f: Callable[..., Tensor]) -> None:
+# -- ggml: what its constructors and CPU kernels cannot do ----------------------------------
+
+def _ggml_scale_layout(t: Tensor) -> str | None:
+    a = t.src[0]
+    if not (ggml_packed_rows(a) and a.nb[2] == a.nb[1] * a.ne[1]
+            and a.nb[3] == a.nb[2] * a.ne[2]):
+        return "ggml_scale needs a padded-1d source (packed rows, dims 2-3 contiguous)"
+    return None
+
+
+def _ggml_scale_cpu(t: Tensor) -> str | None:
+    if t.src[0].type not in (T.F32, T.BF16):
+        return f"ggml's CPU scale has no {t.src[0].type} kernel (F32, BF16 only)"
+    return None
+
+
+def _ggml_fill_layout(t: Tensor) -> str | None:
+    return None if ggml_contiguous_from(t.src[0], 0) else "ggml_fill needs a contiguous tensor"
+
+
+def _ggml_swiglu_layout(t: Tensor) -> str | None:
+    if not (ggml_contiguous_from(t.src[0], 1) and ggml_contiguous_from(t.src[1], 1)):
+        return "ggml_swiglu_split needs sources contiguous in dims 1-3"
+    return None
+
+
+def _ggml_swiglu_probe(k: GGMLProbe) -> Any:
+    return k.lib.ggml_swiglu_split(k.ctx, k.a, k.a)
+
+
+def _binary_op(kind: OpKind, symbol: str, ref: Callable, f: Callable[..., Tensor],
+               src_labels: bool = False, cdecl: str | None = None) -> None:
+    # ggml's CPU binary kernels assert packed rows in a (b may be strided)
     register(OpDef(kind, symbol, _binary_ref(ref), inplace=True, cases=_binary_cases(kind, f),
                    accepts=_floats_2, accepts_why="F32/F16 only", elementwise="binary",
-                   ggml=GGMLMap()))
+                   ggml=GGMLMap(cpu_limits=ggml_packed_sources(0), cdecl=cdecl),
+                   src_labels=src_labels))
 
 
 def _unary_op(kind: OpKind, symbol: str, ref: Callable, f: Callable[..., Tensor],
@@ -206,33 +240,42 @@ def _unary_op(kind: OpKind, symbol: str, ref: Callable, f: Callable[..., Tensor]
                    accepts_why="F32/F16 only", elementwise="unary", ggml=ggml or GGMLMap()))
 
 
-_binary_op(OpKind.ADD, "+", np.add, add)
-_binary_op(OpKind.MUL, "*", np.multiply, mul)
-_binary_op(OpKind.DIV, "/", np.divide, div)
+_binary_op(OpKind.ADD, "+", np.add, add)  # ggml_add: ggml_cdefs declares it (its layout check)
+_binary_op(OpKind.MUL, "*", np.multiply, mul, cdecl=ggml_fn("ggml_mul", "a", "b"))
+_binary_op(OpKind.DIV, "/", np.divide, div, src_labels=True,  # a / b: which is which
+           cdecl=ggml_fn("ggml_div", "a", "b"))
 _unary_op(OpKind.SCALE, "scale", lambda n, ex: _x(n, ex) * n.params.s + n.params.b, scale,
-          ScaleParams, GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_scale_bias(
-              ctx, S[0], t.params.s, t.params.b)), s=0.5, b=0.25)
+          ScaleParams, GGMLMap(cdecl=ggml_fn("ggml_scale_bias", "a", "float s", "float b"),
+                                build=lambda lib, ctx, t, S: lib.ggml_scale_bias(
+              ctx, S[0], t.params.s, t.params.b), limits=_ggml_scale_layout,
+              cpu_limits=_ggml_scale_cpu,
+              probe=lambda k: k.lib.ggml_scale_bias(k.ctx, k.a, 1.0, 0.0)), s=0.5, b=0.25)
 _unary_op(OpKind.CLAMP, "clamp", lambda n, ex: np.clip(_x(n, ex), n.params.min, n.params.max),
-          clamp, ClampParams, GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_clamp(
-              ctx, S[0], t.params.min, t.params.max)), min=-0.3, max=0.6)
+          clamp, ClampParams, GGMLMap(cdecl=ggml_fn("ggml_clamp", "a", "float min", "float max"),
+                                 build=lambda lib, ctx, t, S: lib.ggml_clamp(
+              ctx, S[0], t.params.min, t.params.max),
+              cpu_limits=ggml_packed_sources(0),  # its F32 and F16 kernels assert it
+              probe=lambda k: k.lib.ggml_clamp(k.ctx, k.a, -1.0, 1.0)), min=-0.3, max=0.6)
 _unary_op(OpKind.FILL, "fill", lambda n, ex: np.full(n.shape, n.params.value), fill,
-          FillParams, GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_fill(
-              ctx, S[0], t.params.value)), value=-2.5)
+          FillParams, GGMLMap(cdecl=ggml_fn("ggml_fill", "a", "float c"),
+                               build=lambda lib, ctx, t, S: lib.ggml_fill(
+              ctx, S[0], t.params.value), limits=_ggml_fill_layout,
+              probe=lambda k: k.lib.ggml_fill(k.ctx, k.a, 0.0)), value=-2.5)
 _unary_op(OpKind.SILU, "silu", lambda n, ex: _silu(_x(n, ex)), silu,
-          ggml=GGMLMap("UNARY", "SILU"))
+          ggml=GGMLMap.unary("SILU", cdecl=ggml_fn("ggml_silu", "a")))
 _unary_op(OpKind.GELU, "gelu", lambda n, ex: 0.5 * _x(n, ex) * (
     1.0 + np.tanh(_GELU_C * _x(n, ex) * (1.0 + 0.044715 * _x(n, ex) ** 2))), gelu,
-    ggml=GGMLMap("UNARY", "GELU"))
+    ggml=GGMLMap.unary("GELU", cdecl=ggml_fn("ggml_gelu", "a")))
 _unary_op(OpKind.SIGMOID, "sigmoid", lambda n, ex: 1.0 / (1.0 + np.exp(-_x(n, ex))), sigmoid,
-          ggml=GGMLMap("UNARY", "SIGMOID"))
+          ggml=GGMLMap.unary("SIGMOID", cdecl=ggml_fn("ggml_sigmoid", "a")))
 _unary_op(OpKind.GELU_QUICK, "gelu_quick",
           lambda n, ex: _x(n, ex) / (1.0 + np.exp(-1.702 * _x(n, ex))), gelu_quick,
-          ggml=GGMLMap("UNARY", "GELU_QUICK", cdecl="struct ggml_tensor * ggml_gelu_quick("
-                       "struct ggml_context * ctx, struct ggml_tensor * a);"))
+          ggml=GGMLMap.unary("GELU_QUICK", cdecl=ggml_fn("ggml_gelu_quick", "a")))
 _unary_op(OpKind.TANH, "tanh", lambda n, ex: np.tanh(_x(n, ex)), tanh,
-          ggml=GGMLMap("UNARY", "TANH", cdecl="struct ggml_tensor * ggml_tanh("
-                       "struct ggml_context * ctx, struct ggml_tensor * a);"))
+          ggml=GGMLMap.unary("TANH", cdecl=ggml_fn("ggml_tanh", "a")))
 register(OpDef(OpKind.SWIGLU, "swiglu", lambda n, ex: _silu(
     ex.read(n.src[0]).astype(np.float64)) * ex.read(n.src[1]).astype(np.float64),
     cases=_swiglu_cases, accepts=_floats_2, accepts_why="F32/F16 only", elementwise="binary",
-    ggml=GGMLMap("GLU", "SWIGLU", build=lambda lib, ctx, t, S: lib.ggml_swiglu_split(ctx, *S))))
+    ggml=GGMLMap("GLU", "SWIGLU", cdecl=ggml_fn("ggml_swiglu_split", "a", "b"),
+                 build=lambda lib, ctx, t, S: lib.ggml_swiglu_split(ctx, *S),
+                 limits=_ggml_swiglu_layout, probe=_ggml_swiglu_probe)))

@@ -14,7 +14,8 @@ from ggraph.tensor import Tensor
 from ggraph.type_records import weight_types
 from ggraph.types import GGMLType, GGMLType as T
 from .case import TOL_MATMUL, WEIGHTS, Case, case, fit_row
-from .registry import FLOATS, GGMLMap, OpDef, new_node, register, require, require_type, types_ok
+from .registry import (FLOATS, GGMLMap, OpDef, ggml_fn, ggml_packed_sources, new_node,
+                       register, require, require_type, types_ok)
 
 MUL_MAT = OpKind.define("mul_mat", Family.MATMUL)
 MUL_MAT_ID = OpKind.define("mul_mat_id", Family.MATMUL)
@@ -127,6 +128,12 @@ def _mul_mat_id_cases() -> Iterator[Case]:
 
 
 register(OpDef(OpKind.MUL_MAT, "X", _ref_mul_mat, cases=_mul_mat_cases,
-               accepts=lambda n: types_ok(n, WEIGHT_TYPES, FLOATS), ggml=GGMLMap()))
+               accepts=lambda n: types_ok(n, WEIGHT_TYPES, FLOATS), src_labels=True,
+               ggml=GGMLMap(cdecl=ggml_fn("ggml_mul_mat", "a", "b"),
+                            cpu_limits=ggml_packed_sources(0, 1),  # ggml's CPU mul_mat asserts
+                            probe=lambda k: k.lib.ggml_mul_mat(k.ctx, k.a, k.a))))
 register(OpDef(OpKind.MUL_MAT_ID, "X_id", _ref_mul_mat_id, cases=_mul_mat_id_cases,
-               accepts=lambda n: types_ok(n, WEIGHT_TYPES, FLOATS, (T.I32,)), ggml=GGMLMap()))
+               accepts=lambda n: types_ok(n, WEIGHT_TYPES, FLOATS, (T.I32,)), src_labels=True,
+               ggml=GGMLMap(cdecl=ggml_fn("ggml_mul_mat_id", "as", "b", "ids"),
+                            probe=lambda k: k.lib.ggml_mul_mat_id(k.ctx, k.a, k.a,
+                                                                  k.new(T.I32, 4, 2)))))

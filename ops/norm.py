@@ -10,7 +10,8 @@ from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType, GGMLType as T
 from .case import Case, case
-from .registry import GGMLMap, OpDef, new_node, register, require, require_type, types_ok
+from .registry import (GGMLMap, OpDef, ggml_fn, ggml_packed_sources, new_node, register, require,
+                       require_type, types_ok)
 
 RMS_NORM = OpKind.define("rms_norm", Family.NORM)
 NORM = OpKind.define("norm", Family.NORM)
@@ -69,6 +70,10 @@ def _ggml_norm(lib, ctx, t: Tensor, S: list):
 
 register(OpDef(OpKind.RMS_NORM, "rms_norm", _ref_rms_norm, NormParams, inplace=True,
                cases=_cases(OpKind.RMS_NORM, rms_norm), accepts=_f32,
-               ggml=GGMLMap(build=_ggml_norm)))
+               ggml=GGMLMap(build=_ggml_norm, cdecl=ggml_fn("ggml_rms_norm", "a", "float eps"),
+                            cpu_limits=ggml_packed_sources(0),
+                            probe=lambda k: k.lib.ggml_rms_norm(k.ctx, k.a, 1e-6))))
 register(OpDef(OpKind.NORM, "norm", _ref_norm, NormParams, cases=_cases(OpKind.NORM, norm),
-               accepts=_f32, ggml=GGMLMap(build=_ggml_norm)))
+               accepts=_f32,
+               ggml=GGMLMap(build=_ggml_norm, cdecl=ggml_fn("ggml_norm", "a", "float eps"),
+                            probe=lambda k: k.lib.ggml_norm(k.ctx, k.a, 1e-6))))

@@ -11,7 +11,7 @@ from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType, GGMLType as T
 from .case import Case, any_values, case
-from .registry import GGMLMap, OpDef, can_repeat, new_node, register, require, require_type
+from .registry import GGMLMap, OpDef, can_repeat, ggml_fn, new_node, register, require, require_type
 
 SUM_ROWS = OpKind.define("sum_rows", Family.REDUCE)
 ARGSORT = OpKind.define("argsort", Family.REDUCE)
@@ -144,14 +144,39 @@ def _repeat_cases() -> Iterator[Case]:
             any_values(B, t, 8, 1, 3), any_values(B, t, 16, 4, 3, 2)), 0.0, type=t)
 
 
+def _ggml_top_k_order(node: Tensor, idx: np.ndarray, srcs: list[np.ndarray]) -> np.ndarray:
+    """ggml_top_k returns the k indices in no particular order; sort each row as ggraph does:
+    by value, largest first, ties by lower index."""
+    v = np.take_along_axis(srcs[0].astype(np.float64), idx.astype(np.int64), axis=-1)
+    flat_i = idx.reshape(-1, idx.shape[-1])
+    flat_v = v.reshape(-1, idx.shape[-1])
+    out = np.empty_like(flat_i)
+    for r in range(flat_i.shape[0]):
+        order = np.lexsort((flat_i[r], -flat_v[r]))
+        out[r] = flat_i[r][order]
+    return out.reshape(idx.shape)
+
+
 register(OpDef(OpKind.SUM_ROWS, "sum_rows", lambda n, ex: ex.read(n.src[0]).astype(
-    np.float64).sum(axis=-1, keepdims=True), cases=_sum_rows_cases, ggml=GGMLMap()))
+    np.float64).sum(axis=-1, keepdims=True), cases=_sum_rows_cases,
+    ggml=GGMLMap(cdecl=ggml_fn("ggml_sum_rows", "a"),
+                 probe=lambda k: k.lib.ggml_sum_rows(k.ctx, k.a))))
 register(OpDef(OpKind.ARGSORT, "argsort", _ref_argsort, ArgsortParams, cases=_argsort_cases,
-               ggml=GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_argsort(
-                   ctx, S[0], int(t.params.order)))))
+               ggml=GGMLMap(cdecl=ggml_fn("ggml_argsort", "a", "int order"),
+                            build=lambda lib, ctx, t, S: lib.ggml_argsort(
+                   ctx, S[0], int(t.params.order)),
+                   probe=lambda k: k.lib.ggml_argsort(k.ctx, k.a, 0))))
 register(OpDef(OpKind.TOP_K, "top_k", _ref_top_k, TopKParams, cases=_top_k_cases,
-               ggml=GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_top_k(ctx, S[0], t.params.k))))
+               ggml=GGMLMap(cdecl=ggml_fn("ggml_top_k", "a", "int k"),
+                            build=lambda lib, ctx, t, S: lib.ggml_top_k(ctx, S[0], t.params.k),
+                            probe=lambda k: k.lib.ggml_top_k(k.ctx, k.a, 4),
+                            canonical=_ggml_top_k_order)))
 register(OpDef(OpKind.CONCAT, "concat", _ref_concat, ConcatParams, cases=_concat_cases,
-               ggml=GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_concat(ctx, S[0], S[1],
-                                                                          t.params.dim))))
-register(OpDef(OpKind.REPEAT, "repeat", _ref_repeat, cases=_repeat_cases, ggml=GGMLMap()))
+               src_labels=True,
+               ggml=GGMLMap(cdecl=ggml_fn("ggml_concat", "a", "b", "int dim"),
+                            build=lambda lib, ctx, t, S: lib.ggml_concat(ctx, S[0], S[1],
+                                                                          t.params.dim),
+                            probe=lambda k: k.lib.ggml_concat(k.ctx, k.a, k.a, 1))))
+register(OpDef(OpKind.REPEAT, "repeat", _ref_repeat, cases=_repeat_cases,
+               ggml=GGMLMap(cdecl=ggml_fn("ggml_repeat", "a", "b"),
+                            probe=lambda k: k.lib.ggml_repeat(k.ctx, k.a, k.a))))

@@ -3,7 +3,10 @@
 An OpDef holds everything ggraph knows about an op apart from backend kernels: its params
 dataclass, its shape/type rule (run by the constructor, raising ValueError that names the op,
 the tensors and their ne), its numpy reference (run by ggraph.reference with wide
-accumulation), whether ggml-alloc may run it in place, and its conformance cases.
+accumulation), whether ggml-alloc may run it in place, how pictures label its edges, its
+conformance cases, and (GGMLMap) how the real libggml builds, probes and limits it. The
+modules that use the records (ggraph.ggml_ref, ggraph.ggml_cdefs, ggraph.dot) iterate them and
+hold no per-op branches. This module also holds ggml's layout predicates those limits use.
 """
 from __future__ import annotations
 
@@ -33,6 +36,21 @@ def _any_types(node: Tensor) -> bool:
     return True
 
 
+class GGMLProbe(Protocol):
+    """What an op's enum probe (GGMLMap.probe) is handed by ggraph.ggml_cdefs: libggml's
+    functions, a no-alloc context, C NULL, an F32 tensor `a` of ne [64, 4, 2, 1], and `new`
+    for any other tensor the constructor needs. ops/ never imports cffi: these are objects."""
+    lib: Any
+    ctx: Any
+    null: Any
+    a: Any
+
+    def new(self, type: GGMLType, *ne: int) -> Any: ...
+
+
+Limit = Callable[[Tensor], "str | None"]   # a reason ggml cannot do the node, or None
+
+
 @dataclass(frozen=True)
 class GGMLMap:
     """How an op appears in the real libggml (the `ggml-compare` reference and its checks):
@@ -45,6 +63,31 @@ class GGMLMap:
     # the C declaration of the constructor, for an op whose constructor ggml_cdefs.py does not
     # declare (cffi binds only declared functions)
     cdecl: str | None = None
+    # what ggml's constructor cannot express for a node (a param, type or layout ggml lacks):
+    # the reason, or None. Checked before building, so ggml never sees such a node
+    limits: Limit | None = None
+    # what ggml's CPU kernels assert on (GGML_ASSERT aborts the process): the reason, or None
+    cpu_limits: Limit | None = None
+    # builds one tensor with ggml's constructor, from which ggml_cdefs reads the op's enum
+    # values (never hard-coded). Default for element-wise ops: `ggml_<op>(ctx, a[, a])`
+    probe: Callable[[GGMLProbe], Any] | None = None
+    # ggml's result put in ggraph's form where ggml leaves it free (top_k's order):
+    # canonical(node, ggml's value of node, ggml's values of node's sources)
+    canonical: Callable[[Tensor, np.ndarray, list[np.ndarray]], np.ndarray] | None = None
+
+    @classmethod
+    def unary(cls, sub: str, **fields: Any) -> "GGMLMap":
+        """An op of ggml's UNARY family (sub: its ggml_unary_op name), whose kernels need
+        packed rows; `fields`: any other GGMLMap field (cdecl, build, probe)."""
+        return cls("UNARY", sub, limits=_ggml_unary_rows, **fields)
+
+    def reason(self, t: Tensor, kernels: bool = True) -> str | None:
+        """Why ggml cannot build node t (or, with `kernels`, run it on its CPU); None if it can."""
+        for check in (self.limits, self.cpu_limits if kernels else None):
+            why = check(t) if check is not None else None
+            if why:
+                return why
+        return None
 
 
 @dataclass(frozen=True)
@@ -64,6 +107,10 @@ class OpDef:
     # b broadcast over a by modulo); their op codes follow registration order
     elementwise: str | None = None
     ggml: GGMLMap | None = None
+    # pictures (ggraph dot) label this op's edges src0, src1, ...: its sources play different
+    # roles the drawing must tell apart (mul_mat's weight and activations, a rope's positions).
+    # Commutative ops (add, mul) and one-source ops leave it False
+    src_labels: bool = False
     doc: str = ""
 
     @property
@@ -120,6 +167,57 @@ def types_ok(node: Tensor, *roles_ok: Sequence[GGMLType]) -> bool:
 FLOATS = (GGMLType.F32, GGMLType.F16)
 ELEM_FLOATS = element_floats()   # from the type records (ggraph/type_records.py)
 STORABLE = storable_types()      # set_rows / cpy destinations: records with storable=True
+
+
+# -- ggml's layout predicates (for GGMLMap.limits / cpu_limits) -----------------------------
+
+def ggml_packed_rows(t: Tensor) -> bool:
+    """Elements (or blocks) of a row are adjacent: nb0 is the type size (or one block a row)."""
+    return t.ne[0] == t.type.block_size or t.nb[0] == t.type.type_size
+
+
+def ggml_contiguous_from(t: Tensor, m: int) -> bool:
+    """ggml_is_contiguous_m_n(t, m, 4): packed rows, and dims above m contiguous."""
+    if not ggml_packed_rows(t):
+        return False
+    nxt = t.type.type_size * (t.ne[0] // t.type.block_size)
+    for i in range(1, 4):
+        if i > m:
+            if t.ne[i] != 1 and t.nb[i] != nxt:
+                return False
+            nxt *= t.ne[i]
+        else:
+            nxt = t.ne[i] * t.nb[i]
+    return True
+
+
+def ggml_packed_sources(*roles: int, types: Sequence[GGMLType] | None = None) -> Limit:
+    """A cpu_limits rule: ggml's CPU kernel asserts nb0 == type size on these sources (on
+    sources of `types` only, when given)."""
+    def check(t: Tensor) -> str | None:
+        for i in roles:
+            s = t.src[i]
+            if s is not None and (types is None or s.type in types) and \
+                    s.nb[0] != s.type.type_size:
+                return (f"ggml's CPU {t.op} needs source {i} with packed rows (nb0 = "
+                        f"{s.type.type_size}), got nb0={s.nb[0]}")
+        return None
+    return check
+
+
+def ggml_fn(name: str, *params: str) -> str:
+    """The C declaration of ggml constructor `name` (for GGMLMap.cdecl): it returns a tensor
+    and takes the context, then `params`; a bare name is a tensor (`"b"`: `struct ggml_tensor
+    * b`). ggml's enum arguments are declared int (C passes them as int)."""
+    ps = ["struct ggml_context * ctx"] + [p if " " in p else f"struct ggml_tensor * {p}"
+                                          for p in params]
+    return f"struct ggml_tensor * {name}({', '.join(ps)});"
+
+
+def _ggml_unary_rows(t: Tensor) -> str | None:
+    if not ggml_packed_rows(t.src[0]):
+        return f"ggml's unary {t.op} needs packed rows (nb0 = type size)"
+    return None
 
 
 # -- errors -------------------------------------------------------------------------------
@@ -213,6 +311,8 @@ def new_view(kind: OpKind, a: Tensor, ne: Sequence[int], nb: Sequence[int] | Non
     return t
 
 
-__all__ = ["OpDef", "GGMLMap", "REGISTRY", "register", "get_op", "ops_where", "types_ok",
+__all__ = ["OpDef", "GGMLMap", "GGMLProbe", "Limit", "ggml_packed_rows", "ggml_contiguous_from",
+           "ggml_packed_sources", "ggml_fn", "REGISTRY", "register", "get_op", "ops_where",
+           "types_ok",
            "FLOATS", "ELEM_FLOATS", "STORABLE", "op_error", "require", "require_type",
            "can_repeat", "new_node", "new_view", "fmt_ne", "Executor", "Family"]

@@ -16,7 +16,8 @@ from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType, GGMLType as T
 from .case import Case, case
-from .registry import FLOATS, GGMLMap, OpDef, new_node, register, require, require_type, types_ok
+from .registry import (FLOATS, GGMLMap, OpDef, ggml_fn, new_node, register, require,
+                       require_type, types_ok)
 
 ROPE = OpKind.define("rope", Family.ROPE)
 
@@ -135,6 +136,11 @@ def _rope_cases() -> Iterator[Case]:
         RopeMode.NEOX), freq_factors=True)
 
 
+_ROPE_DECL = ggml_fn("ggml_rope_ext", "a", "b", "c", "int n_dims", "int mode", "int n_ctx_orig",
+                     "float freq_base", "float freq_scale", "float ext_factor",
+                     "float attn_factor", "float beta_fast", "float beta_slow")
+
+
 def _ggml_rope(lib, ctx, t: Tensor, S: list):
     p = t.params
     return lib.ggml_rope_ext(ctx, *S[:3], p.n_dims, int(p.mode), p.n_ctx_orig, p.freq_base,
@@ -143,5 +149,7 @@ def _ggml_rope(lib, ctx, t: Tensor, S: list):
 
 
 register(OpDef(OpKind.ROPE, "rope", _ref_rope, RopeParams, inplace=True, cases=_rope_cases,
-               accepts=lambda n: types_ok(n, FLOATS, (T.I32,), (T.F32,)),
-               ggml=GGMLMap(build=_ggml_rope)))
+               accepts=lambda n: types_ok(n, FLOATS, (T.I32,), (T.F32,)), src_labels=True,
+               ggml=GGMLMap(build=_ggml_rope, cdecl=_ROPE_DECL, probe=lambda k: k.lib.ggml_rope_ext(
+                   k.ctx, k.a, k.new(T.I32, 2), k.null, 64, 0, 0, 1e4, 1.0, 0.0, 1.0, 32.0,
+                   1.0))))

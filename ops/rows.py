@@ -1,8 +1,9 @@
 """Row gather and scatter: get_rows (dequantizing) and set_rows (quantize on write).
 
 set_rows is how a KV cache is written: F32 rows converted to the cache's type (any storable
-type of ggraph/type_records.py: F16, BF16, Q8_0, Q5_0, IQ4_NL, ...) land in the rows picked by an I64/I32 index; the result is a view of the
-destination, so later ops read the cache through it.
+type of ggraph/type_records.py: F16, BF16, Q8_0, Q5_0, IQ4_NL, ...) land in the rows picked
+by an I64/I32 index; the result is a view of the destination, so later ops read the cache
+through it.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ggraph.tensor import Tensor
 from ggraph.type_records import weight_types
 from ggraph.types import GGMLType, GGMLType as T
 from .case import STORED, TOL_DEFAULT, WEIGHTS, Case, case
-from .registry import (STORABLE, GGMLMap, OpDef, new_node, new_view, register, require,
+from .registry import (STORABLE, GGMLMap, OpDef, ggml_fn, new_node, new_view, register, require,
                        require_type, types_ok)
 
 GET_ROWS = OpKind.define("get_rows", Family.COPY)
@@ -111,8 +112,21 @@ def _set_rows_cases() -> Iterator[Case]:
                 ne=[64, 12, 2])
 
 
+def _ggml_set_rows_source(t: Tensor) -> str | None:
+    if t.src[1].type not in (GGMLType.F32, GGMLType.F16):
+        return f"ggml_set_rows needs an F32/F16 source, got {t.src[1].type}"
+    return None
+
+
 register(OpDef(OpKind.GET_ROWS, "get_rows", _ref_get_rows, cases=_get_rows_cases,
-               accepts=lambda n: types_ok(n, GET_ROWS_SOURCES, (T.I32,)), ggml=GGMLMap()))
+               accepts=lambda n: types_ok(n, GET_ROWS_SOURCES, (T.I32,)), src_labels=True,
+               ggml=GGMLMap(cdecl=ggml_fn("ggml_get_rows", "a", "b"),
+                            probe=lambda k: k.lib.ggml_get_rows(k.ctx, k.a,
+                                                                k.new(T.I32, 3, 2)))))
 register(OpDef(OpKind.SET_ROWS, "set_rows", _ref_set_rows, cases=_set_rows_cases,
                accepts=lambda n: types_ok(n, STORABLE, (T.F32,), (T.I32, T.I64)),
-               ggml=GGMLMap()))
+               src_labels=True,
+               ggml=GGMLMap(limits=_ggml_set_rows_source,
+                            cdecl=ggml_fn("ggml_set_rows", "a", "b", "c"),
+                            probe=lambda k: k.lib.ggml_set_rows(k.ctx, k.a, k.a,
+                                                                k.new(T.I32, 4)))))

@@ -15,7 +15,7 @@ from ggraph.opkind import Family, OpKind
 from ggraph.tensor import Tensor, fmt_ne
 from ggraph.types import GGMLType as T
 from .case import QUANT_STORED, STORED, Case, TOL_DEFAULT, TOL_QUANT_COPY, any_values, case
-from .registry import GGMLMap, OpDef, new_node, new_view, register, require
+from .registry import GGMLMap, OpDef, ggml_fn, new_node, new_view, register, require
 
 VIEW = OpKind.define("view", Family.VIEW)
 RESHAPE = OpKind.define("reshape", Family.VIEW)
@@ -182,15 +182,29 @@ def _ggml_view(lib, ctx, t: Tensor, S: list):
     return lib.ggml_view_4d(ctx, S[0], *t.ne, *t.nb[1:], rel)
 
 
+# probes: ggml's constructors on the probe tensor `a` (F32, ne [64, 4, 2, 1]); ggml_view_4d
+# and ggml_reshape_4d are declared by ggraph/ggml_cdefs.py, which uses them itself
 register(OpDef(OpKind.VIEW, "view", None, cases=_one_kind(OpKind.VIEW),
-               ggml=GGMLMap(build=_ggml_view)))
+               ggml=GGMLMap(build=_ggml_view, probe=lambda k: k.lib.ggml_view_4d(
+                   k.ctx, k.a, 64, 4, 1, 1, 256, 1024, 1024, 0))))
 register(OpDef(OpKind.RESHAPE, "reshape", None, cases=_one_kind(OpKind.RESHAPE),
-               ggml=GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_reshape_4d(ctx, S[0], *t.ne))))
-register(OpDef(OpKind.PERMUTE, "permute", None, PermuteParams, cases=_one_kind(OpKind.PERMUTE),
-               ggml=GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_permute(ctx, S[0],
-                                                                           *t.params.axes))))
+               ggml=GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_reshape_4d(ctx, S[0], *t.ne),
+                            probe=lambda k: k.lib.ggml_reshape_4d(k.ctx, k.a, 64, 8, 1, 1))))
+register(OpDef(OpKind.PERMUTE, "permute", None, PermuteParams,
+               cases=_one_kind(OpKind.PERMUTE),
+               ggml=GGMLMap(cdecl=ggml_fn("ggml_permute", "a", "int axis0", "int axis1",
+                                          "int axis2", "int axis3"),
+                            build=lambda lib, ctx, t, S: lib.ggml_permute(ctx, S[0],
+                                                                           *t.params.axes),
+                            probe=lambda k: k.lib.ggml_permute(k.ctx, k.a, 0, 2, 1, 3))))
 register(OpDef(OpKind.TRANSPOSE, "transpose", None, cases=_one_kind(OpKind.TRANSPOSE),
-               ggml=GGMLMap()))
+               ggml=GGMLMap(cdecl=ggml_fn("ggml_transpose", "a"),
+                            probe=lambda k: k.lib.ggml_transpose(k.ctx, k.a))))
 register(OpDef(OpKind.CONT, "cont", _ref_cont, cases=_cont_cases,
-               ggml=GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_cont_4d(ctx, S[0], *t.ne))))
-register(OpDef(OpKind.CPY, "x->y", _ref_cpy, cases=_cpy_cases, ggml=GGMLMap()))
+               ggml=GGMLMap(cdecl=ggml_fn("ggml_cont_4d", "a", "int64_t ne0", "int64_t ne1",
+                                          "int64_t ne2", "int64_t ne3"),
+                            build=lambda lib, ctx, t, S: lib.ggml_cont_4d(ctx, S[0], *t.ne),
+                            probe=lambda k: k.lib.ggml_cont_4d(k.ctx, k.a, 64, 8, 1, 1))))
+register(OpDef(OpKind.CPY, "x->y", _ref_cpy, cases=_cpy_cases, src_labels=True,
+               ggml=GGMLMap(cdecl=ggml_fn("ggml_cpy", "a", "b"),
+                            probe=lambda k: k.lib.ggml_cpy(k.ctx, k.a, k.a))))
