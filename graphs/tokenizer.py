@@ -22,7 +22,7 @@ from typing import Any
 from .gguf_reader import GGUFError
 from .pretokenize import pre_type
 from .tokenizer_models import SPACE, build_bpe, build_spm, piece
-from .tokenizer_vocab import check_vocab, is_int as _is_int, one_line as _one_line, \
+from .tokenizer_vocab import EOG_TEXTS, check_vocab, is_int as _is_int, one_line as _one_line, \
     partition, what as _what
 
 _TEMPLATE = "tokenizer.chat_template"
@@ -178,6 +178,10 @@ class Tokenizer:
         self._model = build_bpe(v, pre) if pre is not None else build_spm(v)
         self._specials = {True: v.specials(True), False: v.specials(False)}
         self._pieces: dict[tuple[int, bool], bytes] = {}
+        # tokens that end generation: EOS and the end-of-turn texts (llama.cpp's eog ids)
+        eog = {i for i, text in enumerate(v.tokens) if text in EOG_TEXTS}
+        self.eog_ids: frozenset[int] = frozenset(eog | ({self.eos} if self.eos is not None
+                                                       else set()))
 
     @property
     def n_vocab(self) -> int:
@@ -243,19 +247,27 @@ class Tokenizer:
         text = b"".join(parts).decode("utf-8", "replace")
         return _clean(text) if clean_spaces and self.clean_spaces else text
 
-
     def chat(self, user: str, system: str | None = None) -> str:
+        """One user message (after an optional system message) in the chat template, with
+        the assistant's turn opened."""
         messages = ([{"role": "system", "content": system}] if system else []) + \
             [{"role": "user", "content": user}]
+        return self.render(messages)
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """A conversation in the file's chat template (ChatML without one, as llama.cpp's
+        default); rendered in a sandbox with a time limit (the template is untrusted)."""
         if self._template is None:
             return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
-                           for m in messages) + "<|im_start|>assistant\n"
+                           for m in messages) + \
+                ("<|im_start|>assistant\n" if add_generation_prompt else "")
         from jinja2.exceptions import SecurityError
 
         try:
             # tools and documents None as transformers passes them: `tools is none` holds
             return _render_bounded(
-                self._template, messages=messages, tools=None, documents=None, add_generation_prompt=True,
+                self._template, messages=messages, tools=None, documents=None,
+                add_generation_prompt=add_generation_prompt,
                 bos_token=self.tokens[self.bos] if self.bos is not None else "",
                 eos_token=self.tokens[self.eos] if self.eos is not None else "")
         except _TemplateTimeout:
