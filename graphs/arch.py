@@ -52,8 +52,9 @@ class Architecture(ABC):
 
     @abstractmethod
     def new_cache(self, ctx: Context, size: int, type_k: str = "f16", type_v: str = "f16",
-                  flash_attn: bool = False) -> Any:
-        """The KV cache of `size` cells (pre-allocated leafs in ctx; None without one)."""
+                  flash_attn: bool = False, n_ubatch: int = 512) -> Any:
+        """The KV cache of `size` cells (pre-allocated leafs in ctx; None without one).
+        n_ubatch: the largest ubatch (a sliding-window cache holds n_swa + n_ubatch cells)."""
 
     @abstractmethod
     def graph_capacity(self, n_tokens: int, n_kv: int, amb_mib: int) -> int:

@@ -8,7 +8,8 @@ With `amb_mib > 0` and a K*Q tensor above the cap, the first path runs over grou
 (facts page section 6), each group a whole number of query heads per K/V head (GQA), keeping
 each head's ALiBi slope, and writes each group's result into its slice of one output buffer
 (no concat chain, so no O(n_head^2) copies). That join, `HeadJoin`, serves MLA's head groups
-too (graphs/mla.py).
+too (graphs/mla.py). `store_kv` writes a layer's new K/V into its cache (set_rows) and gives
+the views attention reads through the stores.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from ggraph import ops as O
 from ggraph.graph import Graph
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType, MIB
+
+from .kv_cache import KVCache
 
 F32 = 4
 
@@ -63,6 +66,24 @@ def split_heads(n_head: int, n_head_kv: int, n_kv: int, n_tokens: int,
         return [(h, min(per_step, n_head - h)) for h in range(0, n_head, per_step)]
     return [(g + h, min(per_step, gqa - h)) for g in range(0, n_head, gqa)
             for h in range(0, gqa, per_step)]
+
+
+def store_kv(cache: KVCache, i: int, k: Tensor, v: Tensor, k_idxs: Tensor,
+             v_idxs: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Write k [n_embd_k, n_tokens] and v [n_embd_v, n_tokens] into layer i of `cache` (rows
+    k_idxs; v_idxs are every value's row of a transposed V cache) and return the K and V
+    cache tensors to attend to: the stores themselves (views of the cache), so every order the
+    allocator may choose writes the new K/V before attention reads them."""
+    if v_idxs is None:
+        raise ValueError("store_kv: a cache with V rows needs v_idxs")
+    n_tokens = k.ne[1]
+    k_store = O.set_rows(cache.k[i], k, k_idxs)
+    if not cache.v_trans:
+        return k_store, O.set_rows(cache.v[i], v, v_idxs)
+    n_embd_v = cache.v[i].ne[1]
+    v_view = O.reshape(cache.v[i], 1, cache.size * n_embd_v)
+    v_store = O.set_rows(v_view, O.reshape(v, 1, n_tokens * n_embd_v), v_idxs)
+    return k_store, O.view_2d(v_store, cache.v[i].ne[0], cache.v[i].ne[1], cache.v[i].nb[1], 0)
 
 
 def build_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kq_mask: Tensor, *,

@@ -6,6 +6,11 @@ every token an output. Later graphs attend to the first n_kv cells (the used cel
 to KV_PAD) and are placed into the reserved offsets; a decode graph is reused while its n_kv
 holds, so a generated token costs one pass over bound kernel calls.
 
+The KV cache is whatever the architecture's `new_cache` gives (one cache, or llama.cpp's iswa
+pair for sliding-window models); the engine uses only what every cache offers (n_used, k/v,
+summary_lines: graphs/kv_cache.py). A model whose tokenizer ggraph cannot build yet still
+loads and runs on token ids; `Engine.tokenizer` raises the tokenizer's error.
+
 This file owns the model side (config, graphs, the KV cache's sequence, thread turns); the
 devices are one Runner (backends/runner.py): a Session on one backend or a MultiSession over
 several, chosen once by `new_runner` and used the same way after that.
@@ -16,7 +21,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Protocol
 
 import numpy as np
 
@@ -25,13 +30,24 @@ from ggraph.backends.runner import ComputeBuffer, ModelMemory, Runner
 from ggraph.tensor import Context
 
 from .arch import build_model
-from .gguf_file import load_gguf
+from .gguf_file import GGUFError, load_gguf
 from .model_graph import ModelGraph
 from .placement import LayerMap, layer_map, parse_devices, place_tensors
 from .tensor_check import check_tensors
 from .tokenizer import Tokenizer
 
 KV_PAD = 256  # llama.cpp pads the attended cells to 256
+
+
+class TokenSampler(Protocol):
+    """What Engine.generate needs of a sampler (graphs/sampling.py's Sampler is one)."""
+
+    def sample(self, logits: np.ndarray) -> int:
+        """The next token (accepted into the sampler's history)."""
+        ...
+
+    def accept_many(self, tokens: Iterable[int]) -> None:
+        ...
 
 
 @dataclass
@@ -123,10 +139,20 @@ class Engine:
         if cfg.n_ctx > hp.n_ctx_train:
             raise ValueError(f"context {cfg.n_ctx} is larger than the model's training context "
                              f"{hp.n_ctx_train} ({path})")
-        self.tokenizer = Tokenizer(self.file.metadata, path)
+        self._tokenizer: Tokenizer | None = None
+        self._tokenizer_error: GGUFError | None = None
+        try:
+            self._tokenizer = Tokenizer(self.file.metadata, path)
+        except GGUFError as e:
+            # a vocabulary type ggraph does not build yet (the message says "not supported")
+            # leaves the model usable on token ids; a broken vocabulary still fails the load
+            if "not supported" not in str(e):
+                raise
+            self._tokenizer_error = e
         self.ctx = Context("engine")
+        # a sliding-window cache is sized from the ubatch (llama.cpp: n_swa + n_ubatch)
         self.cache = self.model.new_cache(self.ctx, cfg.n_ctx, cfg.type_k, cfg.type_v,
-                                          cfg.flash_attn)
+                                          cfg.flash_attn, n_ubatch=cfg.n_ubatch)
         kw: dict[str, Any] = {}
         if cfg.backend == "cpu" and cfg.n_threads:
             kw["n_threads"] = cfg.n_threads
@@ -140,6 +166,23 @@ class Engine:
         self._graphs: dict[tuple[int, int, int], ModelGraph] = {}
         # the worst case's compute buffer per device (the host last)
         self.reserve_plans = self.reserve()
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The GGUF's tokenizer; for a vocabulary ggraph cannot build yet, its load error."""
+        if self._tokenizer is None:
+            assert self._tokenizer_error is not None
+            raise GGUFError(f"{self._tokenizer_error} (the model itself loaded: evaluate "
+                            f"token ids with Engine.eval)")
+        return self._tokenizer
+
+    @property
+    def eos(self) -> int | None:
+        """The end-of-sequence id: the tokenizer's, or the GGUF key without a tokenizer."""
+        if self._tokenizer is not None:
+            return self._tokenizer.eos
+        v = self.file.metadata.get("tokenizer.ggml.eos_token_id")
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
 
     @property
     def reserve_plan(self) -> Plan:
@@ -190,11 +233,13 @@ class Engine:
         return self.runner.reserve(mg.graph)
 
     def memory_lines(self) -> list[str]:
-        """llama.cpp's memory lines for the worst case, per device: the runner's wording."""
-        return self.runner.memory_lines(ModelMemory(
+        """llama.cpp's memory lines for the worst case, per device: the runner's wording (a
+        cache of several parts prints several lines, each its own entry)."""
+        lines = self.runner.memory_lines(ModelMemory(
             graph=self.worst_case.graph, mapped_bytes=self.file.tensor_bytes,
-            kv=frozenset(self.cache.k + self.cache.v), kv_summary=self.cache.summary(),
-            layers=self.layers))
+            kv=frozenset(self.cache.k + self.cache.v),
+            kv_summary="\n".join(self.cache.summary_lines()), layers=self.layers))
+        return [part for line in lines for part in line.split("\n")]
 
     # -- evaluation ---------------------------------------------------------------------------
     def eval(self, tokens: list[int], all_logits: bool = False, n_past: int | None = None
@@ -243,9 +288,11 @@ class Engine:
             self.cache.n_used = 0
             self._kv_epoch += 1
 
-    def generate(self, prompt: list[int], n_predict: int, stop_at_eos: bool = True
-                 ) -> Iterator[int]:
-        """Greedy decoding: yields each new token, continuing the current sequence.
+    def generate(self, prompt: list[int], n_predict: int, stop_at_eos: bool = True,
+                 sampler: TokenSampler | None = None) -> Iterator[int]:
+        """Decoding: yields each new token, continuing the current sequence. Greedy without a
+        sampler; with one (graphs/sampling.py's Sampler), the prompt's tokens are accepted
+        into its history first, as llama-cli does, and each token is its `sample(logits)`.
 
         Other callers may use the Engine between tokens, but if one changes the KV cache
         (eval, reset) the next step raises RuntimeError instead of continuing on a cache that
@@ -256,10 +303,12 @@ class Engine:
             epoch = self._kv_epoch
             self.timings.prompt_tokens += len(prompt)
             self.timings.prompt_s += time.perf_counter() - t0
+        if sampler is not None:
+            sampler.accept_many(prompt)
         for i in range(n_predict):
-            tok = int(np.argmax(logits))
+            tok = int(np.argmax(logits)) if sampler is None else int(sampler.sample(logits))
             yield tok
-            if stop_at_eos and tok == self.tokenizer.eos:
+            if stop_at_eos and tok == self.eos:
                 return
             with self.lock:
                 if self._kv_epoch != epoch:

@@ -1,13 +1,24 @@
-"""The KV cache: per-layer K and V tensors of a runtime-chosen type, pre-allocated leafs that
+"""The KV caches: per-layer K and V tensors of a runtime-chosen type, pre-allocated leafs that
 set_rows writes (quantizing on write) and attention reads (dequantizing on read).
 
 Without flash attention V is stored transposed ([kv_size, n_embd_v]: one row per channel) so
 that V*softmax is a plain mul_mat; block types cannot hold one value per row, hence a
 quantized V cache requires flash attention.
+
+Two caches share one small protocol, so the engine never asks which it holds: `n_used` (the
+sequence's length; setting it lower cuts the sequence back), `k` / `v` (every layer's tensors,
+indexed by layer), `nbytes` and `summary_lines()` (llama.cpp's memory lines):
+- `KVCache`: one cache of `size` cells for every layer (cell = position);
+- `IswaKVCache`: llama.cpp's iswa cache for interleaved sliding-window attention: a full
+  `KVCache` for the global layers and a smaller one for the sliding-window layers, used as a
+  ring (cell = position % size), with the position each ring cell holds.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
 
 from ggraph.tensor import Context, Tensor
 from ggraph.type_records import kv_types
@@ -30,7 +41,13 @@ class KVCache:
     @classmethod
     def create(cls, ctx: Context, n_layer: int, n_embd_k: int, n_embd_v: int, size: int,
                type_k: GGMLType | str = "f16", type_v: GGMLType | str = "f16",
-               flash_attn: bool = False) -> "KVCache":
+               flash_attn: bool = False, layer_ids: Sequence[int] | None = None) -> "KVCache":
+        """A cache of `size` cells for n_layer layers; `layer_ids` names the model layers
+        they are (default 0..n_layer-1), which the tensor names carry (cache_k_l{il}) so
+        placement puts each with its layer."""
+        ids = list(range(n_layer)) if layer_ids is None else list(layer_ids)
+        if len(ids) != n_layer:
+            raise ValueError(f"{len(ids)} layer ids for a cache of {n_layer} layers")
         tk, tv = cache_type("K", type_k), cache_type("V", type_v)
         if tv.is_quantized and not flash_attn:
             raise ValueError(f"a quantized V cache ({tv}) needs flash attention (--fa): without "
@@ -41,7 +58,7 @@ class KVCache:
                 raise ValueError(f"{role} rows of {n} values do not fit {t} blocks of "
                                  f"{t.block_size}")
         c = cls(size, n_layer, tk, tv, v_trans=not flash_attn)
-        for il in range(n_layer):
+        for il in ids:
             k = ctx.new_tensor(tk, (n_embd_k, size), name=f"cache_k_l{il}")
             v = ctx.new_tensor(tv, (size, n_embd_v) if c.v_trans else (n_embd_v, size),
                                name=f"cache_v_l{il}")
@@ -69,6 +86,10 @@ class KVCache:
                 f"{self.n_layer:3d} layers,  1/1 seqs), K ({self.type_k}): "
                 f"{self.bytes_k / MIB:7.2f} MiB, V ({self.type_v}): {self.bytes_v / MIB:7.2f} MiB")
 
+    def summary_lines(self) -> list[str]:
+        """The memory lines llama.cpp prints for this cache (one for a single cache)."""
+        return [self.summary()]
+
 
 def cache_type(role: str, t: GGMLType | str) -> GGMLType:
     """The type of the `role` (K or V) cache; one not in CACHE_TYPES is an error."""
@@ -83,3 +104,166 @@ def kv_cache_bytes(n_layer: int, n_embd_k: int, n_embd_v: int, size: int, type_k
                    type_v: GGMLType) -> int:
     """The formula: row_size(type, n_embd) * kv_size per layer, K plus V."""
     return n_layer * size * (row_size(type_k, n_embd_k) + row_size(type_v, n_embd_v))
+
+
+SWA_PAD = 256  # llama.cpp always pads the sliding-window cache to 256 cells
+
+
+def swa_cache_size(size: int, n_swa: int, n_ubatch: int, swa_full: bool = False) -> int:
+    """Cells of the sliding-window cache as llama.cpp sizes it (llama_kv_cache_iswa):
+    pad256(min(n_ctx, n_swa + n_ubatch)), or the full context with swa_full."""
+    if swa_full:
+        return size
+    n = min(size, n_swa + n_ubatch)
+    return -(-n // SWA_PAD) * SWA_PAD
+
+
+@dataclass
+class IswaKVCache:
+    """llama.cpp's iswa cache for one sequence: `base` (n_ctx cells, cell = position) holds the
+    global layers, `swa` the sliding-window layers in a ring (cell = position % swa.size).
+
+    A ring cell is overwritten only by a position at least swa.size later, and a query at
+    position q reads positions above q - n_swa, so the ring never loses a position a query of
+    the same or a later ubatch reads while swa.size >= n_swa + n_ubatch (checked by
+    `check_ubatch`). `cell_pos` is the position each ring cell holds (-1: empty), as
+    llama.cpp's cells record theirs; the sliding-window mask is built from it.
+    """
+    base: KVCache
+    swa: KVCache
+    n_swa: int
+    is_swa: tuple[bool, ...]
+    cell_pos: np.ndarray
+    _n_used: int = 0
+
+    @classmethod
+    def create(cls, ctx: Context, is_swa: Sequence[bool], n_embd_k: int, n_embd_v: int,
+               size: int, n_swa: int, n_ubatch: int, type_k: GGMLType | str = "f16",
+               type_v: GGMLType | str = "f16", flash_attn: bool = False,
+               swa_full: bool = False) -> IswaKVCache:
+        """The two caches: is_swa[il] says which holds layer il."""
+        if n_swa <= 0:
+            raise ValueError(f"an iswa cache needs a sliding window, got n_swa={n_swa}")
+        flags = tuple(bool(x) for x in is_swa)
+        glob = [il for il, s in enumerate(flags) if not s]
+        local = [il for il, s in enumerate(flags) if s]
+        base = KVCache.create(ctx, len(glob), n_embd_k, n_embd_v, size, type_k, type_v,
+                              flash_attn, layer_ids=glob)
+        n_swa_cells = swa_cache_size(size, n_swa, n_ubatch, swa_full)
+        swa = KVCache.create(ctx, len(local), n_embd_k, n_embd_v, n_swa_cells, type_k, type_v,
+                             flash_attn, layer_ids=local)
+        c = cls(base, swa, n_swa, flags, np.full(n_swa_cells, -1, np.int64))
+        c.check_ubatch(min(size, n_ubatch))
+        return c
+
+    def check_ubatch(self, n_tokens: int) -> None:
+        """A ubatch of n_tokens must not overwrite a ring cell that one of its queries reads."""
+        if self.swa.size < self.base.size and self.swa.size < self.n_swa + n_tokens:
+            raise ValueError(f"a ubatch of {n_tokens} tokens does not fit the sliding-window "
+                             f"cache of {self.swa.size} cells with a window of {self.n_swa}: it "
+                             f"needs at least n_swa + n_ubatch = {self.n_swa + n_tokens}")
+
+    # -- the protocol the engine uses -----------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return self.base.size
+
+    @property
+    def n_layer(self) -> int:
+        return len(self.is_swa)
+
+    @property
+    def type_k(self) -> GGMLType:
+        return self.base.type_k
+
+    @property
+    def type_v(self) -> GGMLType:
+        return self.base.type_v
+
+    @property
+    def v_trans(self) -> bool:
+        return self.base.v_trans
+
+    def part(self, il: int) -> tuple[KVCache, int]:
+        """The cache holding layer il and the layer's index in it."""
+        sub = self.swa if self.is_swa[il] else self.base
+        return sub, sum(1 for j in range(il) if self.is_swa[j] == self.is_swa[il])
+
+    @property
+    def k(self) -> list[Tensor]:
+        """Every layer's K tensor, by layer."""
+        return [self.part(il)[0].k[self.part(il)[1]] for il in range(self.n_layer)]
+
+    @property
+    def v(self) -> list[Tensor]:
+        return [self.part(il)[0].v[self.part(il)[1]] for il in range(self.n_layer)]
+
+    @property
+    def bytes_k(self) -> int:
+        return self.base.bytes_k + self.swa.bytes_k
+
+    @property
+    def bytes_v(self) -> int:
+        return self.base.bytes_v + self.swa.bytes_v
+
+    @property
+    def nbytes(self) -> int:
+        return self.base.nbytes + self.swa.nbytes
+
+    def summary_lines(self) -> list[str]:
+        """llama.cpp's lines: each cache announced by llama_kv_cache_iswa, then its own line."""
+        return [f"llama_kv_cache_iswa: creating non-SWA KV cache, size = {self.base.size} cells",
+                self.base.summary(),
+                f"llama_kv_cache_iswa: creating     SWA KV cache, size = {self.swa.size} cells",
+                self.swa.summary()]
+
+    def summary(self) -> str:
+        return "\n".join(self.summary_lines())
+
+    @property
+    def n_used(self) -> int:
+        """Tokens in the sequence (positions 0..n_used-1)."""
+        return self._n_used
+
+    @n_used.setter
+    def n_used(self, n: int) -> None:
+        """Append positions n_used..n-1, or cut the sequence back to n tokens (which needs
+        the ring to still hold the window before position n)."""
+        n = int(n)
+        if n >= self._n_used:
+            self.cell_pos = self.ring_after(self._n_used, n - self._n_used)
+        else:
+            need = np.arange(max(0, n - self.n_swa + 1), n)
+            lost = need[self.cell_pos[need % self.swa.size] != need]
+            if lost.size:
+                raise ValueError(f"cannot cut the sequence back to {n} tokens: the "
+                                 f"sliding-window cache ({self.swa.size} cells) no longer holds "
+                                 f"positions {lost[0]}..{lost[-1]} of its window")
+            self.cell_pos = np.where(self.cell_pos >= n, -1, self.cell_pos)
+        self._n_used = n
+        self.base.n_used = self.swa.n_used = n
+
+    # -- cells and masks of a ubatch ---------------------------------------------------------------
+    def ring_after(self, n_past: int, n: int) -> np.ndarray:
+        """cell_pos once positions n_past..n_past+n-1 are written (cell = position % size)."""
+        # only the last `size` positions survive; each cell is then written once
+        pos = np.arange(max(n_past, n_past + n - self.swa.size), n_past + n, dtype=np.int64)
+        out = self.cell_pos.copy()
+        out[pos % self.swa.size] = pos
+        return out
+
+    def swa_n_kv(self, n_kv: int) -> int:
+        """The ring cells a graph attending to the first n_kv global cells reads: the ring's
+        used cells lie below min(n_kv, size) when n_kv covers the sequence."""
+        return min(self.swa.size, n_kv)
+
+    def swa_cells_and_mask(self, n_past: int, n: int, n_kv_swa: int
+                           ) -> tuple[np.ndarray, np.ndarray]:
+        """The ring cells the ubatch writes and its mask over the first n_kv_swa cells: a
+        query at position q sees a cell holding position p when 0 <= p <= q and q - p < n_swa
+        (llama_hparams::is_masked_swa, standard type); empty cells are masked."""
+        pos = np.arange(n_past, n_past + n, dtype=np.int64)
+        p0 = self.ring_after(n_past, n)[:n_kv_swa][None, :]
+        q = pos[:, None]
+        seen = (p0 >= 0) & (p0 <= q) & (q - p0 < self.n_swa)
+        return pos % self.swa.size, np.where(seen, 0.0, -np.inf).astype(np.float32)

@@ -12,7 +12,6 @@ the head groups built per layer under `--amb` and the largest tensor (`path_info
 """
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,22 +72,14 @@ class PlanResult:
 
 def kv_lines(cache: Any) -> list[str]:
     """The cache's summary in llama.cpp's words, one line per cache (an iswa cache has two)."""
-    lines = getattr(cache, "summary_lines", None)
-    if callable(lines):
-        return list(lines())
-    return str(cache.summary()).splitlines()
+    return list(cache.summary_lines())
 
 
 def _new_cache(model: Any, ctx: Context, n_ctx: int, tk: GGMLType, tv: GGMLType, flash: bool,
                n_ubatch: int) -> Any:
-    """The model's cache for a plan: MLA caches have K only; an iswa cache sizes its window
-    from the ubatch (llama.cpp's rule), so it is told the ubatch where it asks for it."""
-    if supports(type(model), MLAPlanner):
-        return model.new_cache(ctx, n_ctx, tk, flash_attn=flash)
-    kw: dict[str, Any] = {}
-    if "n_ubatch" in inspect.signature(model.new_cache).parameters:
-        kw["n_ubatch"] = n_ubatch
-    return model.new_cache(ctx, n_ctx, tk, tv, flash, **kw)
+    """The model's cache for a plan (metadata only); an iswa cache sizes its window from the
+    ubatch (llama.cpp's rule)."""
+    return model.new_cache(ctx, n_ctx, tk, tv, flash, n_ubatch=n_ubatch)
 
 
 def cache_types(model: Any) -> tuple[str, ...]:

@@ -5,7 +5,9 @@
 was built for. `GraphInputs` are the input leafs of a causal language model with a KV cache
 (tokens, positions, the KQ mask, the cache cells to write, the output rows), created in one
 place in llama.cpp's names; `causal_inputs` and `causal_batch` give their values for tokens of
-one sequence appended at n_past.
+one sequence appended at n_past. `IswaInputs` add a second set (mask and cells) for the
+sliding-window layers of an iswa cache (graphs/kv_cache.py's IswaKVCache), and `iswa_batch`
+their values.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from ggraph.graph import Graph
 from ggraph.tensor import Context, Tensor
 from ggraph.types import GGMLType
 
-from .kv_cache import KVCache
+from .kv_cache import IswaKVCache, KVCache
 
 InputsT = TypeVar("InputsT")
 
@@ -48,6 +50,33 @@ class GraphInputs:
             ctx.new_tensor(GGMLType.I64, (n_v_idxs,), "v_idxs").set_input()
         out_ids = ctx.new_tensor(GGMLType.I32, (n_outputs,), "inp_out_ids").set_input()
         return cls(tokens, pos, kq_mask, k_idxs, v_idxs, out_ids)
+
+
+@dataclass
+class KindInputs:
+    """One more cache's leafs (the sliding-window layers' of an iswa cache): its KQ mask over
+    its own n_kv cells and the cells the ubatch writes, named with a suffix (kq_mask_swa)."""
+    kq_mask: Tensor
+    k_idxs: Tensor
+    v_idxs: Tensor | None
+
+    @classmethod
+    def create(cls, ctx: Context, n_tokens: int, n_kv: int, flash: bool,
+               n_v_idxs: int | None, suffix: str) -> KindInputs:
+        kq_mask = ctx.new_tensor(GGMLType.F16 if flash else GGMLType.F32, (n_kv, n_tokens),
+                                 f"kq_mask{suffix}").set_input()
+        k_idxs = ctx.new_tensor(GGMLType.I64, (n_tokens,), f"k_idxs{suffix}").set_input()
+        v_idxs = None if n_v_idxs is None else \
+            ctx.new_tensor(GGMLType.I64, (n_v_idxs,), f"v_idxs{suffix}").set_input()
+        return cls(kq_mask, k_idxs, v_idxs)
+
+
+@dataclass
+class IswaInputs(GraphInputs):
+    """GraphInputs (the global layers' mask and cells) plus the sliding-window layers' own
+    (kq_mask_swa, k_idxs_swa, v_idxs_swa) over the ring's n_kv_swa cells."""
+    swa: KindInputs
+    n_kv_swa: int
 
 
 @dataclass
@@ -84,14 +113,34 @@ def causal_batch(mg: ModelGraph[GraphInputs], cache: KVCache, tokens: np.ndarray
     pos, mask = causal_inputs(mg, len(tokens), n_past)
     cells = pos.astype(np.int64)
     inp = mg.inputs
-    values = {inp.tokens: np.asarray(tokens, np.int32), inp.pos: pos, inp.kq_mask: mask,
-              inp.k_idxs: cells}
-    if inp.v_idxs is not None:
+    values = {inp.tokens: np.asarray(tokens, np.int32), inp.pos: pos}
+    values.update(cell_values(cache, inp.kq_mask, mask, inp.k_idxs, inp.v_idxs, cells))
+    values[inp.out_ids] = np.asarray(out_rows, np.int32)
+    return values
+
+
+def cell_values(cache: KVCache, kq_mask: Tensor, mask: np.ndarray, k_idxs: Tensor,
+                v_idxs: Tensor | None, cells: np.ndarray) -> dict[Tensor, np.ndarray]:
+    """One cache's mask and the rows its K and V stores write for tokens going to `cells`
+    (with a transposed V cache, cache.v_trans, every value of a token is its own V row)."""
+    values = {kq_mask: mask, k_idxs: cells}
+    if v_idxs is not None:
         if cache.v_trans:
             n_embd_v = cache.v[0].ne[1]
             v_idx = np.arange(n_embd_v, dtype=np.int64)[None, :] * cache.size + cells[:, None]
         else:
             v_idx = cells
-        values[inp.v_idxs] = v_idx.reshape(-1)
-    values[inp.out_ids] = np.asarray(out_rows, np.int32)
+        values[v_idxs] = v_idx.reshape(-1)
+    return values
+
+
+def iswa_batch(mg: ModelGraph[IswaInputs], cache: IswaKVCache, tokens: np.ndarray,
+               n_past: int, out_rows: np.ndarray) -> dict[Tensor, np.ndarray]:
+    """causal_batch for an iswa cache: the global layers' cells and causal mask, and the
+    sliding-window layers' ring cells and window mask (IswaKVCache.swa_cells_and_mask)."""
+    values = causal_batch(mg, cache.base, tokens, n_past, out_rows)
+    inp = mg.inputs
+    cells, mask = cache.swa_cells_and_mask(n_past, len(tokens), inp.n_kv_swa)
+    values.update(cell_values(cache.swa, inp.swa.kq_mask, mask, inp.swa.k_idxs,
+                              inp.swa.v_idxs, cells))
     return values

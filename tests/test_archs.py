@@ -40,7 +40,7 @@ class ToyModel(Architecture):
     def __init__(self, gguf, **overrides):
         self.gguf = gguf
 
-    def new_cache(self, ctx, size, type_k="f16", type_v="f16", flash_attn=False):
+    def new_cache(self, ctx, size, type_k="f16", type_v="f16", flash_attn=False, n_ubatch=512):
         return None
 
     def graph_capacity(self, n_tokens, n_kv, amb_mib):
@@ -104,7 +104,7 @@ def test_registration_checks_the_interface():
         def __init__(self, gguf, **overrides):
             pass
 
-        def new_cache(self, ctx, size, type_k="f16", type_v="f16", flash_attn=False):
+        def new_cache(self, ctx, size, type_k="f16", type_v="f16", flash_attn=False, n_ubatch=512):
             return None
 
     with pytest.raises(TypeError, match="does not implement batch_inputs, build, "

@@ -133,7 +133,7 @@ def test_llama_header_plan_equals_the_engine(tmp_path, capsys, fa, ctk, ctv):
     eng = Engine(p, EngineConfig(n_ctx=1024, n_ubatch=128, type_k=ctk, type_v=ctv,
                                  flash_attn=fa))
     assert r["kv_cache_bytes"] == eng.cache.nbytes
-    assert r["kv_cache_lines"] == [eng.cache.summary()]
+    assert r["kv_cache_lines"] == eng.cache.summary_lines()
     assert r["compute_buffer_bytes"] == eng.reserve_plan.size
     assert r["n_nodes"] == eng.worst_case.graph.n_nodes
     assert main(["plan", p, *args]) == 0

@@ -144,7 +144,7 @@ class DenseDecoder(Architecture):
         return causal_batch(mg, cache, tokens, n_past, out_rows)
 
     def new_cache(self, ctx: Context, size: int, type_k: str = "f16", type_v: str = "f16",
-                  flash_attn: bool = False) -> KVCache:
+                  flash_attn: bool = False, n_ubatch: int = 512) -> KVCache:
         return KVCache.create(ctx, self.hp.n_layer, self.hp.n_embd_gqa, self.hp.n_embd_gqa,
                               size, type_k, type_v, flash_attn)
 
