@@ -12,7 +12,6 @@
 # fails or a buffer size differs (the JSON is written either way).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export NUMBA_CACHE_DIR="${NUMBA_CACHE_DIR:-$PWD/.numba_cache}"
 
 python -c "import ggraph" 2>/dev/null || python -m pip install -q --disable-pip-version-check -e .
 python -c "import cffi" 2>/dev/null || python -m pip install -q --disable-pip-version-check "cffi>=1.16"

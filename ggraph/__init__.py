@@ -4,7 +4,17 @@ The IR (Tensor, Context, Graph, the ops in ggraph.ops) records metadata only; th
 executor (ggraph.reference) runs any graph exactly in numpy; the allocator plans memory;
 backends (ggraph.backends) run graphs inside planned buffers.
 """
-from ggraph.types import GGMLType, row_size
+import os as _os
+
+# One numba cache for every entry point (ggraph run, the tests, the demo, benchmarks): in the
+# user's cache directory beside the fetched models, never inside the source tree. Set before
+# any backend imports numba, which reads it once; NUMBA_CACHE_DIR set by the user wins.
+_os.environ.setdefault("NUMBA_CACHE_DIR", _os.path.join(
+    _os.environ.get("GGRAPH_CACHE") or _os.path.join(
+        _os.environ.get("XDG_CACHE_HOME") or _os.path.expanduser("~/.cache"), "ggraph"),
+    "numba"))
+
+from ggraph.types import GGMLType, row_size  # noqa: E402
 from ggraph.opkind import OpKind
 from ggraph.tensor import Context, Tensor, Flag
 from ggraph.graph import Graph, GraphCapacityError, GraphCycleError, build_graph

@@ -76,6 +76,10 @@ class EngineConfig:
     # GGRAPH_CHECK_TENSORS=1 (the test suite)
     check_tensors: bool = field(
         default_factory=lambda: os.environ.get("GGRAPH_CHECK_TENSORS", "") == "1")
+    # run a short prompt and a decode step at load, then clear the cache (llama.cpp's warmup):
+    # numba compiles the kernels there on the first run, so load time carries the compilation
+    # and the prompt and generation timings do not
+    warmup: bool = False
 
 
 @dataclass
@@ -166,6 +170,7 @@ class Engine:
         self._graphs: dict[tuple[int, int, int], ModelGraph] = {}
         # the worst case's compute buffer per device (the host last)
         self.reserve_plans = self.reserve()
+        self.warmup_s = self.warmup() if cfg.warmup else 0.0
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -282,6 +287,20 @@ class Engine:
                 if all_logits or last:
                     out.append(logits)
             return np.concatenate(out) if all_logits else out[-1][-1]
+
+    def warmup(self) -> float:
+        """Evaluate a prompt-sized batch (the mat-mat and blockwise attention paths) and one
+        decode token (the mat-vec paths), then empty the cache; the seconds it took. Kernels
+        compile here on the first run; the timings do not count it."""
+        with self.lock:
+            t0 = time.perf_counter()
+            tok = self.eos if self.eos is not None else 0
+            n = max(1, min(16, self.cfg.n_ubatch, self.cfg.n_ctx - 1))
+            self.eval([tok] * n, n_past=0)
+            if n + 1 <= self.cfg.n_ctx:
+                self.eval([tok])
+            self.reset()
+            return time.perf_counter() - t0
 
     def reset(self) -> None:
         with self.lock:

@@ -4,5 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-export NUMBA_CACHE_DIR="${NUMBA_CACHE_DIR:-$PWD/.numba_cache}"
 ggraph run default --chat -p "${1:-Give me three tips for staying healthy.}" -n "${2:-64}" -c 2048

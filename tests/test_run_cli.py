@@ -71,7 +71,8 @@ def test_cnv_is_not_c_nv_and_keeps_the_cache(capsys, monkeypatch):
 
     monkeypatch.setattr(Engine, "eval", spy)
     monkeypatch.setattr("sys.stdin", io.StringIO("Hi!\nAnd a second turn.\n/exit\n"))
-    out, err = run(capsys, "default", "-cnv", "-n", "4", "-c", "512", "--temp", "0")
+    out, err = run(capsys, "default", "-cnv", "-n", "4", "-c", "512", "--temp", "0",
+                   "--no-warmup")
     # two turns: the second starts where the first ended (the cache is kept), and its
     # prompt holds only the new turn, not the whole conversation again
     starts = [(n_used, n) for n_used, n in seen if n > 1]
@@ -96,3 +97,12 @@ def test_bad_flags_are_one_line_errors(capsys, argv, msg):
     assert main(["run", *argv, "-n", "1", "-c", "64"]) == 1
     err = capsys.readouterr().err
     assert msg in err and "Traceback" not in err
+
+
+def test_warmup_is_load_time_not_prompt_time(capsys):
+    """The warmup (where a first run compiles) is counted in load time, and the cache it used
+    is emptied: the text equals a run without warmup."""
+    a, err = run(capsys, "default", "-p", PROMPT, "-n", "6", "-c", "256", "--temp", "0")
+    b, _ = run(capsys, "default", "-p", PROMPT, "-n", "6", "-c", "256", "--temp", "0",
+               "--no-warmup")
+    assert a == b

@@ -13,6 +13,7 @@ then llama_perf's timings (stderr).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any
@@ -76,6 +77,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --devices: layer shares per device, e.g. 3,1")
     d.add_argument("--check-tensors", action="store_true",
                    help="check model tensor data for invalid values")
+    d.add_argument("--no-warmup", action="store_true",
+                   help="skip the warmup run at load (kernels then compile, on a first run, "
+                        "inside the prompt's time)")
     d.add_argument("--list-devices", action="store_true", help="list the backends and exit")
     d.add_argument("--version", action="store_true", help="print the version and exit")
     add_sampling_args(p)
@@ -181,7 +185,7 @@ def main(args: argparse.Namespace) -> int:
                        devices=args.devices, ggml_exact=args.ggml_exact,
                        n_gpu_layers=args.n_gpu_layers,
                        tensor_split=tuple(split) if split else None,
-                       check_tensors=args.check_tensors)
+                       check_tensors=args.check_tensors, warmup=not args.no_warmup)
     path = resolve_model(args.model_opt or args.model or "default")
     if args.file:
         with open(args.file, encoding="utf-8", errors="replace") as f:
@@ -189,6 +193,10 @@ def main(args: argparse.Namespace) -> int:
     else:
         user = argv_text(args.prompt if args.prompt is not None else "The capital of France is")
     t0 = time.perf_counter()
+    if cfg.warmup and sys.stderr.isatty():  # a first run compiles: say so before the wait
+        print("load: warming up (the first run compiles the kernels, then they are cached in "
+              f"{os.environ.get('NUMBA_CACHE_DIR', 'numba cache')})", file=sys.stderr,
+              flush=True)
     eng = Engine(path, cfg, progress=sys.stderr.isatty())  # GGUFError: one line (ggraph.cli)
     load_s = time.perf_counter() - t0
     from .run_loop import Conversation, generate_text, perf_lines, prompt_ids
