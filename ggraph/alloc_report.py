@@ -68,9 +68,38 @@ def size_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def peak_info(plan: Plan) -> dict[str, Any]:
-    """The step with the most bytes live, the tensors live then, and the dominant one."""
-    step = plan.peak_step
+def live_by_step(plan: Plan) -> list[int]:
+    """Bytes live at each step: element s + 1 for step s (element 0: before node 0). An
+    in-place child shares its parent's bytes at the hand-over step, so it counts from the
+    step after (the rule that puts plan.peak_step where it is)."""
+    n = len(plan.order)
+    diff = [0] * (n + 2)
+    for p in plan.placements.values():
+        start = p.first + 1 if p.reused is not None else p.first
+        if start <= p.last:
+            diff[start + 1] += p.alloc_size
+            diff[min(p.last, n - 1) + 2] -= p.alloc_size
+    out, live = [], 0
+    for i in range(n + 1):
+        live += diff[i]
+        out.append(live)
+    return out
+
+
+def peak_within(plan: Plan, nodes: Any, live: list[int] | None = None) -> int | None:
+    """The first step among `nodes` (tensors of plan.order) with the most bytes live: the
+    high-water mark of a part of the graph (one layer); None when none of them runs.
+    `live`: live_by_step(plan), when the caller asks for many parts."""
+    live = live_by_step(plan) if live is None else live
+    want = set(nodes)
+    steps = [i for i, t in enumerate(plan.order) if t in want]
+    return max(steps, key=lambda i: (live[i + 1], -i)) if steps else None
+
+
+def peak_info(plan: Plan, step: int | None = None) -> dict[str, Any]:
+    """The step with the most bytes live (or the given step), the tensors live then, and the
+    dominant one."""
+    step = plan.peak_step if step is None else step
     live = plan.live_at(step)
     # at an in-place hand-over the parent and its child share bytes: list the child only
     handed = {p.reused.owner for p in live if p.reused is not None and p.first == step}
@@ -177,14 +206,37 @@ def write_json(plan: Plan, path: str) -> None:
 
 # -- PNG memory map ---------------------------------------------------------------------------
 
+def plans_agree(a: Plan, b: Plan) -> bool:
+    """Whether two plans of one graph lay it out alike: the same order, and every tensor at
+    the same offset for the same steps (then one picture shows both)."""
+    if a.graph is not b.graph or a.size != b.size or a.order != b.order or \
+            a.placements.keys() != b.placements.keys():
+        return False
+    return all((p.offset, p.alloc_size, p.first, p.last) ==
+               (q.offset, q.alloc_size, q.first, q.last)
+               for p, q in ((p, b.placements[t]) for t, p in a.placements.items()))
+
+
 def render_png(plan: Plan, path: str, label_min: float = 0.04) -> None:
     """Memory map: x = node index, y = offset; one rectangle per tensor, the peak marked.
-    With a baseline (ggml's plan) both maps are drawn side by side on the same scale."""
+    With a baseline (ggml's plan) that lays the graph out differently, both maps are drawn
+    side by side on the same scale; when they agree, one map says so."""
+    import matplotlib.pyplot as plt
+
+    fig = memory_map_figure(plan, label_min)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def memory_map_figure(plan: Plan, label_min: float = 0.04) -> Any:
+    """render_png's matplotlib Figure, one axes per map (the caller closes it); the legend
+    lies under the maps."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plans = [p for p in (plan.baseline, plan) if p is not None]
+    agree = plan.baseline is not None and plan.complete and plans_agree(plan.baseline, plan)
+    plans = [plan] if agree else [p for p in (plan.baseline, plan) if p is not None]
     fig, axes = plt.subplots(1, len(plans), figsize=(7.5 * len(plans), 6.2), squeeze=False,
                              sharey=True)
     top = max([p.size for p in plans] + [plan.max_bytes or 0] +
@@ -198,6 +250,9 @@ def render_png(plan: Plan, path: str, label_min: float = 0.04) -> None:
         _draw(ax, q, unit, colour, label_min * top)
         title = "ggml-alloc's rules" if q.strategy == "ggml" else \
             f"{q.strategy} strategy: best candidate '{q.method}'"
+        if agree:
+            title = (f"{q.strategy} strategy and ggml-alloc's rules agree: "
+                     f"the same layout")
         size = f"{q.name} compute buffer {human(q.size)}"
         if not q.complete:
             title = f"partial plan ({q.method})"
@@ -217,9 +272,10 @@ def render_png(plan: Plan, path: str, label_min: float = 0.04) -> None:
                    frameon=False)
     if not plan.complete:
         fig.suptitle(textwrap.fill(plan.error or "", 170), color="red", fontsize=8)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.97 if not plan.complete else 0.94))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    rows = -(-len(handles) // 8)   # legend rows of about 0.2 in, kept out of the maps
+    fig.tight_layout(rect=(0, (0.2 * rows + 0.12) / 6.2, 1,
+                           0.97 if not plan.complete else 0.94))
+    return fig
 
 
 def _draw(ax: Any, plan: Plan, unit: int, colour: dict, label_bytes: float) -> None:
@@ -280,8 +336,10 @@ def _draw(ax: Any, plan: Plan, unit: int, colour: dict, label_bytes: float) -> N
         when = f"node {step}" if step >= 0 else "before node 0"
         gap = plan.size - info["live_bytes"]
         note = f" ({human(gap)} in gaps)" if gap > 0 else ""
-        ax.annotate(f"peak at {when}: {human(info['live_bytes'])} live{note}",
-                    (step, plan.size / unit), textcoords="offset points", xytext=(6, 4),
+        right = step > 0.55 * n         # near the right edge the note reads leftwards,
+        ax.annotate(f"peak at {when}: {human(info['live_bytes'])} live{note}",  # in the axes
+                    (step, plan.size / unit), textcoords="offset points",
+                    xytext=(-8 if right else 6, 4), ha="right" if right else "left",
                     color="crimson", fontsize=8)
     # "in" (before node 0) takes the place of the tick at 0 once the axis is crowded
     ticks = [t for t in ax.get_xticks() if (t >= 1 or (t == 0 and n <= 12)) and t < n]

@@ -5,7 +5,9 @@ This file owns what a picture shows: every node with its name, op, type and ne; 
 (tensor names ending in `-{il}`, weights `blk.{il}.*`, caches `*_l{il}`) as clusters,
 split-attention steps (`-{il}-s{step}`) as nested clusters; a layer filter that draws part of
 the graph with its outside neighbours as stubs; with a plan, in-place reuse as an edge style of
-its own. A graph too big to read is refused with a suggestion instead of drawn as a hairball.
+its own, and a peak the picture holds (a layer picture without the graph's peak outlines the
+layer's own high-water mark and says where the graph's is). A graph too big to read is
+refused with a suggestion instead of drawn as a hairball.
 It also writes and renders the files. The rest lives apart: how a tensor reads (colours of op
 families, leaf shapes, plan rows, the peak outlined red) in ggraph.dot_style, layers from names
 in ggraph.dot_layers, the summary (one box per layer) in ggraph.dot_summary, the errors in
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,18 +58,22 @@ def _drawn(t: Tensor, views: bool) -> Tensor:
 
 def to_dot(graph: Graph, plan: Plan | None = None, *, layers: tuple[int, int] | None = None,
            summary: bool = False, clusters: bool = True, views: bool = True,
-           max_nodes: int = DEFAULT_MAX_NODES, title: str = "") -> str:
+           max_nodes: int = DEFAULT_MAX_NODES, title: str = "",
+           node_seconds: Mapping[Tensor, float] | None = None) -> str:
     """DOT source of `graph` (with `plan`: offsets, sizes, in-place edges, the peak).
 
     layers=(a, b) draws layers a..b only (their outside sources and consumers as stubs);
     summary=True draws one box per layer; clusters groups nodes per layer and split step;
     views=False draws edges through view nodes. A drawing of more than `max_nodes` tensors
-    (0: no limit) raises GraphTooLargeError naming a filter that works."""
+    (0: no limit) raises GraphTooLargeError naming a filter that works. With a layer filter
+    that leaves the plan's peak out, the drawn layers' own peak is outlined and the title
+    says where the graph's lies. `node_seconds` (seconds per node, from a profile) puts each
+    layer's time in the summary."""
     if layers is not None:
         check_layers(graph, layers)
-    c = draw_context(graph, plan)
+    c = draw_context(graph, plan, layers, globals_drawn=summary)   # the summary draws them
     if summary:
-        return summary_dot(c, layers, title, max_nodes)
+        return summary_dot(c, layers, title, max_nodes, node_seconds)
 
     def inside(t: Tensor) -> bool:
         il = c.where[t][0]
@@ -136,7 +143,10 @@ def to_dot(graph: Graph, plan: Plan | None = None, *, layers: tuple[int, int] | 
     for s in stubs_in:
         il = c.where[s][0]
         where = f" (layer {il})" if il is not None else ""
-        w.add(f"{node_id(c, s)} [shape=box, style=\"dashed,rounded\", color=\"#999999\", "
+        # a source from another layer that is live at the outlined peak is outlined too
+        line = f"color=\"{PEAK_COLOR}\", penwidth=\"2\"" if s in c.live else \
+            "color=\"#999999\""
+        w.add(f"{node_id(c, s)} [shape=box, style=\"dashed,rounded\", {line}, "
               f"fontcolor=\"#666666\", fontsize=9, label=<from {esc(display_name(s))}{where}"
               f"<BR/>{s.type} {ne_text(s)}>];")
     _edges(w, c, sel, views)

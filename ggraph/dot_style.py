@@ -94,28 +94,55 @@ class DrawContext:
     leaf_index: dict[Tensor, int]  # leaf index in graph.leafs (Tensor.id repeats across
     #                                contexts, so DOT ids come from these indices)
     step: dict[Tensor, int]        # step in plan.order
-    live: set[Tensor]              # live at the peak
-    peak_node: Tensor | None
+    live: set[Tensor]              # live at the outlined peak
+    peak_node: Tensor | None       # the outlined peak: the graph's, or the drawn layers' own
+    #                                when the graph's lies outside them
+    graph_peak: Tensor | None = None   # the plan's peak node (where the buffer's size is set)
+    live_bytes: int = 0            # bytes live at the outlined peak
+    graph_live_bytes: int = 0      # bytes live at the plan's peak
+
+    @property
+    def local_peak(self) -> bool:
+        """Whether the outlined peak is the drawn layers' own, not the graph's."""
+        return self.peak_node is not self.graph_peak
 
 
-def draw_context(graph: Graph, plan: Plan | None) -> DrawContext:
-    """DotError when `plan` belongs to another graph."""
+def draw_context(graph: Graph, plan: Plan | None, layers: tuple[int, int] | None = None,
+                 globals_drawn: bool = False) -> DrawContext:
+    """What both views know. With a layer filter that leaves the plan's peak out, the peak
+    outlined is the drawn layers' own high-water mark (the picture names both);
+    `globals_drawn`: nodes of no layer are drawn too (the summary draws them). DotError when
+    `plan` belongs to another graph."""
     step: dict[Tensor, int] = {}
     live: set[Tensor] = set()
-    peak = None
+    peak = graph_peak = None
+    live_bytes = graph_bytes = 0
+    where = assign_layers(graph)
     if plan is not None:
         if plan.graph is not graph:
             raise DotError("the plan was made for another graph: plan this graph (or pass the "
                            "graph the plan belongs to, plan.graph)")
-        from ggraph.alloc_report import peak_info
+        from ggraph.alloc_report import peak_info, peak_within
 
         step = {t: i for i, t in enumerate(plan.order)}
         info = peak_info(plan)
+        graph_peak, graph_bytes = info["node"], info["live_bytes"]
+
+        def drawn(t: Tensor) -> bool:
+            il = where.get(t, (None, None))[0]
+            if il is None:
+                return layers is None or globals_drawn
+            return layers is None or layers[0] <= il <= layers[1]
+
+        if graph_peak is not None and not drawn(graph_peak):
+            at = peak_within(plan, (t for t in plan.order if drawn(t)))
+            if at is not None:
+                info = peak_info(plan, at)
         live = {p.tensor for p in info["live"]}
-        peak = info["node"]
-    return DrawContext(graph, plan, assign_layers(graph),
-                       {t: i for i, t in enumerate(graph.nodes)},
-                       {t: i for i, t in enumerate(graph.leafs)}, step, live, peak)
+        peak, live_bytes = info["node"], info["live_bytes"]
+    return DrawContext(graph, plan, where, {t: i for i, t in enumerate(graph.nodes)},
+                       {t: i for i, t in enumerate(graph.leafs)}, step, live, peak,
+                       graph_peak, live_bytes, graph_bytes)
 
 
 def node_id(c: DrawContext, t: Tensor) -> str:
@@ -158,8 +185,9 @@ def node_attrs(c: DrawContext, t: Tensor) -> dict[str, str]:
     if t in c.live:
         attrs.update(color=PEAK_COLOR, penwidth="3")
     if c.peak_node is t:
-        rows.append(f"<FONT COLOR=\"{PEAK_COLOR}\"><B>▲ PEAK: runs at the high-water mark"
-                    f"</B></FONT>")
+        what = "▲ PEAK of the drawn layers: their high-water mark" if c.local_peak else \
+            "▲ PEAK: runs at the high-water mark"
+        rows.append(f"<FONT COLOR=\"{PEAK_COLOR}\"><B>{what}</B></FONT>")
     attrs["label"] = "<" + "<BR/>".join(rows) + ">"
     return attrs
 
@@ -211,9 +239,11 @@ class Writer:
 
 
 def write_header(w: Writer, c: DrawContext, layers: tuple[int, int] | None, title: str,
-                 n_nodes: int, n_leafs: int, extra: str = "") -> None:
+                 n_nodes: int, n_leafs: int, extra: str = "",
+                 keys: list[str] | None = None) -> None:
     """Graph, node and edge defaults, and the title: what is drawn, the plan, the keys and
-    the legend. `extra`: more graph attributes, each followed by ", "."""
+    the legend. `extra`: more graph attributes, each followed by ", "; `keys`: more keys (HTML
+    text) after the line styles'."""
     graph = c.graph
     have = graph_layers(graph)
     what = "whole graph" if layers is None else (
@@ -224,7 +254,7 @@ def write_header(w: Writer, c: DrawContext, layers: tuple[int, int] | None, titl
                  f"(graph: {graph.n_nodes} nodes, {graph.n_leafs} leafs)")
     if c.plan is not None:
         lines.append(_plan_line(c))
-    lines.append(_keys(c))
+    lines.append(_keys(c, keys or []))
     br = '<BR ALIGN="LEFT"/>'
     w.add(f"graph [fontname=\"Helvetica\", fontsize=12, rankdir=TB, {extra}"
           "nodesep=0.25, ranksep=0.32, labelloc=t, labeljust=l, "
@@ -240,12 +270,22 @@ def _plan_line(c: DrawContext) -> str:
     base = f" (ggml-alloc's rules: {human(plan.ggml_size)})" \
         if plan.baseline is not None and plan.ggml_size != plan.size else ""
     s = f"{plan.name} compute buffer {human(plan.size)}{base}"
-    if c.peak_node is not None:
+    if c.graph_peak is not None and c.local_peak:
+        # the buffer's size is set outside the picture: say where, then outline what is here
+        il = c.where.get(c.graph_peak, (None,))[0]
+        at, go = (f"in layer {il}", f"draw it: --layer {il}") if il is not None else \
+            ("outside the layers", "the summary shows it: --summary")
+        s += (f"; graph peak ({human(c.graph_live_bytes)} live) at step {plan.peak_step}, "
+              f"{esc(display_name(c.graph_peak))} {at}: not drawn here ({go})")
+        if c.peak_node is not None:
+            s += (f'<BR ALIGN="LEFT"/>outlined instead: the drawn layers\' own peak at step '
+                  f"{c.step[c.peak_node]}, {esc(display_name(c.peak_node))}: "
+                  f"{human(c.live_bytes)} live in {len(c.live)} tensors (red outlines)")
+    elif c.peak_node is not None:
         il = c.where.get(c.peak_node, (None,))[0]
         at = f" in layer {il}" if il is not None else ""
-        live = sum(p.alloc_size for p in plan.placements.values() if p.tensor in c.live)
         s += (f"; peak at step {plan.peak_step}, {esc(display_name(c.peak_node))}{at}: "
-              f"{human(live)} live in {len(c.live)} tensors (red outlines)")
+              f"{human(c.live_bytes)} live in {len(c.live)} tensors (red outlines)")
     return s
 
 
@@ -261,7 +301,7 @@ def _legend(graph: Graph) -> str:
             + "".join(cells) + "</TR></TABLE>")
 
 
-def _keys(c: DrawContext) -> str:
+def _keys(c: DrawContext, more: list[str]) -> str:
     """What line styles mean (in the title: under the swatches graphviz would stretch them)."""
     keys = ["dashed: view (no memory of its own)",
             f"<FONT COLOR=\"{OUTPUT_COLOR}\">double border: output</FONT>"]
@@ -269,6 +309,7 @@ def _keys(c: DrawContext) -> str:
         keys += [f"<FONT COLOR=\"{INPLACE_COLOR}\">orange edge: in place</FONT>",
                  f"<FONT COLOR=\"{PEAK_COLOR}\">red outline: live at the peak</FONT>",
                  "@ offset  size  steps first–last"]
+    keys += more
     return f"<FONT POINT-SIZE=\"10\">{'   ·   '.join(keys)}</FONT>"
 
 

@@ -347,6 +347,16 @@ def to_json(dp: DeploymentPlan) -> dict[str, Any]:
 def render_png(dp: DeploymentPlan, path: str) -> None:
     """One bar per device: weights, KV cache, compute buffer (its pipeline copies hatched)
     stacked against the device's memory, so a glance shows who is full and why."""
+    import matplotlib.pyplot as plt
+
+    fig = plan_figure(dp)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plan_figure(dp: DeploymentPlan) -> Any:
+    """render_png's matplotlib Figure (the caller closes it). The legend sits under the axes
+    and each total right of its bar and memory mark: nothing covers a bar or a memory line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -356,7 +366,7 @@ def render_png(dp: DeploymentPlan, path: str) -> None:
     pipe = dp.schedule.pipeline_bytes or [0] * len(devs)
     names = [d.name for d in devs]
     gib = float(GIB)
-    fig, ax = plt.subplots(figsize=(9, 0.38 * len(devs) + 1.6))
+    fig, ax = plt.subplots(figsize=(9, 0.38 * len(devs) + 2.0))
     y = list(range(len(devs)))[::-1]
     parts = [("weights", [d.weights for d in devs], "#4c72b0", None),
              ("KV cache", [d.kv for d in devs], "#dd8452", None),
@@ -370,18 +380,29 @@ def render_png(dp: DeploymentPlan, path: str) -> None:
         w = [v / gib for v in vals]
         ax.barh(y, w, left=left, color=color, hatch=hatch, edgecolor="white", label=label)
         left = [a + b for a, b in zip(left, w)]
+    right = max(max(left), max((d.memory or 0) / gib for d in devs)) or 1.0
     for yi, d, total in zip(y, devs, left):
-        if d.memory is not None:
-            ax.plot([d.memory / gib] * 2, [yi - 0.45, yi + 0.45], color="#c44e52", lw=2)
-        ax.text(total + 0.2, yi, f"{total:.1f} GiB" + (" NO" if d.fits is False else ""),
-                va="center", fontsize=8, color="#c44e52" if d.fits is False else "black")
+        mem = d.memory / gib if d.memory is not None else None
+        if mem is not None:
+            ax.plot([mem] * 2, [yi - 0.45, yi + 0.45], color="#c44e52", lw=2)
+        # right of both the bar and the memory mark, so the text crosses neither
+        text = f"{total:.1f}" + (f" of {mem:.0f} GiB" if mem is not None else " GiB")
+        if d.fits is False:
+            text += ": does not fit"
+        ax.text(max(total, mem or 0.0) + right * 0.01, yi, text, va="center", fontsize=8,
+                color="#c44e52" if d.fits is False else "black")
     ax.plot([], [], color="#c44e52", lw=2, label="device memory")
     ax.set_yticks(y, names)
     ax.set_xlabel("GiB")
     ax.set_title(f"{dp.source}: ctx {dp.n_ctx}, ubatch {dp.n_ubatch}, amb {dp.amb_mib} MiB, "
                  f"K cache {dp.type_k}", fontsize=10)
-    ax.legend(loc="lower right", fontsize=8)
-    ax.set_xlim(0, max(max(left), max((d.memory or 0) / gib for d in devs)) * 1.15)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    ax.set_xlim(0, right * 1.22)     # room for the totals
+    ax.set_ylim(-0.6, len(devs) - 0.4)
+    handles, labels = ax.get_legend_handles_labels()
+    height = 0.38 * len(devs) + 2.0
+    rows = -(-len(labels) // 3)
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=8,
+               frameon=False)
+    # the legend's rows (about 0.22 in each) are kept out of the axes' area
+    fig.tight_layout(rect=(0, (0.22 * rows + 0.1) / height, 1, 1))
+    return fig

@@ -22,8 +22,11 @@ from typing import Any
 EXAMPLES = """examples:
   ggraph dot --layer 3 -o layer3.svg                  SmolLM2's layer 3
   ggraph dot --layer 3 --amb 16 --plan -o l3.png      split attention, with the memory plan
-  ggraph dot --summary --plan -o smollm2.svg          one box per layer
+  ggraph dot --summary --plan -o smollm2.svg          one box per layer, its memory as bars
   ggraph dot --preset deepseek-v3 --layer 3 --amb 256 -o ds3.svg
+  ggraph dot --preset deepseek-v3 -c 163000 -ub 512 --amb 2048 --layer 3 --plan -o ds3.png
+                                                      layer 3's own peak outlined; the title
+                                                      says the buffer's peak is in layer 0
   ggraph dot --graph ggraph.tools.report:attention_graph --plan -o att.svg
 """
 
@@ -43,7 +46,9 @@ def register(subparsers: Any) -> None:
     sel = p.add_argument_group("what to draw")
     sel.add_argument("--layer", type=int, metavar="N", help="one layer")
     sel.add_argument("--layers", metavar="A-B", help="a range of layers")
-    sel.add_argument("--summary", action="store_true", help="one box per layer")
+    sel.add_argument("--summary", action="store_true",
+                     help="one box per layer: its steps, ops, weights and KV cache; with "
+                          "--plan its compute peak as a bar against the buffer")
     sel.add_argument("--no-clusters", action="store_true",
                      help="no boxes around layers and split-attention steps")
     sel.add_argument("--no-views", action="store_true",
@@ -53,7 +58,9 @@ def register(subparsers: Any) -> None:
     sel.add_argument("--title", help="title line (default: the model and its settings)")
     mem = p.add_argument_group("memory plan")
     mem.add_argument("--plan", action="store_true",
-                     help="show offsets, sizes, in-place reuse and the peak")
+                     help="show offsets, sizes, in-place reuse and the peak (a layer picture "
+                          "that does not hold the graph's peak outlines its own and says "
+                          "where the graph's is)")
     mem.add_argument("--strategy", choices=("default", "ggml"), default="default")
     mem.add_argument("--backend", choices=("cpu", "cuda"), default="cpu",
                      help="buffer alignment of this backend (cpu 32, cuda 128)")

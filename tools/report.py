@@ -1,14 +1,16 @@
 """`ggraph report`: plan a graph's compute buffer and explain it.
 
 Builds the attention example (graphs/attention.py, reserved like llama.cpp: n_tokens = ubatch,
-n_kv = n_ctx, K/V caches pre-allocated) or any user graph (`--graph module:function`, a
-function returning a Graph), plans it with ggraph.alloc and prints the llama.cpp-style size
-line, the peak, and the tensor table; optionally writes JSON and a PNG memory map.
+n_kv = n_ctx, K/V caches pre-allocated), a model's worst-case graph (a GGUF path or a model
+name: default, smollm2, gemma3), or any user graph (`--graph module:function` or
+`--graph file.py:function`, as `ggraph dot` takes it: a function returning a Graph, a
+ModelGraph or an output Tensor), plans it with ggraph.alloc and prints the llama.cpp-style
+size line, the peak, and the tensor table; optionally writes JSON and a PNG memory map (one
+panel when ggml-alloc's rules and the chosen strategy lay the graph out alike).
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import sys
 from typing import Any
@@ -45,18 +47,14 @@ def attention_graph(n_head: int = 32, n_head_kv: int = 8, head_dim: int = 128,
     return g.build_forward_expand(out)
 
 
-def _user_graph(spec: str) -> Graph:
-    mod_name, _, fn_name = spec.partition(":")
-    if not mod_name or not fn_name:
-        raise ValueError(f"--graph expects module:function, got {spec!r}")
-    try:
-        fn = getattr(importlib.import_module(mod_name), fn_name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"--graph {spec}: cannot load it ({e})") from None
-    g = fn()
-    if not isinstance(g, Graph):
-        raise ValueError(f"--graph {spec} returned {type(g).__name__}, not a Graph")
-    return g
+def _model_graph(spec: str, args: argparse.Namespace) -> Graph:
+    """A model's worst-case graph (a GGUF path or a name: default, smollm2, gemma3), reserved
+    as `ggraph dot` draws it: n_kv = --n-kv, ubatch = --n-tokens."""
+    from ggraph.tools.dot import load_model, model_graph
+
+    model, _ = load_model(spec)
+    return model_graph(model, args.n_kv, args.n_tokens, args.amb, args.fa, args.kv_type,
+                       args.kv_type).graph
 
 
 def _bytes(text: str) -> int:
@@ -78,9 +76,15 @@ def register(subparsers: Any) -> None:
         description="Plan the compute buffer of the attention example or of a user graph and "
                     "print its size, peak and tensor table (ggml-alloc's rules, and the "
                     "default strategy that is never worse).")
+    p.add_argument("model", nargs="?", help="plan this model's worst-case graph: a GGUF file "
+                   "or a model name (default, smollm2, gemma3); its shape options are "
+                   "--n-tokens (ubatch), --n-kv (context), --kv-type, --amb, --fa")
+    p.add_argument("-m", "--model", dest="model_opt", metavar="MODEL",
+                   help="the same as the positional MODEL (llama.cpp's spelling)")
     p.add_argument("--graph", metavar="MODULE:FUNCTION",
-                   help="plan the Graph returned by this function instead of the attention "
-                        "example")
+                   help="plan the graph returned by this function (module path or "
+                        "file.py; a Graph, ModelGraph or output Tensor) instead of the "
+                        "attention example")
     a = p.add_argument_group("attention example")
     a.add_argument("--n-head", type=int, default=32)
     a.add_argument("--n-head-kv", type=int, default=8)
@@ -108,7 +112,11 @@ def check_options(args: argparse.Namespace) -> None:
     shape is checked only when it is built)."""
     from ggraph.cli import SIZE_BOUNDS, check_bounds
 
-    if not args.graph:
+    if getattr(args, "model", None) or getattr(args, "model_opt", None):
+        check_bounds(args, {a: ("--" + a.replace("_", "-"), 1, "") for a in
+                            ("n_tokens", "n_kv")})
+        check_bounds(args, {"amb": SIZE_BOUNDS["amb"]})
+    elif not args.graph:
         check_bounds(args, {a: ("--" + a.replace("_", "-"), 1, "") for a in
                             ("n_head", "n_head_kv", "head_dim", "n_tokens", "n_kv")})
         if args.n_head % args.n_head_kv:
@@ -126,9 +134,18 @@ def check_options(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from ggraph import alloc_report as R
 
+    if args.model and args.model_opt and args.model != args.model_opt:
+        raise ValueError(f"two models given: {args.model} and -m {args.model_opt}")
+    model = args.model or args.model_opt
+    if model and args.graph:
+        raise ValueError("give a MODEL or --graph MODULE:FUNCTION, not both")
     check_options(args)
     if args.graph:
-        graph = _user_graph(args.graph)
+        from ggraph.tools.dot import user_graph
+
+        graph = user_graph(args.graph)[0]
+    elif model:
+        graph = _model_graph(model, args)
     else:
         graph = attention_graph(args.n_head, args.n_head_kv, args.head_dim, args.n_tokens,
                                 args.n_kv, args.kv_type, args.amb, args.fa, args.max_bias)
