@@ -16,22 +16,25 @@ from typing import Any, Callable
 
 from ggraph.type_records import TYPE_RECORDS
 from ggraph.types import GGMLType
-from .shared import codecs, codecs_k, elementwise, numeric
+from .shared import codecs, codecs_k, elementwise, numeric, qdot
 
 NUMERIC = ("rint", "half_to_f32", "f32_to_half", "bf16_to_f32", "f32_to_bf16", "roundf", "silu",
            "gelu", "sigmoid", "alibi_slope", "rope_cos_sin")
 ELEMENTWISE = ("unary_value", "binary_value", "unflatten")
 CODEC_HELPERS = ("_half_at", "_put_half", "_finite_or_zero", "_trunc_u8", "_half_row", "_opaque",
                  "_u32_row", "_put_fives", "_k4_scale", "_k4_min", "_q3_scale", "_iq4_xs_scale",
-                 "_best_iq4", "_f32_row", "_put_f32")
+                 "_best_iq4", "_f32_row", "_put_f32", "_isum_i8", "_sum_i8", "_isum_nib",
+                 "_isum_nib_h", "_isum_q4", "_isum_q5", "_isum_q4k", "_i16_row", "_f16_round")
 CODEC_CONSTANTS = ("IQ4NL_VALUES",)  # module-level arrays the codecs read (compile-time constants)
 # the modules codec functions live in; a record names a function of either
-CODEC_MODULES = (codecs, codecs_k)
+CODEC_MODULES = (codecs, codecs_k, qdot)
 # each type's codec names in shared/codecs*.py, from its record (ggraph/type_records.py):
 # (load, store, load1) for element types, (dec, enc, dot) for block types; an empty encoder
 # name (a type without a quantizer, never stored) compiles `enc_none`
 ELEM_CODECS = {t: r.codecs for t, r in TYPE_RECORDS.items() if not r.is_quantized}
 BLOCK_CODECS = {t: r.codecs for t, r in TYPE_RECORDS.items() if r.is_quantized}
+# the integer dot with quantized activations (shared/qdot.py), for the types that have one
+QDOT_CODECS = {t: r.qdot for t, r in TYPE_RECORDS.items() if r.qdot}
 
 
 def source_hash(*files: str | Path) -> str:
@@ -40,7 +43,7 @@ def source_hash(*files: str | Path) -> str:
     templates). numba's on-disk cache checks only a kernel's own file, not the functions it
     inlines, so the tag of every binding carries this hash: editing the shared math compiles
     afresh instead of reusing stale code."""
-    paths = [Path(m.__file__) for m in (numeric, codecs, codecs_k, elementwise)] + \
+    paths = [Path(m.__file__) for m in (numeric, codecs, codecs_k, qdot, elementwise)] + \
         [Path(__file__)] + \
         [Path(f) for f in files]
     return hashlib.sha1(b"".join(p.read_bytes() for p in paths)).hexdigest()[:10]
@@ -63,10 +66,13 @@ def _codec_source(name: str) -> Any:
 
 
 class Codec:
-    """A type's compiled row decoder/encoder/dot (and element load/store for element types)."""
+    """A type's compiled row decoder/encoder/dot (and element load/store for element types);
+    `qdot` the integer dot with vec_dot_type activation bytes (None: the type has none)."""
 
-    def __init__(self, dec: Any, enc: Any, dot: Any, load: Any = None, store: Any = None):
+    def __init__(self, dec: Any, enc: Any, dot: Any, load: Any = None, store: Any = None,
+                 qdot: Any = None):
         self.dec, self.enc, self.dot, self.load, self.store = dec, enc, dot, load, store
+        self.qdot = qdot
 
 
 class Target:
@@ -105,6 +111,20 @@ class Target:
             glb[n] = device(_copy(_codec_source(n), glb, ""))
         self._codecs: dict[GGMLType, Codec] = {}
         self._bound: dict[tuple, Any] = {}
+        self._helper_tag = ""
+
+    def replace_helpers(self, compiled: dict[str, Any], tag: str) -> None:
+        """Bind target-specific versions of shared codec helpers (already compiled: numba
+        intrinsics, same arguments and results) in place of the shared ones, before any codec
+        is built. `tag` names them in the qualified names of the codecs built after (numba's
+        disk cache keeps them apart from a target compiling the shared helpers)."""
+        if self._codecs or self._bound:
+            raise RuntimeError(f"{self.name}: helpers replaced after codecs were compiled")
+        unknown = set(compiled) - set(CODEC_HELPERS)
+        if unknown:
+            raise ValueError(f"replacement of unknown codec helpers {sorted(unknown)}")
+        self.globals.update(compiled)
+        self._helper_tag = tag
 
     def fn(self, name: str) -> Any:
         return self.globals[name]
@@ -118,9 +138,12 @@ class Target:
     def _make_codec(self, t: GGMLType) -> Codec:
         if t in BLOCK_CODECS:
             dec, enc, dot = BLOCK_CODECS[t]
+            qd = QDOT_CODECS.get(t)
             return Codec(self.device(_copy(_codec_source(dec), self.globals, "")),
                          self.device(_copy(_codec_source(enc or "enc_none"), self.globals, "")),
-                         self.device_fast(_copy(_codec_source(dot), self.globals, "")))
+                         self.device_fast(_copy(_codec_source(dot), self.globals, "")),
+                         qdot=self.device_fast(_copy(_codec_source(qd), self.globals,
+                                                     self._helper_tag)) if qd else None)
         ld, st, ld1 = ELEM_CODECS[t]
         load = self.device(_copy(_codec_source(ld), self.globals, ""))
         store = self.device(_copy(_codec_source(st), self.globals, ""))

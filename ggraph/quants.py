@@ -150,7 +150,8 @@ def _q4_0_dequantize(b: np.ndarray, out: np.ndarray) -> None:
 
 
 register_type(GGMLType.Q4_0, 32, 18, quantize=_q4_0_quantize, dequantize=_q4_0_dequantize,
-              scale_fields=(0,), codecs=("dec_q4_0", "enc_q4_0", "dot_q4_0"), **_ROLES, **_Q8)
+              scale_fields=(0,), codecs=("dec_q4_0", "enc_q4_0", "dot_q4_0"),
+              qdot="qdot_q4_0", **_ROLES, **_Q8)
 
 
 def _q4_1_quantize(x: np.ndarray, out: np.ndarray) -> None:
@@ -171,7 +172,8 @@ def _q4_1_dequantize(b: np.ndarray, out: np.ndarray) -> None:
 
 
 register_type(GGMLType.Q4_1, 32, 20, quantize=_q4_1_quantize, dequantize=_q4_1_dequantize,
-              scale_fields=(0, 2), codecs=("dec_q4_1", "enc_q4_1", "dot_q4_1"), **_ROLES, **_Q8)
+              scale_fields=(0, 2), codecs=("dec_q4_1", "enc_q4_1", "dot_q4_1"),
+              qdot="qdot_q4_1", **_ROLES, **_Q8)
 
 
 def _q8_0_quantize(x: np.ndarray, out: np.ndarray) -> None:
@@ -192,7 +194,8 @@ def _q8_0_dequantize(b: np.ndarray, out: np.ndarray) -> None:
 
 
 register_type(GGMLType.Q8_0, 32, 34, quantize=_q8_0_quantize, dequantize=_q8_0_dequantize,
-              scale_fields=(0,), codecs=("dec_q8_0", "enc_q8_0", "dot_q8_0"), **_ROLES, **_Q8)
+              scale_fields=(0,), codecs=("dec_q8_0", "enc_q8_0", "dot_q8_0"),
+              qdot="qdot_q8_0", **_ROLES, **_Q8)
 
 
 def _trunc_fives(v: np.ndarray) -> np.ndarray:
@@ -229,7 +232,8 @@ def _q5_0_dequantize(b: np.ndarray, out: np.ndarray) -> None:
 
 
 register_type(GGMLType.Q5_0, 32, 22, quantize=_q5_0_quantize, dequantize=_q5_0_dequantize,
-              scale_fields=(0,), codecs=("dec_q5_0", "enc_q5_0", "dot_q5_0"), **_ROLES, **_Q8)
+              scale_fields=(0,), codecs=("dec_q5_0", "enc_q5_0", "dot_q5_0"),
+              qdot="qdot_q5_0", **_ROLES, **_Q8)
 
 
 def _q5_1_quantize(x: np.ndarray, out: np.ndarray) -> None:
@@ -249,7 +253,8 @@ def _q5_1_dequantize(b: np.ndarray, out: np.ndarray) -> None:
 
 
 register_type(GGMLType.Q5_1, 32, 24, quantize=_q5_1_quantize, dequantize=_q5_1_dequantize,
-              scale_fields=(0, 2), codecs=("dec_q5_1", "enc_q5_1", "dot_q5_1"), **_ROLES, **_Q8)
+              scale_fields=(0, 2), codecs=("dec_q5_1", "enc_q5_1", "dot_q5_1"),
+              qdot="qdot_q5_1", **_ROLES, **_Q8)
 
 from . import quants_k as _quants_k  # noqa: E402,F401  (K-quants, IQ4, Q8_K: same registry)
 

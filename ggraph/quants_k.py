@@ -204,19 +204,19 @@ def _kq(name: str):
 
 register_type(GGMLType.Q2_K, QK_K, 84, quantize=_kq("Q2_K"),
               dequantize=_q2_k_dequantize, scale_fields=(80, 82),
-              codecs=("dec_q2_k", "", "dot_q2_k"), **_K)
+              codecs=("dec_q2_k", "", "dot_q2_k"), qdot="qdot_q2_k", **_K)
 register_type(GGMLType.Q3_K, QK_K, 110, quantize=_kq("Q3_K"),
               dequantize=_q3_k_dequantize, scale_fields=(108,),
-              codecs=("dec_q3_k", "", "dot_q3_k"), **_K)
+              codecs=("dec_q3_k", "", "dot_q3_k"), qdot="qdot_q3_k", **_K)
 register_type(GGMLType.Q4_K, QK_K, 144, quantize=_kq("Q4_K"),
               dequantize=_q4_k_dequantize, scale_fields=(0, 2),
-              codecs=("dec_q4_k", "", "dot_q4_k"), **_K)
+              codecs=("dec_q4_k", "", "dot_q4_k"), qdot="qdot_q4_k", **_K)
 register_type(GGMLType.Q5_K, QK_K, 176, quantize=_kq("Q5_K"),
               dequantize=_q5_k_dequantize, scale_fields=(0, 2),
-              codecs=("dec_q5_k", "", "dot_q5_k"), **_K)
+              codecs=("dec_q5_k", "", "dot_q5_k"), qdot="qdot_q5_k", **_K)
 register_type(GGMLType.Q6_K, QK_K, 210, quantize=_kq("Q6_K"),
               dequantize=_q6_k_dequantize, scale_fields=(208,),
-              codecs=("dec_q6_k", "", "dot_q6_k"), **_K)
+              codecs=("dec_q6_k", "", "dot_q6_k"), qdot="qdot_q6_k", **_K)
 # IQ4_NL: llama.cpp accepts it as a KV cache type (-ctk/-ctv iq4_nl); dotted with Q8_0
 register_type(GGMLType.IQ4_NL, 32, 18, quantize=_iq4_nl_quantize, dequantize=_iq4_nl_dequantize,
               scale_fields=(0,), codecs=("dec_iq4_nl", "enc_iq4_nl", "dot_iq4_nl"),

@@ -46,6 +46,9 @@ class TypeRecord:
     # names in backends/shared/codecs.py: (dec, enc, dot) for block types, (load, store,
     # load1) for element types
     codecs: tuple[str, str, str] = ("", "", "")
+    # name in backends/shared/qdot.py of the integer dot of a stored row with vec_dot_type
+    # activation blocks (ggml's quantized dot); "" where only the float dot exists
+    qdot: str = ""
     integer: bool = False   # an integer element type (indices)
     weight: bool = False    # accepted as mul_mat / mul_mat_id weights (`a`)
     kv: bool = False        # accepted as flash_attn_ext K/V, hence as a KV cache type

@@ -44,6 +44,10 @@ _FAST_FLAGS = {"reassoc", "contract", "nsz", "arcp"}
 _KERNEL_FAST = numba.njit(cache=True, parallel=PARALLEL, fastmath=_FAST_FLAGS)
 _SERIAL_FAST = numba.njit(cache=True, fastmath=_FAST_FLAGS)
 PARALLEL_MIN_WORK = 1 << 16  # below this many element-operations threads cost more than they save
+# products (multiply-adds) below this run on one thread: waking the other threads and joining
+# them costs ~3 us while they spin and ~50 us once they sleep (passive waiting, the default:
+# backends/cpu/threads.py), more than halving a small mat-vec saves
+PARALLEL_MIN_PRODUCT = int(os.environ.get("GGRAPH_PARALLEL_MIN_PRODUCT", 1 << 16))
 # GGRAPH_EXACT_ACTIVATIONS=1 multiplies by the float32 activations (closer to the reference,
 # further from llama.cpp)
 ROUND_ACTIVATIONS = os.environ.get("GGRAPH_EXACT_ACTIVATIONS", "0") != "1"
@@ -60,8 +64,11 @@ SOURCE_HASH = source_hash(K.__file__, fastmath.__file__)
 def _small(node: Tensor) -> bool:
     """Too little work to fork threads for: tiny element-wise ops, mat-vecs of small rows."""
     work = node.nelements
+    if node.op == OpKind.SET_ROWS:  # the node is the whole destination; the rows written count
+        work = node.src[1].nelements
     if node.op in (OpKind.MUL_MAT, OpKind.MUL_MAT_ID, OpKind.FLASH_ATTN_EXT):
         work *= node.src[0].ne[0] if node.op != OpKind.FLASH_ATTN_EXT else node.src[1].ne[1]
+        return work < PARALLEL_MIN_PRODUCT
     return work < PARALLEL_MIN_WORK
 
 
@@ -75,6 +82,11 @@ def _compiled(template, serial: bool = False, **types: T):
         f"_{SOURCE_HASH}"
     return TARGET.bind(template, _SERIAL if serial else _KERNEL, tag, **names)
 
+
+def compiled_for(template, node: Tensor):
+    """`template` (no codecs: float32 arrays) compiled for `node`'s size: serial when the
+    node is too small to fork threads for (the fused kernels of backends/cpu/fusion.py)."""
+    return _compiled(template, _small(node))
 
 
 # -- element-wise ---------------------------------------------------------------------------
@@ -153,6 +165,34 @@ def _flash_attn_blocks(node, Q, Kr, Vr, Mr, D, scale, max_bias, softcap, h0, n_h
 VEC_DOT_TYPE = {t: r.vec_dot_type for t, r in TYPE_RECORDS.items()
                 if r.weight and r.vec_dot_type not in (None, T.F32)}
 
+# Integer dot products (backends/shared/qdot.py): the activations stay quantized (int8 + scale
+# per block) and each block is summed in integers, as ggml does. The CPU binds vector-IR block
+# sums (qsimd.py) in place of the shared loops; this runs before any codec is compiled.
+from . import qsimd  # noqa: E402  (kept with the section that uses it)
+
+TARGET.replace_helpers(dict(qsimd.OVERRIDES, **({"_f16_round": TARGET.device(
+    fastmath.round_half_f16c)} if fastmath.F16C else {})), "simd")
+_Q_HASH = source_hash(K.__file__, fastmath.__file__, qsimd.__file__)
+
+
+def _quantized_activations(a: Tensor, b: Tensor, B: np.ndarray, node: Tensor):
+    """(b's rows encoded to `a`'s vec_dot_type as a uint8 array, the call that fills it) for
+    the integer dot products; None where they do not apply (exact activations, a type without
+    a qdot, a row that is not whole blocks)."""
+    vt = VEC_DOT_TYPE.get(a.type) if ROUND_ACTIVATIONS else None
+    if vt is None or not TYPE_RECORDS[a.type].qdot or b.ne[0] % vt.block_size:
+        return None
+    Q = np.empty(B.shape[:3] + (vt.type_size * b.ne[0] // vt.block_size,), np.uint8)
+    # a few columns (decode) quantize in less time than a fork-join of threads takes
+    k = _compiled(K.k_quant_rows, b.nelements < PARALLEL_MIN_WORK, b=b.type, r=vt)
+    return Q, partial(k, B, Q, b.ne[0])
+
+
+def _qdot_kernel(template, serial: bool, a: T):
+    return TARGET.bind(template, _SERIAL if serial else _KERNEL,
+                       f"a{a}{'_serial' if serial else ''}_{_Q_HASH}",
+                       qdot_a=TARGET.codec(a).qdot)
+
 
 def _activations(a: Tensor, b: Tensor, B: np.ndarray, node: Tensor):
     """b as the dot products of `a`'s type see it: a float32 array and the call that fills it
@@ -182,6 +222,10 @@ def _mul_mat(node: Tensor, s: Session):
                         round_half=_ROUND_HALF)
         return partial(k, af, o3, o2, o1, A.shape[0], A.shape[1], A.shape[2], s.arr(b), D,
                        ROUND_ACTIVATIONS)
+    if n < BLAS_MIN_N and (qa := _quantized_activations(a, b, s.arr(b), node)) is not None:
+        Q, prep = qa
+        return partial(_both, prep, partial(_qdot_kernel(K.k_mul_mat_q, _small(node), a.type),
+                                            A, Q, D, b.ne[0]))
     B, prep = _activations(a, b, s.arr(b), node)
     if b.type == T.F32 and (a.type == T.F32 or n >= BLAS_MIN_N):
         run = partial(_mul_mat_blas, a, A, B, D)
@@ -237,6 +281,12 @@ def _mul_mat_blas(a: Tensor, A: np.ndarray, B: np.ndarray, D: np.ndarray) -> Non
 
 def _mul_mat_id(node: Tensor, s: Session):
     as_, b, ids = node.src
+    if (qa := _quantized_activations(as_, b, s.arr(b), node)) is not None:
+        Q, prep = qa
+        run = partial(_qdot_kernel(K.k_mul_mat_id_q, _small(node), as_.type), s.arr(as_), Q,
+                      s.arr(ids), s.arr(node), b.ne[0])
+        run = partial(_checked, node, s.arr(ids), as_.ne[2], "expert id", run)
+        return partial(_both, prep, run)
     B, prep = _activations(as_, b, s.arr(b), node)
     run = partial(_compiled(K.k_mul_mat_id, _small(node), a=as_.type,
                             b=T.F32 if prep else b.type), s.arr(as_), B, s.arr(ids), s.arr(node))

@@ -355,3 +355,44 @@ def k_mul_mat_half(a, o3, o2, o1, a3, a2, nm, b, d, rnd):
                             for i in range(kk):  # converting again beats a float32 row buffer
                                 acc += half_to_f32(src[i]) * v[i]  # noqa: F821
                             d[i3, i2, n, m] = acc
+
+
+def k_quant_rows(b, out, n):
+    """out[i3, i2, i1] = b's row encoded to the weights' vec-dot type (Q8_0 / Q8_K blocks: the
+    activations of the integer dot products), n elements."""
+    n3, n2, n1 = b.shape[0], b.shape[1], b.shape[2]
+    for r in prange(n3 * n2 * n1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        x = np.empty(n, np.float32)
+        dec_b(b, i3, i2, i1, x, n)  # noqa: F821
+        enc_r(x, out, i3, i2, i1, n)  # noqa: F821
+
+
+def k_mul_mat_q(a, q, d, kk):
+    """d[i3, i2, n, m] = row m of a's slice . quantized activation row q[i3, i2, n] (integer
+    dots, qdot_a), kk elements per row. One parallel loop over (slice, chunk of rows): numba
+    gives each thread a contiguous run of chunks, so each streams its own part of the weights
+    (and writes its own part of d); each row is dotted with every column while in L1."""
+    n3, n2, nn, nm = d.shape
+    a3, a2 = a.shape[0], a.shape[1]
+    r3, r2 = n3 // a3, n2 // a2
+    chunk = 64
+    n_chunk = (nm + chunk - 1) // chunk
+    for w in prange(n3 * n2 * n_chunk):
+        s, c = w // n_chunk, w % n_chunk
+        i3, i2 = s // n2, s % n2
+        for m in range(c * chunk, min(nm, (c + 1) * chunk)):
+            for n in range(nn):
+                d[i3, i2, n, m] = qdot_a(a, i3 // r3, i2 // r2, m, q[i3, i2, n], kk)  # noqa
+
+
+def k_mul_mat_id_q(a, q, ids, d, kk):
+    """k_mul_mat_id with quantized activation rows q[0, t, e % n_b] (integer dots)."""
+    _, nt, ne, nm = d.shape
+    nb = q.shape[2]
+    for r in prange(nt * ne):
+        t, e = r // ne, r % ne
+        ex = ids[0, 0, t, e]
+        x = q[0, t, e % nb]
+        for m in range(nm):
+            d[0, t, e, m] = qdot_a(a, 0, ex, m, x, kk)  # noqa: F821

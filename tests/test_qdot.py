@@ -1,0 +1,141 @@
+"""The integer dot products (backends/shared/qdot.py) and their CPU vector block sums
+(backends/cpu/qsimd.py): each CPU helper equals the shared loop on random bytes, and the CPU
+backend's quantized mul_mat / mul_mat_id at decode shapes equal float64 products of the
+dequantized weights with the dequantized vec_dot_type activations (what ggml multiplies)."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from ggraph import Context, GGMLType, build_graph, ops
+from ggraph.backends import get_backend
+from ggraph.backends.cpu import qsimd
+from ggraph.backends.shared import qdot as shared
+from ggraph.quants import dequantize, quantize
+from ggraph.type_records import TYPE_RECORDS
+
+QDOT_TYPES = [t for t, r in TYPE_RECORDS.items() if r.qdot]
+# Q4_1/Q5_1 dot Q8_1, whose sum term d*sum(q) is stored as f16 (rounded): ~2^-11 relative
+MIN_TYPES = (GGMLType.Q4_1, GGMLType.Q5_1)
+
+_j = numba.njit
+
+
+def _pair(k):
+    """(CPU intrinsic caller, shared loop caller) for each helper, with literal k inside."""
+    sh = {n: _j(getattr(shared, n)) for n in ("_isum_i8", "_sum_i8", "_isum_nib", "_isum_nib_h",
+                                               "_isum_q4", "_isum_q5", "_isum_q4k")}
+
+    def both(fn_cpu, fn_shared):
+        return _j(fn_cpu), _j(fn_shared)
+
+    i8, si8, nib, nibh = (sh["_isum_i8"], sh["_sum_i8"], sh["_isum_nib"], sh["_isum_nib_h"])
+    q4, q5, q4k = sh["_isum_q4"], sh["_isum_q5"], sh["_isum_q4k"]
+    c_i8, c_s, c_nib, c_nibh = qsimd.isum_i8, qsimd.sum_i8, qsimd.isum_nib, qsimd.isum_nib_h
+    c_q4, c_q5, c_q4k = qsimd.isum_q4, qsimd.isum_q5, qsimd.isum_q4k
+    if k == 16:
+        return [
+            both(lambda a, b, p: c_i8(a, p[0], b, p[1], 16),
+                 lambda a, b, p: i8(a, p[0], b, p[1], 16)),
+            both(lambda a, b, p: c_s(b, p[1], 16), lambda a, b, p: si8(b, p[1], 16)),
+            both(lambda a, b, p: c_nib(a, p[0], p[2], p[3], p[4], b, p[1], 16),
+                 lambda a, b, p: nib(a, p[0], p[2], p[3], p[4], b, p[1], 16)),
+            both(lambda a, b, p: c_nibh(a, p[0], p[2], p[3], a, p[5], p[6], p[7], p[8], p[4], b,
+                                        p[1], 16),
+                 lambda a, b, p: nibh(a, p[0], p[2], p[3], a, p[5], p[6], p[7], p[8], p[4], b,
+                                      p[1], 16)),
+        ]
+    return [
+        both(lambda a, b, p: c_i8(a, p[0], b, p[1], 32), lambda a, b, p: i8(a, p[0], b, p[1], 32)),
+        both(lambda a, b, p: c_s(b, p[1], 32), lambda a, b, p: si8(b, p[1], 32)),
+        both(lambda a, b, p: c_nib(a, p[0], p[2], p[3], p[4], b, p[1], 32),
+             lambda a, b, p: nib(a, p[0], p[2], p[3], p[4], b, p[1], 32)),
+        both(lambda a, b, p: c_nibh(a, p[0], p[2], p[3], a, p[5], p[6], p[7], p[8], p[4], b,
+                                    p[1], 32),
+             lambda a, b, p: nibh(a, p[0], p[2], p[3], a, p[5], p[6], p[7], p[8], p[4], b,
+                                  p[1], 32)),
+        both(lambda a, b, p: c_q4(a, p[0], p[4], b, p[1]),
+             lambda a, b, p: q4(a, p[0], p[4], b, p[1])),
+        both(lambda a, b, p: c_q5(a, p[0], p[9], p[4], b, p[1]),
+             lambda a, b, p: q5(a, p[0], p[9], p[4], b, p[1])),
+        both(lambda a, b, p: c_q4k(a, p[0], p[2] + 40, p[3] + 20, b, p[1]),
+             lambda a, b, p: q4k(a, p[0], p[2] + 40, p[3] + 20, b, p[1])),
+    ]
+
+
+@pytest.mark.parametrize("k", [16, 32])
+def test_cpu_block_sums_equal_shared_loops(k):
+    rng = np.random.default_rng(k)
+    funcs = _pair(k)
+    for trial in range(40):
+        a = rng.integers(0, 256, 160, dtype=np.uint8)
+        b = rng.integers(0, 256, 160, dtype=np.uint8)
+        if trial == 0:  # the extremes: every weight byte 255, every quant -128
+            a[:] = 255
+            b[:] = 128
+        # ao, bo, shift, mask, offset, h offset, h shift, h mask, h up, 32-bit word
+        p = np.array([rng.integers(0, 64), rng.integers(0, 64), rng.integers(0, 5),
+                      rng.choice([3, 15]), rng.integers(0, 33), rng.integers(0, 64),
+                      rng.integers(0, 7), rng.choice([1, 3]), rng.choice([2, 4]),
+                      rng.integers(0, 2**32)], dtype=np.int64)
+        for i, (cpu, ref) in enumerate(funcs):
+            assert cpu(a, b, p) == ref(a, b, p), f"helper {i}, k={k}, params {p}"
+
+
+def test_cpu_f32_row_reads_little_endian_floats():
+    vals = np.array([1.5, -0.0, 3.4e38, 1e-45, -2.75e-3], np.float32)
+    raw = np.concatenate([np.zeros(3, np.uint8), vals.view(np.uint8)])
+    read = _j(lambda r, o: qsimd.f32_row(r, o))
+    got = np.array([read(raw, 3 + 4 * i) for i in range(len(vals))], np.float32)
+    assert got.view(np.uint32).tolist() == vals.view(np.uint32).tolist()
+
+
+def _ref(t, wq, xv):
+    """float64 product of the dequantized weights with the dequantized vec-dot activations."""
+    vt = TYPE_RECORDS[t].vec_dot_type
+    W = dequantize(t, wq).astype(np.float64)
+    X = dequantize(vt, quantize(vt, xv)).astype(np.float64)
+    return X @ W.T
+
+
+def _tol(t, ref):
+    return (2e-3 if t in MIN_TYPES else 1e-5) * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("t", QDOT_TYPES, ids=str)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_mul_mat_integer_path_matches_dequantized_product(t, threads):
+    rng = np.random.default_rng(int(t))
+    K, M, N = 512, 80, 3
+    ctx = Context()
+    x = ctx.new_tensor(GGMLType.F32, (K, N), "x").set_input()
+    w = ctx.new_tensor(t, (K, M), "w")
+    w.set_data(rng.standard_normal((M, K)).astype(np.float32))
+    out = ops.mul_mat(w, x)
+    sess = get_backend("cpu", n_threads=threads).session()
+    xv = rng.standard_normal((N, K)).astype(np.float32)
+    sess.run(build_graph(out), {x: xv})
+    got = sess.read(out).reshape(N, M)
+    ref = _ref(t, w.data.reshape(M, -1), xv)
+    assert np.abs(got - ref).max() <= _tol(t, ref), f"{t}: max error {np.abs(got - ref).max()}"
+
+
+@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_K], ids=str)
+def test_mul_mat_id_integer_path(t):
+    rng = np.random.default_rng(7)
+    K, M, n_exp, n_used, T = 256, 8, 4, 2, 3
+    w = rng.standard_normal((n_exp, M, K)).astype(np.float32)
+    xv = rng.standard_normal((T, n_used, K)).astype(np.float32)
+    ids = rng.integers(0, n_exp, (T, n_used)).astype(np.int32)
+    ctx = Context()
+    wt = ctx.from_numpy(w, t, name="as")
+    out = ops.mul_mat_id(wt, ctx.from_numpy(xv, name="b"), ctx.from_numpy(ids, "i32", name="ids"))
+    sess = get_backend("cpu", n_threads=2).session()
+    sess.run(build_graph(out), {})
+    got = sess.read(out).reshape(T, n_used, M)
+    wq = wt.data.reshape(n_exp, M, -1)
+    for ti in range(T):
+        for e in range(n_used):
+            ref = _ref(t, wq[ids[ti, e]], xv[ti, e][None])[0]
+            assert np.abs(got[ti, e] - ref).max() <= _tol(t, ref), (ti, e)
