@@ -27,6 +27,7 @@ from ggraph.opkind import OpKind
 from ggraph.tensor import Tensor
 from ggraph.types import MIB
 
+from .profile import Profile
 from .runner import ComputeBuffer, ModelMemory, ThreadGuard, check_device
 
 KernelFn = Callable[[Tensor, "Session"], None]
@@ -73,9 +74,16 @@ class Backend:
         """The kernel's view of `t` at `offset` in `buf` (F16 as uint16 bits)."""
         return buffers.raw_view(buf, offset, t, half_bits=True)
 
-    def run_context(self) -> Any:
-        """Entered around each graph run (the CPU backend quiets BLAS threads there)."""
+    def run_context(self, key: Any = None) -> Any:
+        """Entered around each graph run (the CPU backend quiets BLAS threads and picks its
+        thread count there); `key` names the graph when the same one runs again."""
         return contextlib.nullcontext()
+
+    def fuse(self, order: list[Tensor], session: "Session") -> Mapping[Tensor, Any]:
+        """Groups of consecutive nodes of a planned graph's `order` this backend runs as one
+        call, keyed by each group's first node: objects with `nodes` (the group, in order)
+        and `call` (zero arguments, computing them all). None by default."""
+        return {}
 
     def session(self, **kw: Any) -> "Session":
         return Session(self, **kw)
@@ -127,6 +135,9 @@ class Session(ThreadGuard):
         self.static: dict[Tensor, Any] = {}
         self._graph: Graph | None = None          # the graph whose calls are bound
         self._calls: list[Callable[[], None]] | None = None
+        self._groups: list[tuple[Tensor, ...]] = []  # the nodes each bound call computes
+        # a Profile every run records into while set (Profile.attach); run(profile=) for one
+        self.profile: Profile | None = None
         # leafs with host data that a write changed: this Session's copy of their bytes, so
         # the caller's array (or a read-only mmap of weights) is never written
         self._own: dict[Tensor, Any] = {}
@@ -284,10 +295,11 @@ class Session(ThreadGuard):
                 self.arena = self.backend.alloc_arena(need)
             return self.plan
 
-    def run(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None = None
-            ) -> "Session":
+    def run(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None = None,
+            profile: Profile | None = None) -> "Session":
         """Feed `inputs` (see buffers.feed_inputs) and run `graph`; read results afterwards
-        from the same thread, or hold `with session:` around run and read."""
+        from the same thread, or hold `with session:` around run and read. With `profile`
+        (or one attached to the session), every kernel call is timed into it."""
         with self._lock:
             if graph is not self._graph or self._calls is None:
                 self._graph = None
@@ -300,9 +312,13 @@ class Session(ThreadGuard):
                 self._graph = graph
                 self._own_changed = False
             self.mark_run()
-            with self.running(), self.backend.run_context():
-                for call in self._calls:
-                    call()
+            profile = profile if profile is not None else self.profile
+            with self.running(), self.backend.run_context(graph):
+                if profile is None:
+                    for call in self._calls:
+                        call()
+                else:
+                    profile.time_calls(self._calls, self._groups, self.backend.synchronize)
             return self
 
     @contextlib.contextmanager
@@ -317,22 +333,43 @@ class Session(ThreadGuard):
                 self._in_run = was
 
     def _bind(self, graph: Graph) -> list[Callable[[], None]]:
-        return self.bind(self.plan_order(graph))
+        calls, self._groups = self.bind_calls(self.plan_order(graph), fuse=True)
+        return calls
 
     def bind(self, nodes: list[Tensor]) -> list[Callable[[], None]]:
         """Zero-argument calls running `nodes` (of the prepared graph) in order; views add
         none. The scheduler binds each split of a device's graph separately."""
+        return self.bind_calls(nodes)[0]
+
+    def bind_calls(self, nodes: list[Tensor], fuse: bool = False
+                   ) -> tuple[list[Callable[[], None]], list[tuple[Tensor, ...]]]:
+        """The calls of `bind` and, for each, the nodes it computes (for profiles). With
+        `fuse`, `nodes` is a whole planned graph and the backend's fusion groups run as one
+        call each (a split of a scheduled graph is bound unfused: a node's readers in other
+        splits are not in `nodes`)."""
         kernels = self.backend.kernels
-        calls = []
+        fused = self.backend.fuse(nodes, self) if fuse else {}
+        inside: set[Tensor] = set()
+        calls, groups = [], []
         for node in nodes:
+            g = fused.get(node)
+            if g is not None:
+                calls.append(g.call)
+                groups.append(tuple(g.nodes))
+                inside.update(g.nodes)
+                continue
+            if node in inside:
+                continue
             k = kernels[node.op]
             if k.bind:
                 c = k.fn(node, self)
-                if c is not None:
-                    calls.append(c)
+                if c is None:
+                    continue
             else:
-                calls.append(lambda k=k, node=node: k.fn(node, self))
-        return calls
+                c = (lambda k=k, node=node: k.fn(node, self))
+            calls.append(c)
+            groups.append((node,))
+        return calls, groups
 
     def plan_order(self, graph: Graph) -> list[Tensor]:
         order = getattr(self.plan, "order", None)

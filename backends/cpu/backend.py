@@ -1,15 +1,28 @@
-"""CPUBackend: 32-byte aligned numpy arenas and the numba kernel table."""
+"""CPUBackend: 32-byte aligned numpy arenas, the numba kernel table, the fusion pass, and
+the threads each run uses (backends/cpu/threads.py)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
+import time
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any, Hashable, Iterator, Mapping
 
-import numba
+from .threads import ThreadGovernor, configure_openmp
 
-from ..base import Backend
-from .kernels import KERNELS
+# before anything loads the OpenMP runtime: it reads its environment once
+configure_openmp()
+
+import numba  # noqa: E402
+
+from ggraph.tensor import Tensor  # noqa: E402
+from ..base import Backend, Session  # noqa: E402
+from . import fusion  # noqa: E402
+from .kernels import KERNELS, compiled_for  # noqa: E402
+
+# GGRAPH_ADAPTIVE_THREADS=0: every run uses all the backend's threads (no governor)
+ADAPTIVE = os.environ.get("GGRAPH_ADAPTIVE_THREADS", "1") != "0"
 
 
 class CPUBackend(Backend):
@@ -18,17 +31,36 @@ class CPUBackend(Backend):
     kernels = KERNELS
 
     def __init__(self, n_threads: int | None = None, blas_threads: int = 1,
-                 ggml_exact: bool = False) -> None:
-        if n_threads:
-            numba.set_num_threads(n_threads)
+                 ggml_exact: bool = False, fuse: bool | None = None,
+                 adaptive: bool | None = None) -> None:
+        most = numba.config.NUMBA_NUM_THREADS
+        if n_threads is not None and not 1 <= n_threads <= most:
+            raise ValueError(f"n_threads={n_threads}: numba runs 1 to {most} threads here "
+                             f"(NUMBA_NUM_THREADS)")
+        # -t: every run sets it in the thread that runs (numba's count is per thread)
+        self.n_threads = n_threads or most
+        numba.set_num_threads(self.n_threads)
+        # fewer threads for graphs that run faster so, as on a busy machine (threads.py)
+        self.governor = ThreadGovernor(self.n_threads) if (
+            ADAPTIVE if adaptive is None else adaptive) else None
         self.blas_threads = blas_threads
+        # element-wise chains run as one kernel call (backends/cpu/fusion.py)
+        self.fusion = fusion.ENABLED if fuse is None else fuse
         if ggml_exact:  # compute as ggml's CPU does, bit for bit (backends/cpu/ggml_exact.py)
             from .ggml_exact import kernel_table
 
             self.kernels = kernel_table(KERNELS)
 
-    def run_context(self) -> Any:
-        """BLAS with one thread while a graph runs: numba's threads and OpenBLAS's both spin
+    def fuse(self, order: list[Tensor], session: Session) -> Mapping[Tensor, Any]:
+        if not self.fusion:
+            return {}
+        return fusion.fuse(order, session, compiled_for)
+
+    def run_context(self, key: Hashable | None = None) -> Any:
+        """The threads of a run: the governor's choice for graph `key` (all of them without
+        a key), timed for the governor.
+
+        BLAS with one thread while a graph runs: numba's threads and OpenBLAS's both spin
         between calls, and on a small machine the two pools fighting for cores made SmolLM2's
         512-token prompt 2.7x slower than single-threaded BLAS beside numba's threads.
 
@@ -36,7 +68,7 @@ class CPUBackend(Backend):
         threading layer is `workqueue` (the only one guaranteed present): it is not
         thread-safe and aborts the process on concurrent parallel kernels. tbb and omp are
         thread-safe and run concurrently."""
-        return _running(self.blas_threads)
+        return _running(self, key)
 
 
 @lru_cache(maxsize=1)
@@ -56,10 +88,17 @@ _layer: str | None = None
 
 
 @contextlib.contextmanager
-def _running(blas_threads: int) -> Iterator[None]:
+def _running(backend: CPUBackend, key: Hashable | None) -> Iterator[None]:
+    gov = backend.governor if key is not None else None
+    n = gov.choose(key) if gov is not None else backend.n_threads
+    if numba.get_num_threads() != n:
+        numba.set_num_threads(n)
     with _KERNEL_LOCK if _kernels_need_lock() else contextlib.nullcontext(), \
-            _blas_limit(blas_threads):
+            _blas_limit(backend.blas_threads):
+        t0 = time.perf_counter()
         yield
+        if gov is not None:
+            gov.record(key, n, time.perf_counter() - t0)
 
 
 def _kernels_need_lock() -> bool:

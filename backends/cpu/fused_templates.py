@@ -1,0 +1,64 @@
+"""CPU kernel templates for fused node groups (backends/cpu/fusion.py decides the groups).
+
+k_norm_chain runs, row by row, what up to four nodes compute one after the other:
+
+    s = a <pre> b          (an element-wise binary op, b broadcast; skipped when pre < 0)
+    n = norm(s)            (rms_norm or norm)
+    m = n <post1> w1       (skipped when post1 < 0)
+    d = m <post2> w2       (skipped when post2 < 0)
+
+Every value is rounded to float32 where the unfused kernels round it (binary_value of the
+shared element-wise math, the norm exactly as k_norm computes it in float64), so a fused run
+is bit for bit the unfused one. Intermediates a later node or the caller reads are written
+(write_s / write_n / write_m); the others stay in a scratch row. All arrays are float32 4-D
+views in numpy order; b, w1 and w2 broadcast by modulo as in k_binary.
+"""
+import math
+
+import numpy as np
+from numba import prange
+
+
+def k_norm_chain(a, b, w1, w2, s, n, m, d, pre, eps, rms, post1, post2, write_s, write_n,
+                 write_m):
+    n3, n2, n1, n0 = d.shape
+    for r in prange(n3 * n2 * n1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        x = np.empty(n0, np.float32)
+        for i in range(n0):
+            x[i] = a[i3, i2, i1, i]
+        if pre >= 0:
+            b3, b2, b1, b0 = b.shape
+            for i in range(n0):
+                x[i] = binary_value(pre, x[i], b[i3 % b3, i2 % b2, i1 % b1, i % b0])  # noqa: F821
+            if write_s:
+                for i in range(n0):
+                    s[i3, i2, i1, i] = x[i]
+        mean = 0.0
+        if not rms:
+            for i in range(n0):
+                mean += x[i]
+            mean /= n0
+        ss = 0.0
+        for i in range(n0):
+            c = np.float64(x[i]) - mean
+            ss += c * c
+        sc = 1.0 / math.sqrt(ss / n0 + eps)
+        for i in range(n0):
+            x[i] = np.float32((np.float64(x[i]) - mean) * sc)
+        if write_n:
+            for i in range(n0):
+                n[i3, i2, i1, i] = x[i]
+        if post1 >= 0:
+            c3, c2, c1, c0 = w1.shape
+            for i in range(n0):
+                x[i] = binary_value(post1, x[i], w1[i3 % c3, i2 % c2, i1 % c1, i % c0])  # noqa: F821
+            if write_m:
+                for i in range(n0):
+                    m[i3, i2, i1, i] = x[i]
+        if post2 >= 0:
+            e3, e2, e1, e0 = w2.shape
+            for i in range(n0):
+                x[i] = binary_value(post2, x[i], w2[i3 % e3, i2 % e2, i1 % e1, i % e0])  # noqa: F821
+        for i in range(n0):
+            d[i3, i2, i1, i] = x[i]

@@ -1,0 +1,196 @@
+"""The CPU backend's fusion pass: chains of consecutive element-wise nodes of a planned graph
+that run as one kernel call (backends/cpu/fused_templates.py) instead of one call each.
+
+The IR is untouched: the pass reads the allocator's node order and plan and returns, for the
+first node of each group, the group's nodes and one bound call; Session.bind_calls binds the
+other nodes as before. The chain fused today is the norm block of every transformer layer:
+
+    [s = a + b]  ->  n = rms_norm(s) | norm(s)  ->  [m = n * w1]  ->  [d = m + w2]
+
+(residual add, norm, weight, bias; any two or more of them in this order, float32 rows).
+A group's intermediate is left unwritten only when nothing outside the group reads it, it is
+no output, and the plan freed its memory at the group (exactly when Session.read would refuse
+it); otherwise the fused kernel writes it as the unfused node would. A group is refused when
+memory it writes overlaps memory it reads other than the exact in-place alias the row-by-row
+kernel handles (the allocator may hand a freed source's bytes to a later node).
+
+GGRAPH_FUSE=0 turns the pass off (CPUBackend(fuse=False) for one backend).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ggraph.opkind import OpKind
+from ggraph.tensor import Tensor
+from ggraph.types import GGMLType as T
+from ..shared.elementwise import BINARY_CODE
+from . import fused_templates as F
+
+ENABLED = os.environ.get("GGRAPH_FUSE", "1") != "0"
+NORM_OPS = (OpKind.RMS_NORM, OpKind.NORM)
+PRE_OPS = (OpKind.ADD, OpKind.MUL)
+POST_OPS = (OpKind.MUL, OpKind.ADD)
+_DUMMY = np.zeros((1, 1, 1, 1), np.float32)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Nodes run by one call, in order; `call` computes all of them."""
+    nodes: tuple[Tensor, ...]
+    call: Callable[[], None]
+
+
+def readers(nodes: Sequence[Tensor]) -> dict[Tensor, set[Tensor]]:
+    """owner tensor -> the computing nodes that read it (directly or through any view)."""
+    out: dict[Tensor, set[Tensor]] = {}
+    for node in nodes:
+        if node.is_view:
+            continue
+        for s in node.src:
+            if s is not None:
+                out.setdefault(s.owner, set()).add(node)
+    return out
+
+
+def _f32_rows(t: Tensor) -> bool:
+    return t.type == T.F32 and t.rows_contiguous()
+
+
+def _broadcasts(w: Tensor, onto: Tensor) -> bool:
+    """w repeats onto `onto` by modulo (ggml's can_repeat), float32."""
+    return w.type == T.F32 and all(o % x == 0 for o, x in zip(onto.ne, w.ne) if x)
+
+
+def _other(node: Tensor, x: Tensor) -> Tensor | None:
+    """node's operand besides x when node is `x op w` (x first: ggml's broadcast side)."""
+    a, b = node.src[0], node.src[1]
+    return b if a is x else None
+
+
+def match(seq: list[Tensor], i: int) -> list[Tensor]:
+    """The longest norm chain starting at seq[i] (computing nodes only, in order)."""
+    group: list[Tensor] = []
+    j = i
+    node = seq[j]
+    if node.op in PRE_OPS and j + 1 < len(seq) and seq[j + 1].op in NORM_OPS \
+            and seq[j + 1].src[0] is node and _f32_rows(node) \
+            and _f32_rows(node.src[0]) and node.src[0].ne == node.ne \
+            and _broadcasts(node.src[1], node):
+        group.append(node)
+        j += 1
+        node = seq[j]
+    if node.op not in NORM_OPS or not (_f32_rows(node) and _f32_rows(node.src[0])) \
+            or node.src[0].ne != node.ne:
+        return []
+    group.append(node)
+    for _ in range(2):
+        if j + 1 >= len(seq):
+            break
+        nxt = seq[j + 1]
+        w = _other(nxt, group[-1]) if nxt.op in POST_OPS else None
+        if w is None or not _f32_rows(nxt) or nxt.ne != node.ne or not _broadcasts(w, nxt):
+            break
+        group.append(nxt)
+        j += 1
+    return group if len(group) >= 2 else []
+
+
+def _dead(t: Tensor, group: set[Tensor], read_by: dict[Tensor, set[Tensor]], plan: Any) -> bool:
+    """Nothing after the group may read t: no output, no reader outside, freed by the plan."""
+    if t.is_view or t.is_output or t.is_preallocated or not read_by.get(t, set()) <= group:
+        return False
+    placement = getattr(plan, "placement", None)
+    if placement is None or t not in plan:
+        return False
+    return bool(placement(t).freed)
+
+
+def _base_range(arr: np.ndarray) -> tuple[int, int]:
+    """[first, past-last) byte addresses arr spans."""
+    lo = hi = arr.ctypes.data
+    for n, st in zip(arr.shape, arr.strides):
+        if n == 0:
+            return lo, lo
+        if st < 0:
+            lo += (n - 1) * st
+        else:
+            hi += (n - 1) * st
+    return lo, hi + arr.itemsize
+
+
+def overlap_safe(reads: list[np.ndarray], writes: list[np.ndarray]) -> bool:
+    """No written array overlaps another written one, and each overlaps a read array only
+    as its exact alias (same address, shape and strides: row r is read before it is
+    written)."""
+    for k, w in enumerate(writes):
+        lo, hi = _base_range(w)
+        for v in writes[k + 1:]:
+            vlo, vhi = _base_range(v)
+            if lo < vhi and vlo < hi:
+                return False
+        for r in reads:
+            rlo, rhi = _base_range(r)
+            if lo < rhi and rlo < hi and not (
+                    r.ctypes.data == w.ctypes.data and r.shape == w.shape
+                    and r.strides == w.strides):
+                return False
+    return True
+
+
+def fuse(order: Sequence[Tensor], session: Any, kernel_for: Callable[[Callable, Tensor], Any]
+         ) -> dict[Tensor, Group]:
+    """Groups of `order` (a planned graph's nodes) keyed by their first node.
+    `kernel_for(template, last_node)` compiles a fused template for the group's size (serial
+    when it is too small to fork threads for)."""
+    seq = [n for n in order if not n.is_view]
+    read_by = readers(seq)
+    groups: dict[Tensor, Group] = {}
+    i = 0
+    while i < len(seq):
+        chain = match(seq, i)
+        g = _bind(chain, session, read_by, kernel_for) if chain else None
+        if g is None:
+            i += 1
+            continue
+        groups[chain[0]] = g
+        i += len(chain)
+    return groups
+
+
+def _bind(chain: list[Tensor], s: Any, read_by: dict[Tensor, set[Tensor]],
+          kernel_for: Callable[[Callable, Tensor], Any]) -> Group | None:
+    members = set(chain)
+    pre = chain[0] if chain[0].op in PRE_OPS else None
+    norm = chain[1] if pre is not None else chain[0]
+    posts = chain[chain.index(norm) + 1:]
+    last = chain[-1]
+    write = {t: t is not last and not _dead(t, members, read_by, s.plan) for t in chain}
+    x = pre.src[0] if pre is not None else norm.src[0]
+    arrays = {t: s.arr(t) for t in chain}
+    a = s.arr(x)
+    b = s.arr(pre.src[1]) if pre is not None else _DUMMY
+    w1 = s.arr(posts[0].src[1]) if posts else _DUMMY
+    w2 = s.arr(posts[1].src[1]) if len(posts) > 1 else _DUMMY
+    reads = [a] + [v for v in (b, w1, w2) if v is not _DUMMY]
+    writes = [arrays[t] for t in chain if write[t] or t is last]
+    if not overlap_safe(reads, writes):
+        return None
+
+    def out(t: Tensor | None) -> np.ndarray:
+        return arrays[t] if t is not None and write[t] else _DUMMY
+
+    kern = kernel_for(F.k_norm_chain, last)
+    eps, rms = float(norm.params.eps), norm.op == OpKind.RMS_NORM
+    call = partial(kern, a, b, w1, w2, out(pre), out(norm), out(posts[0] if len(posts) > 1
+                                                                 else None),
+                   arrays[last], BINARY_CODE[pre.op] if pre is not None else -1, eps, rms,
+                   BINARY_CODE[posts[0].op] if posts else -1,
+                   BINARY_CODE[posts[1].op] if len(posts) > 1 else -1,
+                   pre is not None and write[pre], write[norm] and norm is not last,
+                   len(posts) > 1 and write[posts[0]])
+    return Group(tuple(chain), call)

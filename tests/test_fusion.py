@@ -1,0 +1,125 @@
+"""The CPU fusion pass (backends/cpu/fusion.py): norm chains run as one call, bit for bit the
+unfused run, and every value a later node or the caller reads is still written."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggraph import Context, build_graph, ops
+from ggraph.backends.cpu import CPUBackend
+from ggraph.backends.cpu.fusion import overlap_safe
+from ggraph.backends.profile import Profile
+
+EPS = 1e-5
+
+
+def _block(n0: int, rows: int, with_norm_reader: bool = False, out_residual: bool = True,
+           rms: bool = True):
+    """A transformer layer's norm block: s = x + r; d = norm(s) * w + bias; y = d @ ... (a
+    mul standing for the next product) and s read again as the next residual."""
+    ctx = Context()
+    rng = np.random.default_rng(n0 + rows)
+    x = ctx.new_tensor("f32", (n0, rows), name="x").set_input()
+    r = ctx.new_tensor("f32", (n0, rows), name="r").set_input()
+    w = ctx.from_numpy(rng.standard_normal(n0).astype(np.float32), name="w")
+    bias = ctx.from_numpy(rng.standard_normal(n0).astype(np.float32), name="bias")
+    s = ops.add(x, r).set_name("s")
+    n = (ops.rms_norm(s, EPS) if rms else ops.norm(s, EPS)).set_name("n")
+    m = ops.mul(n, w).set_name("m")
+    d = ops.add(m, bias).set_name("d")
+    out = ops.add(ops.scale(d, 0.5), s).set_name("out")   # s read after the group
+    if with_norm_reader:
+        out = ops.add(out, ops.scale(n, 2.0)).set_name("out2")
+    out.set_output()
+    if out_residual:
+        s.set_output()
+    inputs = {x: rng.standard_normal((rows, n0)).astype(np.float32),
+              r: rng.standard_normal((rows, n0)).astype(np.float32)}
+    return build_graph(out), inputs, dict(s=s, n=n, m=m, d=d, out=out)
+
+
+def _run(fuse: bool, graph, inputs, read):
+    sess = CPUBackend(fuse=fuse).session()
+    prof = Profile()
+    with sess:
+        sess.run(graph, inputs, profile=prof)
+        return {k: sess.read(t) for k, t in read.items()}, prof
+
+
+@pytest.mark.parametrize("n0,rows", [(64, 1), (96, 3), (512, 160)], ids=["decode", "few",
+                                                                          "parallel"])
+@pytest.mark.parametrize("rms", [True, False], ids=["rms_norm", "norm"])
+def test_fused_block_is_bitwise_the_unfused_one(n0, rows, rms):
+    g, inputs, t = _block(n0, rows, rms=rms)
+    read = dict(out=t["out"], s=t["s"])
+    want, p0 = _run(False, g, inputs, read)
+    got, p1 = _run(True, g, inputs, read)
+    for k in read:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    norm = "rms_norm" if rms else "norm"
+    assert f"add+{norm}+mul+add" in p1.by_op and f"add+{norm}+mul+add" not in p0.by_op
+    # four calls became one
+    assert sum(s.calls for s in p1.by_op.values()) == sum(s.calls for s in p0.by_op.values()) - 3
+
+
+def test_an_intermediate_read_later_is_written():
+    """n is read by a node after the group: the fused kernel writes it too."""
+    g, inputs, t = _block(64, 2, with_norm_reader=True)
+    want, _ = _run(False, g, inputs, dict(out=t["out"]))
+    got, prof = _run(True, g, inputs, dict(out=t["out"]))
+    assert any("rms_norm" in k and "+" in k for k in prof.by_op)
+    np.testing.assert_array_equal(got["out"], want["out"])
+
+
+def test_an_output_intermediate_is_readable():
+    """s is an output the caller reads; d's inner values are freed (reads refused alike)."""
+    g, inputs, t = _block(64, 2, out_residual=True)
+    want, _ = _run(False, g, inputs, dict(s=t["s"]))
+    got, _ = _run(True, g, inputs, dict(s=t["s"]))
+    np.testing.assert_array_equal(got["s"], want["s"])
+    sess = CPUBackend(fuse=True).session()
+    with sess:
+        sess.run(g, inputs)
+        with pytest.raises(ValueError, match="freed by the plan"):
+            sess.read(t["n"])
+
+
+def test_no_chain_no_fusion():
+    """A norm not followed by a broadcast op, or an add feeding no norm, stays unfused."""
+    ctx = Context()
+    x = ctx.new_tensor("f32", (32, 2), name="x").set_input()
+    y = ops.scale(ops.rms_norm(ops.add(x, x), EPS), 3.0).set_output()
+    g = build_graph(y)
+    v = {x: np.arange(64, dtype=np.float32).reshape(2, 32)}
+    (got, p), (want, _) = _run(True, g, v, dict(y=y)), _run(False, g, v, dict(y=y))
+    np.testing.assert_array_equal(got["y"], want["y"])
+    assert "add+rms_norm" in p.by_op and "scale" in p.by_op   # the scale is not a post op
+
+
+def test_overlap_rule():
+    buf = np.zeros(64, np.float32)
+    a = buf[:32].reshape(1, 1, 1, 32)
+    same = buf[:32].reshape(1, 1, 1, 32)
+    shifted = buf[8:40].reshape(1, 1, 1, 32)
+    apart = buf[32:].reshape(1, 1, 1, 32)
+    assert overlap_safe([a], [same])          # in place: row read before it is written
+    assert overlap_safe([a], [apart])
+    assert not overlap_safe([a], [shifted])   # would overwrite rows still to be read
+    assert not overlap_safe([], [a, shifted])
+
+
+def test_engine_decode_is_unchanged_by_fusion(tmp_path):
+    """A tiny llama's logits, prompt and decode, with and without the pass."""
+    from ggraph.graphs.engine import Engine, EngineConfig
+    from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
+
+    path = str(write_tiny_llama(tmp_path / "tiny.gguf", TinyLlama(n_layer=2, n_embd=64)))
+    outs = []
+    for fuse in (False, True):
+        eng = Engine(path, EngineConfig(n_ctx=64, n_ubatch=8))
+        eng.runner.backend.fusion = fuse
+        logits = [eng.eval([1, 2, 3, 4, 5], all_logits=True)]
+        logits += [eng.eval([7]), eng.eval([9])]
+        outs.append(logits)
+    for a, b in zip(*outs):
+        np.testing.assert_array_equal(a, b)
