@@ -106,3 +106,13 @@ def test_warmup_is_load_time_not_prompt_time(capsys):
     b, _ = run(capsys, "default", "-p", PROMPT, "-n", "6", "-c", "256", "--temp", "0",
                "--no-warmup")
     assert a == b
+
+
+def test_profile_table(capsys):
+    """--profile prints ggml-perf-style tables: per op kind and per node name."""
+    _, err = run(capsys, "default", "-p", PROMPT, "-n", "3", "-c", "256", "--temp", "0",
+                 "--profile", "--no-warmup")
+    head = [x for x in err.splitlines() if x.startswith(("op ", "node "))]
+    assert [x.split()[0] for x in head] == ["op", "node"]
+    assert re.search(r"^mul_mat\s+\d+\s+[\d.]+", err, re.M)
+    assert re.search(r"^ffn_up\s+\d+", err, re.M)

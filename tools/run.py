@@ -13,10 +13,11 @@ then llama_perf's timings (stderr).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Iterator
 
 FA_CHOICES = ("on", "off", "auto")
 
@@ -77,6 +78,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --devices: layer shares per device, e.g. 3,1")
     d.add_argument("--check-tensors", action="store_true",
                    help="check model tensor data for invalid values")
+    d.add_argument("--profile", action="store_true",
+                   help="time every graph node of the prompt and the generation and print a "
+                        "table per op and per node name (ggml's perf output)")
     d.add_argument("--no-warmup", action="store_true",
                    help="skip the warmup run at load (kernels then compile, on a first run, "
                         "inside the prompt's time)")
@@ -207,11 +211,33 @@ def main(args: argparse.Namespace) -> int:
         ids = prompt_ids(eng, path, user, text)
     for line in eng.memory_lines():
         print(line, file=sys.stderr)
-    if interactive:
-        status = Conversation(eng, sampling, args.system_prompt, args.n_predict).loop(
-            first=user if (args.prompt is not None or args.file) else None)
-    else:
-        status = generate_text(eng, user, ids, args.n_predict, sampling, echo=not args.chat)
+    with profiled(eng, args.profile) as prof:
+        if interactive:
+            status = Conversation(eng, sampling, args.system_prompt, args.n_predict).loop(
+                first=user if (args.prompt is not None or args.file) else None)
+        else:
+            status = generate_text(eng, user, ids, args.n_predict, sampling,
+                                   echo=not args.chat)
+    if prof is not None:
+        print("\n".join(prof.table()), file=sys.stderr)
+        print("\n".join(prof.table(by="name", top=15)), file=sys.stderr)
     for line in perf_lines(eng, load_s):
         print(line, file=sys.stderr)
     return status
+
+
+@contextlib.contextmanager
+def profiled(eng: Any, on: bool) -> Iterator[Any]:
+    """A Profile attached to the engine's runner while generating (None when off)."""
+    if not on:
+        yield None
+        return
+    from ggraph.backends.profile import Profile
+
+    prof = Profile()
+    try:
+        ctx = prof.attach(eng.runner)
+    except TypeError as e:  # several devices: their sessions have no profile slot yet
+        raise ValueError(f"--profile: {e}") from None
+    with ctx:
+        yield prof
