@@ -116,3 +116,10 @@ def test_profile_table(capsys):
     assert [x.split()[0] for x in head] == ["op", "node"]
     assert re.search(r"^mul_mat\s+\d+\s+[\d.]+", err, re.M)
     assert re.search(r"^ffn_up\s+\d+", err, re.M)
+
+
+def test_ngl_without_devices_warns_as_llama_cpp(capsys):
+    """llama-cli built without a GPU backend ignores -ngl with a warning; so does ggraph."""
+    out, err = run(capsys, "default", "-p", PROMPT, "-n", "2", "-c", "256", "-ngl", "99",
+                   "--temp", "0", "--no-warmup")
+    assert out.startswith(PROMPT) and "-ngl/--tensor-split are ignored" in err

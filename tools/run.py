@@ -178,7 +178,10 @@ def main(args: argparse.Namespace) -> int:
         amb = 128
     split = parse_split(args.tensor_split)
     if not args.devices and (split or args.n_gpu_layers != -1):
-        raise ValueError("-ngl and --tensor-split need --devices (e.g. --devices cuda)")
+        # llama.cpp without a GPU backend warns and runs on the CPU; so does ggraph
+        print("warning: no offload devices given (--devices cuda); -ngl/--tensor-split are "
+              "ignored and every layer runs on the CPU", file=sys.stderr)
+        split, args.n_gpu_layers = [], -1
     # llama.cpp's -t: 0 or less means every core
     threads = args.threads if args.threads is not None and args.threads > 0 else None
     cfg = EngineConfig(n_ctx=args.ctx_size, n_ubatch=min(args.ubatch_size, args.batch_size),
