@@ -69,6 +69,32 @@ def argv_text(s: str) -> str:
     return raw.decode("utf-8", "replace")
 
 
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "a": "\a",
+            "b": "\b", "f": "\f", "v": "\v", "?": "?"}
+
+
+def process_escapes(s: str) -> str:
+    """llama.cpp's string_process_escapes for the common escapes and \\xHH; anything else is
+    kept as written."""
+    out, i = [], 0
+    while i < len(s):
+        c = s[i]
+        if c == "\\" and i + 1 < len(s):
+            e = s[i + 1]
+            if e in _ESCAPES:
+                out.append(_ESCAPES[e])
+                i += 2
+                continue
+            h = s[i + 2:i + 4]
+            if e == "x" and len(h) == 2 and all(ch in "0123456789abcdefABCDEF" for ch in h):
+                out.append(chr(int(h, 16)))
+                i += 4
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def error_text(e: BaseException | str) -> str:
     """An error as one line: a KeyError's message without the quotes of its repr, the lines of
     a multi-line message joined, and the exception's type when it has no message."""

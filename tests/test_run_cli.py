@@ -123,3 +123,23 @@ def test_ngl_without_devices_warns_as_llama_cpp(capsys):
     out, err = run(capsys, "default", "-p", PROMPT, "-n", "2", "-c", "256", "-ngl", "99",
                    "--temp", "0", "--no-warmup")
     assert out.startswith(PROMPT) and "-ngl/--tensor-split are ignored" in err
+
+
+def test_escapes_reverse_prompt_and_single_turn(capsys, monkeypatch):
+    """-p processes escapes as llama-cli does (--no-escape keeps them); -r stops at a text;
+    -cnv -st answers one turn and exits without reading more input."""
+    a, _ = run(capsys, "default", "-p", "A\\nB", "-n", "1", "-c", "256", "--temp", "0",
+               "--no-warmup")
+    b, _ = run(capsys, "default", "-p", "A\\nB", "-n", "1", "-c", "256", "--temp", "0",
+               "--no-escape", "--no-warmup")
+    assert a.startswith("A\nB") and b.startswith("A\\nB")
+    full, _ = run(capsys, "default", "-p", PROMPT, "-n", "24", "-c", "256", "--temp", "0",
+                  "--no-warmup")
+    stop = full[len(PROMPT):].strip().split()[0]          # the first generated word
+    cut, _ = run(capsys, "default", "-p", PROMPT, "-n", "24", "-c", "256", "--temp", "0",
+                 "-r", stop, "--no-warmup")
+    assert cut.rstrip().endswith(stop) and len(cut) < len(full)
+    monkeypatch.setattr("sys.stdin", io.StringIO("never read\n"))
+    out, _ = run(capsys, "default", "-cnv", "-st", "-p", "Hi!", "-n", "3", "-c", "256",
+                 "--temp", "0", "--no-warmup")
+    assert out.startswith("> Hi!") and "never read" not in out

@@ -41,6 +41,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="the same as -cnv here")
     io.add_argument("-no-cnv", "--no-conversation", action="store_true",
                     help="no chat (the default)")
+    io.add_argument("-e", "--escape", action="store_true", default=True,
+                    help="process escapes (\\n, \\t, \\xHH) in the prompt (the default, as in "
+                         "llama.cpp)")
+    io.add_argument("--no-escape", dest="escape", action="store_false")
+    io.add_argument("-r", "--reverse-prompt", action="append", default=[], metavar="TEXT",
+                    help="stop generating when the text ends with TEXT (repeatable)")
+    io.add_argument("-st", "--single-turn", action="store_true",
+                    help="-cnv: answer the first turn, then exit")
     io.add_argument("--jinja", action="store_true",
                     help="accepted: chat templates always render with jinja (sandboxed)")
     p.add_argument("-n", "--n-predict", type=int, default=32,
@@ -165,7 +173,7 @@ def main(args: argparse.Namespace) -> int:
     if args.list_devices:
         print("\n".join(list_devices()))
         return 0
-    from ggraph.cli import argv_text
+    from ggraph.cli import argv_text, process_escapes
     from ggraph.graphs.engine import Engine, EngineConfig
     from ggraph.graphs.fetch import resolve_model
     from ggraph.graphs.placement import parse_split
@@ -199,6 +207,7 @@ def main(args: argparse.Namespace) -> int:
             user = f.read()
     else:
         user = argv_text(args.prompt if args.prompt is not None else "The capital of France is")
+        user = process_escapes(user) if args.escape else user
     t0 = time.perf_counter()
     if cfg.warmup and sys.stderr.isatty():  # a first run compiles: say so before the wait
         print("load: warming up (the first run compiles the kernels, then they are cached in "
@@ -216,11 +225,13 @@ def main(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr)
     with profiled(eng, args.profile) as prof:
         if interactive:
-            status = Conversation(eng, sampling, args.system_prompt, args.n_predict).loop(
-                first=user if (args.prompt is not None or args.file) else None)
+            status = Conversation(eng, sampling, args.system_prompt, args.n_predict,
+                                  args.reverse_prompt).loop(
+                first=user if (args.prompt is not None or args.file) else None,
+                single_turn=args.single_turn)
         else:
             status = generate_text(eng, user, ids, args.n_predict, sampling,
-                                   echo=not args.chat)
+                                   echo=not args.chat, stops=args.reverse_prompt)
     if prof is not None:
         print("\n".join(prof.table()), file=sys.stderr)
         print("\n".join(prof.table(by="name", top=15)), file=sys.stderr)

@@ -3,18 +3,21 @@ characters, the interactive chat loop, and llama_perf's timing lines."""
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from ggraph.cli import fail
 
 
 class TextStream:
-    """Prints tokens as text as they come, holding back an incomplete UTF-8 character."""
+    """Prints tokens as text as they come, holding back an incomplete UTF-8 character; `done`
+    once the text ends with one of the stop strings (llama-cli's -r)."""
 
-    def __init__(self, eng: Any) -> None:
+    def __init__(self, eng: Any, stops: list[str] | None = None) -> None:
         self.eng = eng
         self.ids: list[int] = []
         self.shown = ""
+        self.stops = [s for s in (stops or []) if s]
+        self.done = False
 
     def add(self, tok: int) -> None:
         self.ids.append(tok)
@@ -22,19 +25,22 @@ class TextStream:
         if not full.endswith("\ufffd"):  # wait for whole UTF-8 characters
             print(full[len(self.shown):], end="", flush=True)
             self.shown = full
+            self.done = any(full.endswith(s) for s in self.stops)
 
     def text(self) -> str:
         return self.eng.tokenizer.decode(self.ids)
 
 
 def stream(eng: Any, prompt: list[int], n_predict: int, sampling: Any,
-           on_token: Callable[[int], None]) -> None:
-    """Generate after `prompt` (continuing the KV cache) until n_predict tokens or an
-    end-of-generation token; each kept token goes to on_token."""
+           out: TextStream) -> None:
+    """Generate after `prompt` (continuing the KV cache) until n_predict tokens, an
+    end-of-generation token or a stop string; each kept token goes to out."""
     for tok in generate(eng, prompt, n_predict, sampling):
         if tok in end_tokens(eng):
             break
-        on_token(tok)
+        out.add(tok)
+        if out.done:
+            break
 
 
 def generate(eng: Any, prompt: list[int], n_predict: int, sampling: Any) -> Iterator[int]:
@@ -64,14 +70,14 @@ def prompt_ids(eng: Any, path: str, user: str, text: str) -> list[int]:
 
 
 def generate_text(eng: Any, user: str, prompt: list[int], n_predict: int, sampling: Any,
-                  echo: bool) -> int:
+                  echo: bool, stops: list[str] | None = None) -> int:
     """One prompt: print it (unless it is wrapped in a chat template), then the generated
     text; a context overflow ends the line before the error. The exit status."""
     n = n_predict if n_predict >= 0 else max(eng.cfg.n_ctx - len(prompt), 0)
     print(user if echo else "", end="", flush=True)
-    out = TextStream(eng)
+    out = TextStream(eng, stops)
     try:
-        stream(eng, prompt, n, sampling, out.add)
+        stream(eng, prompt, n, sampling, out)
     except ValueError as e:  # e.g. the context overflows: end the line, say why
         print(flush=True)
         fail("run", e)
@@ -85,8 +91,10 @@ class Conversation:
     evaluate only what is new since the last turn (the KV cache keeps the rest), generate the
     answer, repeat until end of input or /exit."""
 
-    def __init__(self, eng: Any, sampling: Any, system: str | None, n_predict: int) -> None:
+    def __init__(self, eng: Any, sampling: Any, system: str | None, n_predict: int,
+                 stops: list[str] | None = None) -> None:
         self.eng, self.sampling, self.n_predict = eng, sampling, n_predict
+        self.stops = stops
         self.messages: list[dict[str, str]] = []
         if system:
             self.messages.append({"role": "system", "content": system})
@@ -103,20 +111,23 @@ class Conversation:
         ids = tok.encode(new, add_bos=tok.add_bos and first)
         n = self.n_predict if self.n_predict >= 0 else \
             max(self.eng.cfg.n_ctx - self.eng.cache.n_used - len(ids), 0)
-        out = TextStream(self.eng)
-        stream(self.eng, ids, n, self.sampling, out.add)
+        out = TextStream(self.eng, self.stops)
+        stream(self.eng, ids, n, self.sampling, out)
         print(flush=True)
         answer = out.text()
         self.messages.append({"role": "assistant", "content": answer})
         self.formatted = tok.render(self.messages, add_generation_prompt=False)
         return answer
 
-    def loop(self, first: str | None = None, lines: Iterator[str] | None = None) -> int:
+    def loop(self, first: str | None = None, lines: Iterator[str] | None = None,
+             single_turn: bool = False) -> int:
         src = lines if lines is not None else _stdin_lines()
         try:
             if first:
                 print(f"> {first}")
                 self.turn(first)
+                if single_turn:
+                    return 0
             for line in src:
                 line = line.rstrip("\n")
                 if line.strip() in ("/exit", "/quit"):
@@ -124,6 +135,8 @@ class Conversation:
                 if not line.strip():
                     continue
                 self.turn(line)
+                if single_turn:
+                    break
         except ValueError as e:  # the context is full: say so, as llama-cli does
             print(flush=True)
             fail("run", e)

@@ -28,34 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "a": "\a",
-            "b": "\b", "f": "\f", "v": "\v", "?": "?"}
-
-
-def process_escapes(s: str) -> str:
-    """llama.cpp's string_process_escapes for the common escapes and \\xHH; anything else is
-    kept as written."""
-    out, i = [], 0
-    while i < len(s):
-        c = s[i]
-        if c == "\\" and i + 1 < len(s):
-            e = s[i + 1]
-            if e in _ESCAPES:
-                out.append(_ESCAPES[e])
-                i += 2
-                continue
-            h = s[i + 2:i + 4]
-            if e == "x" and len(h) == 2 and all(ch in "0123456789abcdefABCDEF" for ch in h):
-                out.append(chr(int(h, 16)))
-                i += 4
-                continue
-        out.append(c)
-        i += 1
-    return "".join(out)
-
-
 def run(args: argparse.Namespace) -> int:
-    from ggraph.cli import argv_text
+    from ggraph.cli import argv_text, process_escapes
     from ggraph.graphs.fetch import resolve_model
     from ggraph.graphs.gguf_reader import read_header
     from ggraph.graphs.tokenizer import Tokenizer
