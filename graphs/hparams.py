@@ -74,6 +74,40 @@ def read_hparams(cls: type[H], metadata: dict[str, Any], arch: str, path: str = 
         raise GGUFError(f"{path or 'model'}: {e}") from None
 
 
+def settle_heads(hp: Any) -> list[str]:
+    """Fill a frozen hparams dataclass's derived head fields as llama.cpp does and return what
+    is inconsistent (an empty list when all is well): n_head_kv defaults to n_head,
+    key_length to n_embd / n_head, value_length to key_length (the files ggraph builds have one
+    head size), n_rot (rope.dimension_count) to the head size;
+    the heads must group evenly, K and V heads must be one size, and the rotated part must be
+    even and fit the head."""
+    def put(name: str, value: Any) -> None:
+        object.__setattr__(hp, name, value)
+
+    problems: list[str] = []
+    if hp.n_head_kv == 0:
+        put("n_head_kv", hp.n_head)
+    if hp.key_length == 0:
+        if hp.n_embd % hp.n_head:
+            problems.append(f"embedding_length {hp.n_embd} is not a multiple of head_count "
+                            f"{hp.n_head} and attention.key_length is absent")
+        put("key_length", hp.n_embd // hp.n_head)
+    if hp.value_length == 0:
+        put("value_length", hp.key_length)
+    if hp.n_rot == 0:
+        put("n_rot", hp.key_length)
+    if hp.n_head % hp.n_head_kv:
+        problems.append(f"head_count {hp.n_head} is not a multiple of head_count_kv "
+                        f"{hp.n_head_kv}")
+    if hp.value_length != hp.key_length:
+        problems.append(f"attention.value_length {hp.value_length} differs from "
+                        f"attention.key_length {hp.key_length}")
+    if hp.n_rot % 2 or hp.n_rot > hp.key_length:
+        problems.append(f"rope.dimension_count {hp.n_rot} must be even and at most the head "
+                        f"size {hp.key_length}")
+    return problems
+
+
 @dataclass(frozen=True)
 class LlamaHParams:
     n_layer: int = key(Keys.LLM.BLOCK_COUNT, lo=1)

@@ -30,7 +30,7 @@ from ggraph.tensor import Context, Tensor
 from ..arch import Architecture
 from ..attention import AttentionShape, build_attention, split_heads
 from ..gguf_file import GGUFError, GGUFModel
-from ..hparams import LlamaHParams, key
+from ..hparams import LlamaHParams, key, settle_heads
 from ..kv_cache import KVCache
 from ..model_graph import GraphInputs, ModelGraph, causal_batch
 from ..moe import build_ffn
@@ -67,27 +67,7 @@ class DenseHParams(LlamaHParams):
     full_rope: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        if self.n_head_kv == 0:
-            object.__setattr__(self, "n_head_kv", self.n_head)
-        if self.key_length == 0:
-            if self.n_embd % self.n_head:
-                raise GGUFError(f"embedding_length {self.n_embd} is not a multiple of "
-                                f"head_count {self.n_head} and attention.key_length is absent")
-            object.__setattr__(self, "key_length", self.n_embd // self.n_head)
-        if self.value_length == 0:
-            object.__setattr__(self, "value_length", self.key_length)
-        if self.n_rot == 0:
-            object.__setattr__(self, "n_rot", self.key_length)
-        problems = []
-        if self.n_head % self.n_head_kv:
-            problems.append(f"head_count {self.n_head} is not a multiple of head_count_kv "
-                            f"{self.n_head_kv}")
-        if self.value_length != self.key_length:
-            problems.append(f"attention.value_length {self.value_length} differs from "
-                            f"attention.key_length {self.key_length}")
-        if self.n_rot % 2 or self.n_rot > self.head_dim:
-            problems.append(f"rope.dimension_count {self.n_rot} must be even and at most the "
-                            f"head size {self.head_dim}")
+        problems = settle_heads(self)
         if self.full_rope and self.n_rot != self.head_dim:
             problems.append(f"rope.dimension_count {self.n_rot} must equal the head size "
                             f"{self.head_dim} (llama.cpp asserts it for this architecture)")

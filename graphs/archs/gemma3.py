@@ -33,7 +33,7 @@ from ggraph.tensor import Context, Tensor
 from ..arch import Architecture, register_arch
 from ..attention import AttentionShape, build_attention, split_heads, store_kv
 from ..gguf_file import GGUFError, GGUFModel
-from ..hparams import key
+from ..hparams import key, settle_heads
 from ..kv_cache import IswaKVCache, KVCache
 from ..model_graph import (GraphInputs, IswaInputs, KindInputs, ModelGraph, causal_batch,
                            iswa_batch)
@@ -67,23 +67,7 @@ class Gemma3HParams:
     is_swa: tuple[bool, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if self.n_head_kv == 0:
-            object.__setattr__(self, "n_head_kv", self.n_head)
-        for name in ("key_length", "value_length"):  # llama.cpp: n_embd / n_head when absent
-            if getattr(self, name) == 0:
-                object.__setattr__(self, name, self.n_embd // self.n_head)
-        if self.n_rot == 0:
-            object.__setattr__(self, "n_rot", self.key_length)
-        problems = []
-        if self.n_head % self.n_head_kv:
-            problems.append(f"head_count {self.n_head} is not a multiple of head_count_kv "
-                            f"{self.n_head_kv}")
-        if self.key_length != self.value_length:
-            problems.append(f"key_length {self.key_length} differs from value_length "
-                            f"{self.value_length}")
-        if self.n_rot % 2 or self.n_rot > self.key_length:
-            problems.append(f"rope.dimension_count {self.n_rot} must be even and at most the "
-                            f"head size {self.key_length}")
+        problems = settle_heads(self)
         if self.rope_scaling_type not in ("none", "linear"):
             problems.append(f"rope.scaling.type {self.rope_scaling_type!r}: ggraph builds "
                             f"gemma3 with none or linear")
