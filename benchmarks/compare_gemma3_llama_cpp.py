@@ -14,7 +14,9 @@ llama-cli's is not), so both size the SWA cache as pad256(n_swa + n_ubatch).
 
     python benchmarks/compare_gemma3_llama_cpp.py [--threads 2] [--ggml-exact] [--skip-speed]
 
-writes benchmarks/results/gemma3_llama_cpp.json by default.
+writes benchmarks/results/gemma3_llama_cpp.json by default (gemma3_llama_cpp_ggml_exact.json
+with --ggml-exact, which also turns the CPU backend's fusion pass off: its fused norm chain
+rounds as ggraph does, not as ggml).
 """
 from __future__ import annotations
 
@@ -108,7 +110,11 @@ def compare_logits(llm: Any, eng: Any, tokens: list[int],
     err = np.array([nmse(a, b) for a, b in zip(ref, got)])
     kl = kld(ref, got)
     same_top1 = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
+    equal = [bool(np.array_equal(a, b)) for a, b in zip(ref, got)]
     return dict(n_tokens=len(tokens), nmse=float(nmse(ref, got)),
+                positions_bit_equal=int(sum(equal)),
+                first_position_not_equal=next((i for i, e in enumerate(equal) if not e), None),
+                nmse_per_position=[float(e) for e in err],
                 nmse_per_position_max=float(err.max()), nmse_per_position_mean=float(err.mean()),
                 nmse_before_window=float(nmse(ref[:512], got[:512])),
                 nmse_after_window=float(nmse(ref[512:], got[512:])) if len(tokens) > 512
@@ -228,7 +234,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-gen", type=int, default=16)
-    ap.add_argument("--json", default="benchmarks/results/gemma3_llama_cpp.json")
+    ap.add_argument("--json", default=None, help="default: benchmarks/results/"
+                    "gemma3_llama_cpp.json (gemma3_llama_cpp_ggml_exact.json with --ggml-exact)")
+    ap.add_argument("--long-tokens", type=int, default=1000,
+                    help="tokens of the long prompt (past the 512-token window by default)")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--dequantized", action="store_true",
                     help="also run both on an F32 copy of the model (weights dequantized): "
@@ -236,6 +245,11 @@ def main() -> None:
     ap.add_argument("--ggml-exact", action="store_true",
                     help="ggraph computes quantized mul_mat bit for bit as ggml's x86 CPU")
     args = ap.parse_args()
+    if args.json is None:
+        args.json = ("benchmarks/results/gemma3_llama_cpp"
+                     + ("_ggml_exact" if args.ggml_exact else "") + ".json")
+    if args.ggml_exact:   # read when the fusion module is first imported, below
+        os.environ["GGRAPH_FUSE"] = "0"
     import llama_cpp
     import numba
 
@@ -269,12 +283,13 @@ def main() -> None:
     llm.close()
     # logits of every position: a context just large enough for the long prompt
     llm = llama_cpp.Llama(n_ctx=1024, logits_all=True, **{**common, "verbose": False})
-    long_toks = llm.tokenize(LONG_TEXT.encode(), add_bos=True, special=False)[:1000]
+    long_toks = llm.tokenize(LONG_TEXT.encode(), add_bos=True, special=False)[:args.long_tokens]
     long_logits = both_logits(llm, eng, long_toks)
     out["long_prompt"] = lg = compare_logits(llm, eng, long_toks, long_logits)
     print(f"long prompt ({lg['n_tokens']} tokens): NMSE {lg['nmse']:.2e} (per position max "
           f"{lg['nmse_per_position_max']:.2e}), KLD mean {lg['kld_mean']:.2e} max "
-          f"{lg['kld_max']:.2e}, same top-1 {lg['same_top1']:.4f}")
+          f"{lg['kld_max']:.2e}, same top-1 {lg['same_top1']:.4f}, bit-equal positions "
+          f"{lg['positions_bit_equal']}/{lg['n_tokens']}")
     out["prompts"] = []
     for prompt in PROMPTS:
         toks = llm.tokenize(prompt.encode(), add_bos=True, special=False)
@@ -291,7 +306,8 @@ def main() -> None:
               f"top-2 margin {min(row['margins_llama_cpp']):.3f}"
               + ("" if first is None else f", at the difference "
                  f"{row['margin_at_first_difference']:.3f}") + f"), logits NMSE "
-              f"{row['logits']['nmse']:.2e}, KLD {row['logits']['kld_mean']:.2e}")
+              f"{row['logits']['nmse']:.2e}, KLD {row['logits']['kld_mean']:.2e}, bit-equal "
+              f"positions {row['logits']['positions_bit_equal']}/{row['logits']['n_tokens']}")
         print(f"   llama.cpp: {row['text_llama_cpp']!r}\n   ggraph:    {row['text_ggraph']!r}")
     llm.close()
     if args.dequantized:

@@ -1,16 +1,25 @@
-"""Where ggraph's SmolLM2 logits part from llama.cpp's: node by node against libggml.
+"""Where ggraph's logits (SmolLM2 by default, `--model gemma3`) part from llama.cpp's: node by
+node against libggml.
 
 1. ggraph's SmolLM2 graph run by the real libggml (ggraph.ggml_ref) gives the same logits as
    llama.cpp (llama-cpp-python) bit for bit or nearly: the graphs compute the same thing.
 2. Then every node of ggraph's CPU run is compared with libggml's value of the same node, so
    the first node that differs, and how the difference grows, can be read off a table.
 
-    python benchmarks/diverge_ggml.py [--ggml-exact] [--layers 3] [--json out.json]
+    python benchmarks/diverge_ggml.py [--model gemma3] [--ggml-exact] [--layers 3] [--json out]
+
+libggml here keeps the weights in a plain CPU buffer, so no Q4_K weight is repacked as in
+llama.cpp: with --ggml-exact ggraph then takes ggml's plain paths too (ggml_exact_kquants
+PATHS.repack = False; --repacked keeps llama.cpp's paths, then the Q4_K products differ from
+libggml's and the logits equal llama.cpp's), and the fusion pass is off (GGRAPH_FUSE=0).
+Gemma 3 270M Q4_K_M: plain libggml's logits differ from llama.cpp's by NMSE 1.4e-3 (the
+repacked Q4_K kernels round differently), ggraph --ggml-exact --repacked's by 0.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import numpy as np
 
@@ -21,22 +30,33 @@ def main() -> int:
     ap.add_argument("-p", default="Once upon a time, in a small village,")
     ap.add_argument("--ggml-exact", action="store_true", help="ggraph's ggml_exact mode")
     ap.add_argument("--layers", type=int, default=3, help="layers shown node by node")
-    ap.add_argument("--json", default="benchmarks/results/diverge_ggml.json")
+    ap.add_argument("--model", default="default", help="a name resolve_model knows")
+    ap.add_argument("--repacked", action="store_true",
+                    help="--ggml-exact as llama.cpp computes (repacked Q4_K), not as libggml")
+    ap.add_argument("--json", default=None,
+                    help="default: benchmarks/results/diverge_ggml[_MODEL].json")
     args = ap.parse_args()
+    if args.json is None:
+        tail = "" if args.model == "default" else f"_{args.model}"
+        args.json = f"benchmarks/results/diverge_ggml{tail}.json"
+    if args.ggml_exact:
+        os.environ["GGRAPH_FUSE"] = "0"   # read when backends/cpu/fusion.py is imported
     import llama_cpp
 
     from ggraph.backends.cpu import CPUBackend
     from ggraph.conformance import nmse
     from ggraph.ggml_ref import run_graph
     from ggraph.graphs.arch import model_class
-    from ggraph.graphs.fetch import default_model
+    from ggraph.backends.cpu import ggml_exact_kquants
+    from ggraph.graphs.fetch import resolve_model
     from ggraph.graphs.gguf_file import load_gguf
     from ggraph.tensor import Context
 
-    path = str(default_model())
+    path = str(resolve_model(args.model))
     llm = llama_cpp.Llama(model_path=path, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2,
                           logits_all=True, verbose=False)
-    toks = llm.tokenize(args.p.encode(), add_bos=False, special=False)
+    bos = args.model != "default"    # SmolLM2's template adds none; Gemma's vocabulary does
+    toks = llm.tokenize(args.p.encode(), add_bos=bos, special=False)
     llm.eval(toks)
     cpp = np.array(llm.scores[: len(toks)])
     f = load_gguf(path)
@@ -50,12 +70,14 @@ def main() -> int:
     for n in nodes:
         n.set_output()          # keep every value: nothing reuses a node's memory
     ref = dict(zip(map(id, nodes), run_graph(mg.graph, nodes, n_threads=1)))
+    ggml_exact_kquants.PATHS = ggml_exact_kquants.KQuantPaths(repack=args.repacked)
     s = CPUBackend(ggml_exact=args.ggml_exact).session()
     s.run(mg.graph, {})
     L = len(toks)
     ggml_logits = ref[id(mg.logits)].reshape(L, -1)
     ours = s.read(mg.logits).reshape(L, -1)
-    out = {"prompt": args.p, "tokens": toks, "ggml_exact": args.ggml_exact,
+    out = {"model": args.model, "prompt": args.p, "tokens": toks, "ggml_exact": args.ggml_exact,
+           "repacked": args.repacked,
            "nmse_ggml_on_ggraph_graph_vs_llama_cpp": float(nmse(cpp, ggml_logits)),
            "nmse_ggraph_vs_llama_cpp": float(nmse(cpp, ours)), "nodes": []}
     print(f"logits NMSE: libggml on ggraph's graph vs llama.cpp "

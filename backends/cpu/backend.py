@@ -45,7 +45,8 @@ class CPUBackend(Backend):
             ADAPTIVE if adaptive is None else adaptive) else None
         self.blas_threads = blas_threads
         # element-wise chains run as one kernel call (backends/cpu/fusion.py)
-        self.fusion = fusion.ENABLED if fuse is None else fuse
+        # (never with ggml_exact: a fused norm chain is not ggml's rms_norm, bit for bit)
+        self.fusion = (fusion.ENABLED if fuse is None else fuse) and not ggml_exact
         if ggml_exact:  # compute as ggml's CPU does, bit for bit (backends/cpu/ggml_exact.py)
             from .ggml_exact import kernel_table
 

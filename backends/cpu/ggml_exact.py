@@ -1,21 +1,29 @@
-"""ggml's CPU arithmetic, bit for bit, for the ops of a llama graph: an opt-in mode of the CPU
-backend (`CPUBackend(ggml_exact=True)`, `EngineConfig(ggml_exact=True)`, `ggraph run
---ggml-exact`) that makes SmolLM2's logits equal llama.cpp's (NMSE 0 on every prompt position of
-benchmarks/compare_llama_cpp.py; benchmarks/diverge_ggml.py compares node by node).
+"""ggml's CPU arithmetic, bit for bit, for the ops of llama and Gemma 3 graphs: an opt-in mode
+of the CPU backend (`CPUBackend(ggml_exact=True)`, `EngineConfig(ggml_exact=True)`, `ggraph run
+--ggml-exact`) that makes SmolLM2's (Q4_1/Q8_0) and Gemma 3 270M Q4_K_M's (Q4_K, Q6_K, Q5_0,
+Q8_0) logits equal llama.cpp's (benchmarks/compare_llama_cpp.py and
+compare_gemma3_llama_cpp.py --ggml-exact; benchmarks/diverge_ggml.py compares node by node).
 
 Why a mode: the default kernels are accurate, but ggml's own rounding differs from theirs by an
 ulp here and there, and Q8 activation quantization turns an ulp into a flipped integer, so the
 two drift apart by ~1e-3 NMSE over 30 layers. Reproducing each rounding step removes the drift:
-- quantized mul_mat (Q4_0, Q8_0, Q4_1): activations quantized per 32 values with id = 127/amax
-  and round-half-even, d and (Q8_1) s = d * sum(q) stored as f16; integer products summed in 8
-  lanes of 4, each lane accumulated over the blocks with one fma, lanes reduced pairwise, Q4_1's
-  m * s terms summed apart (x86 quants.c);
+- quantized mul_mat (Q4_0, Q8_0, Q4_1, Q5_0): activations quantized per 32 values with
+  id = 127/amax and round-half-even, d and (Q8_1) s = d * sum(q) stored as f16; integer
+  products summed in 8 lanes of 4, each lane accumulated over the blocks with one fma, lanes
+  reduced pairwise, Q4_1's m * s terms summed apart (x86 quants.c; tinyBLAS's Q8_0/Q5_0 kernel
+  for batches does the same operations);
+- Q4_K and Q6_K: backends/cpu/ggml_exact_kquants.py (Q8_K activations; the repacked Q4_K
+  gemm/gemv, vec_dot and the tiled path, each where ggml takes it);
 - F16 x F32 mul_mat (K*Q, V*softmax): src1 rounded to f16, tinyBLAS's 16 lanes of fma, reduced
   by halves (llamafile sgemm, AVX512);
 - rms_norm: f32 squares summed in f64, mean narrowed to f32, 1.0f/sqrtf;
 - rope: cos/sin cache from theta *= powf(base, -2/n_dims), libm cosf/sinf, and each rotated
   pair one fma (ggml's C++ is compiled with FP contraction);
-- soft_max and swiglu: the AVX512 ggml_v_expf polynomial, 16-lane sums added in f64.
+- soft_max and swiglu: the AVX512 ggml_v_expf polynomial, 16-lane sums added in f64;
+- gelu: GGML_GELU_FP16's table, f16(x) looked up (geglu = that times the up projection).
+Element-wise mul, add and scale, get_rows of Q8_0 and the F32 copies round as the default
+kernels do already. The CPU backend's fusion pass must be off (GGRAPH_FUSE=0): its fused norm
+chain rounds as ggraph does.
 It matches ggml built for AVX512F/DQ (llama-cpp-python builds natively; `host_matches_ggml_build`).
 It is slower than the default kernels (scalar lanes in numba, no BLAS).
 """
@@ -31,21 +39,16 @@ from ggraph.opkind import OpKind
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType
 
-from ..shared import numeric
 from ..shared.kernel_args import rope_args
-
-_f2h = njit(cache=True)(numeric.f32_to_half)
-_h2f = njit(cache=True)(numeric.half_to_f32)
+from . import ggml_exact_kquants as kq
+from .ggml_exact_f16 import bind_mul_mat_f16
+from .ggml_exact_lanes import f2h, fma32, h2f, round_f16, sum_halves
 
 F32 = np.float32
 QK = 32
-LANES_F16 = 16   # tinyBLAS's vector width for F16 on AVX512 (8 on AVX2)
-KIND = {GGMLType.Q8_0: 0, GGMLType.Q4_0: 1, GGMLType.Q4_1: 2}   # dot_rows's weight layouts
-
-
-@njit(cache=True)
-def _round_f16(x):
-    return _h2f(_f2h(np.float32(x)))
+# dot_rows's weight layouts (Q5_0 and Q8_0 go through tinyBLAS for batches of 2 rows or more:
+# the same per-block fma over 8 lanes of 4, the same reduction, so the same numbers)
+KIND = {GGMLType.Q8_0: 0, GGMLType.Q4_0: 1, GGMLType.Q4_1: 2, GGMLType.Q5_0: 3}
 
 
 @njit(parallel=True, cache=True)
@@ -68,27 +71,8 @@ def quantize_q8_x86(x, qs, d, s):
                 q = np.int32(np.rint(x[r, b * QK + j] * idv))
                 qs[r, b * QK + j] = q
                 tot += q
-            d[r, b] = _round_f16(dd)
-            s[r, b] = _round_f16(dd * F32(tot))
-
-
-@njit(cache=True)
-def _sum_halves(v):
-    """Sum of v (a power-of-two length) as SIMD reductions add: the upper half onto the lower,
-    again and again (hsum_float_8, _mm512_reduce_add_ps). Overwrites v."""
-    h = v.shape[0] // 2
-    while h >= 1:
-        for j in range(h):
-            v[j] = v[j] + v[j + h]
-        h //= 2
-    return v[0]
-
-
-@njit(cache=True)
-def _fma(a, b, c):
-    # a * b is exact in float64 (24-bit mantissa times a lane sum below 2^13); one rounding
-    # of the sum to float32 as _mm256_fmadd_ps does (double rounding only in rare ties)
-    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+            d[r, b] = round_f16(dd)
+            s[r, b] = round_f16(dd * F32(tot))
 
 
 @njit(cache=True)
@@ -110,6 +94,11 @@ def _lanes(w, m, base, off, kind, qs, r, q0, lanes):
                 if kind == 1:
                     wl -= 8
                     wh -= 8
+                elif kind == 3:      # Q5_0: the fifth bit of value i is bit i of qh, -16
+                    qh = (np.int64(w[m, base + 2]) | (np.int64(w[m, base + 3]) << 8) |
+                          (np.int64(w[m, base + 4]) << 16) | (np.int64(w[m, base + 5]) << 24))
+                    wl += np.int32(((qh >> e) & 1) << 4) - 16
+                    wh += np.int32(((qh >> (e + 16)) & 1) << 4) - 16
                 lo += wl * np.int32(qs[r, q0 + e])
                 hi += wh * np.int32(qs[r, q0 + 16 + e])
         lanes[k] = lo
@@ -123,8 +112,8 @@ def dot_rows(w, kind, qs, d, s, out):
     M = w.shape[0]
     R, K = qs.shape
     nb = K // QK
-    bs = 34 if kind == 0 else (18 if kind == 1 else 20)
-    off = 4 if kind == 2 else 2
+    bs = 34 if kind == 0 else (18 if kind == 1 else (20 if kind == 2 else 22))
+    off = 4 if kind == 2 else (6 if kind == 3 else 2)
     chunk = 16
     for c in prange((M + chunk - 1) // chunk):
         acc = np.empty((R, 8), np.float32)
@@ -135,10 +124,10 @@ def dot_rows(w, kind, qs, d, s, out):
             summs[:] = 0
             for b in range(nb):
                 base = b * bs
-                dw = _h2f(np.uint16(w[m, base]) | (np.uint16(w[m, base + 1]) << np.uint16(8)))
+                dw = h2f(np.uint16(w[m, base]) | (np.uint16(w[m, base + 1]) << np.uint16(8)))
                 mw = F32(0.0)
                 if kind == 2:
-                    mw = _h2f(np.uint16(w[m, base + 2]) |
+                    mw = h2f(np.uint16(w[m, base + 2]) |
                               (np.uint16(w[m, base + 3]) << np.uint16(8)))
                 for r in range(R):
                     if kind == 2:
@@ -146,15 +135,17 @@ def dot_rows(w, kind, qs, d, s, out):
                     dd = dw * d[r, b]
                     _lanes(w, m, base, off, kind, qs, r, b * QK, lanes)
                     for k in range(8):
-                        acc[r, k] = _fma(dd, F32(lanes[k]), acc[r, k])
+                        acc[r, k] = fma32(dd, F32(lanes[k]), acc[r, k])
             for r in range(R):
-                out[r, m] = _sum_halves(acc[r]) + summs[r]
+                out[r, m] = sum_halves(acc[r]) + summs[r]
 
 
 def bind_mul_mat(a_type: GGMLType, b_type: GGMLType, A: np.ndarray, B: np.ndarray,
                  D: np.ndarray):
     """A call computing D = mul_mat(A, B) as ggml's CPU does, or None where this module does
     not apply (other weight types, 3-D weights, activations not F32)."""
+    if a_type in kq.UNPACK:
+        return kq.bind_mul_mat(a_type, b_type, A, B, D)
     if a_type not in KIND or b_type != GGMLType.F32 or A.shape[0] * A.shape[1] != 1:
         return None
     kind = KIND[a_type]
@@ -234,8 +225,8 @@ def rope_rows(x, pos, y, n_dims, neox, freq_base, freq_scale, attn_factor):
                 x0 = x[i3, i2, i1, j0]
                 x1 = x[i3, i2, i1, j1]
                 # ggml's C++ is compiled with FMA contraction: x0*c - x1*s is one fma
-                y[i3, i2, i1, j0] = _fma(x0, c, -(x1 * sn))
-                y[i3, i2, i1, j1] = _fma(x0, sn, x1 * c)
+                y[i3, i2, i1, j0] = fma32(x0, c, -(x1 * sn))
+                y[i3, i2, i1, j1] = fma32(x0, sn, x1 * c)
             for i0 in range(n_dims, n0):
                 y[i3, i2, i1, i0] = x[i3, i2, i1, i0]
 
@@ -255,42 +246,6 @@ def bind_rope(a_type: GGMLType, A: np.ndarray, P: np.ndarray, D: np.ndarray, arg
     return call
 
 
-@njit(parallel=True, cache=True)
-def dot_f16(A, B16, D, lanes):
-    """D = A (F16 bits) x B16 (F32 already rounded to F16), as llamafile's tinyBLAS does:
-    each output is `lanes` accumulators (16 with AVX512, 8 with AVX2), lane j accumulating
-    products j, j+lanes, ... with one fma each, then reduced by halves (x[j] + x[j+half]);
-    src0 broadcast over dims 2 and 3."""
-    a3, a2, M, K = A.shape
-    b3, b2, N = B16.shape[0], B16.shape[1], B16.shape[2]
-    r3, r2 = b3 // a3, b2 // a2
-    for t in prange(b3 * b2 * M):
-        i3, i2, m = t // (b2 * M), (t // M) % b2, t % M
-        row = np.empty(K, np.float32)
-        for k in range(K):
-            row[k] = _h2f(A[i3 // r3, i2 // r2, m, k])
-        acc = np.empty(lanes, np.float32)
-        for n in range(N):
-            acc[:] = 0
-            for k0 in range(0, K, lanes):
-                for j in range(lanes):
-                    acc[j] = _fma(row[k0 + j], B16[i3, i2, n, k0 + j], acc[j])
-            D[i3, i2, n, m] = _sum_halves(acc)
-
-
-def bind_mul_mat_f16(A: np.ndarray, B: np.ndarray, D: np.ndarray):
-    """ggml's F16 x F32 mul_mat through tinyBLAS (rows of a multiple of 8), else None."""
-    if A.dtype != np.uint16 or B.dtype != np.float32 or A.shape[3] % LANES_F16:
-        return None
-    B16 = np.empty(B.shape, np.float32)
-
-    def call() -> None:
-        B16[...] = B.astype(np.float16)      # ggml converts src1 to F16 first (RNE)
-        dot_f16(A, B16, D, LANES_F16)
-
-    return call
-
-
 # ggml_v_expf (AVX512): a polynomial after range reduction, every step one fused op; the
 # constants are the published ones of Arm's optimized-routines expf
 _R = np.float32(12582912.0)            # 0x1.8p23
@@ -305,13 +260,13 @@ _C5, _C4, _C3, _C2, _C1 = _P
 
 @njit(cache=True)
 def v_expf(x):
-    z = _fma(x, _LOG2E, _R)
+    z = fma32(x, _LOG2E, _R)
     n = z - _R
     if not abs(n) <= F32(192.0):       # also NaN-free -inf: exp(-inf) = 0
         return F32(0.0) if n < 0 else np.float32(np.inf)
-    b = _fma(-n, _LN2_LO, _fma(-n, _LN2_HI, x))
+    b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
     u = b * b
-    j = _fma(_fma(_fma(_C5, b, _C4), u, _fma(_C3, b, _C2)), u, _fma(_C1, b, F32(1.0)))
+    j = fma32(fma32(fma32(_C5, b, _C4), u, fma32(_C3, b, _C2)), u, fma32(_C1, b, F32(1.0)))
     return np.float32(j * np.float32(2.0) ** np.int32(n))
 
 
@@ -338,7 +293,7 @@ def soft_max_rows(x, m, y, scale, has_mask):
         while i + 15 < n0:
             for j in range(16):
                 e[i + j] = lanes[j] = v_expf(w[i + j] - mx)
-            total += np.float64(_sum_halves(lanes))
+            total += np.float64(sum_halves(lanes))
             i += 16
         while i < n0:
             e[i] = np.exp(w[i] - mx)
@@ -363,6 +318,53 @@ def swiglu_rows(g, u, y):
             else:
                 s = a / (F32(1.0) + np.exp(-a))
             y[i3, i2, i1, i] = s * u[i3, i2, i1, i]
+
+
+@njit(cache=True)
+def gelu_table():
+    """ggml_table_gelu_f16: for every f16 bit pattern h, f16(gelu_f32(h)) with the tanh form
+    0.5x(1 + tanhf(sqrt(2/pi) x (1 + 0.044715 x^2))) in f32, 1 + 0.044715x*x one fma (GCC
+    contracts it); checked against the library's own table by tests/test_ggml_exact.py."""
+    tab = np.empty(65536, np.uint16)
+    for h in range(65536):
+        x = h2f(np.uint16(h))
+        inner = fma32(F32(0.044715) * x, x, F32(1.0))
+        y = F32(0.5) * x * (F32(1.0) + np.tanh(F32(0.7978845608028654) * x * inner))
+        tab[h] = f2h(y)
+    return tab
+
+
+@njit(parallel=True, cache=True)
+def gelu_rows(x, y, tab):
+    """ggml_vec_gelu_f32 (GGML_GELU_FP16): 0 at or below -10, x at or above 10, else the
+    table's value at f16(x)."""
+    n = x.shape[0]
+    for i in prange(n):
+        v = x[i]
+        if v <= F32(-10.0):
+            y[i] = F32(0.0)
+        elif v >= F32(10.0):
+            y[i] = v
+        else:
+            y[i] = h2f(tab[f2h(v)])
+
+
+def bind_gelu(A: np.ndarray, D: np.ndarray):
+    """ggml's gelu on contiguous F32, else None."""
+    if A.dtype != np.float32 or D.dtype != np.float32 or not A.flags.c_contiguous or \
+            not D.flags.c_contiguous or A.shape != D.shape:
+        return None
+    tab = _gelu_table()
+    return lambda: gelu_rows(A.reshape(-1), D.reshape(-1), tab)
+
+
+_TABLES: dict[str, np.ndarray] = {}
+
+
+def _gelu_table() -> np.ndarray:
+    if "gelu" not in _TABLES:
+        _TABLES["gelu"] = gelu_table()
+    return _TABLES["gelu"]
 
 
 def bind_soft_max(A: np.ndarray, M, D: np.ndarray, p, has_sinks: bool):
@@ -429,9 +431,13 @@ def _swiglu(node: Tensor, s: Any):
     return bind_swiglu(s.arr(a), s.arr(b), s.arr(node))
 
 
+def _gelu(node: Tensor, s: Any):
+    return bind_gelu(s.arr(node.src[0]), s.arr(node))
+
+
 EXACT: dict[OpKind, Callable[[Tensor, Any], Any]] = {
     OpKind.MUL_MAT: _mul_mat, OpKind.RMS_NORM: _rms_norm, OpKind.SOFT_MAX: _soft_max,
-    OpKind.ROPE: _rope, OpKind.SWIGLU: _swiglu}
+    OpKind.ROPE: _rope, OpKind.SWIGLU: _swiglu, OpKind.GELU: _gelu}
 
 
 def kernel_table(base: dict) -> dict:
