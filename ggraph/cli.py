@@ -6,7 +6,7 @@ import argparse
 import importlib
 import pkgutil
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +48,20 @@ SIZE_BOUNDS: dict[str, tuple[str, float, str]] = {
     "ubatch_size": ("-ub/--ubatch-size", 1, ""),
     "amb": ("--amb", 0, " MiB (0: attention is not split)"),
 }
+
+
+def add_flash_attn_flag(parser: Any, default: str = "off") -> None:
+    """llama.cpp's `-fa on|off|auto` (also `--flash-attn` and `--fa`; the flag alone means on)
+    into args.fa; `flash_attn_on(args.fa)` reads it."""
+    parser.add_argument("-fa", "--flash-attn", "--fa", dest="fa", nargs="?", const="on",
+                        default=default, choices=("on", "off", "auto"),
+                        help=f"flash attention: on, off or auto (default {default}; auto is on "
+                             f"where the backend runs it, as llama.cpp resolves it: every "
+                             f"ggraph backend does)")
+
+
+def flash_attn_on(value: str | bool) -> bool:
+    return value if isinstance(value, bool) else value != "off"
 
 
 def check_bounds(args: argparse.Namespace, bounds: dict[str, tuple[str, float, str]]) -> None:

@@ -162,3 +162,11 @@ def test_model_names_and_presets_everywhere(capsys):
     assert r["arch"] == "llama" and r["kv_cache_bytes"] == 30 * 2048 * 2 * 192 * 2
     assert main(["plan", "no-such-model"]) == 1
     assert "no such GGUF file or model name" in capsys.readouterr().err
+
+
+def test_llama_cpp_fa_spellings(capsys):
+    """`-fa on`, `--flash-attn`, `--fa` and `-fa off` as llama.cpp spells them."""
+    on = [_plan_json(capsys, "default", "-c", "1024", *fa)["flash_attn"]
+          for fa in (["-fa", "on"], ["--flash-attn"], ["--fa"], ["-fa", "auto"])]
+    off = _plan_json(capsys, "default", "-c", "1024", "-fa", "off")["flash_attn"]
+    assert on == [True] * 4 and off is False

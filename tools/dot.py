@@ -69,7 +69,9 @@ def register(subparsers: Any) -> None:
     m.add_argument("-ub", "--ubatch-size", type=int, default=512)
     m.add_argument("--amb", type=int, default=0, metavar="MIB",
                    help="split attention so each K*Q stays under MIB (taken as given)")
-    m.add_argument("--fa", action="store_true", help="flash attention")
+    from ggraph.cli import add_flash_attn_flag
+
+    add_flash_attn_flag(m)
     m.add_argument("-ctk", "--cache-type-k", default="f16")
     m.add_argument("-ctv", "--cache-type-v", default="f16")
     m.add_argument("--reserve-outputs", choices=("all", "last"), default="all",
@@ -180,6 +182,9 @@ def check_options(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from ggraph.cli import flash_attn_on
+
+    args.fa = flash_attn_on(args.fa)
     from ggraph import dot
 
     chosen = [x for x in (args.model, args.preset, args.graph) if x]

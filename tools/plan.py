@@ -37,8 +37,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("-ctk", "--cache-type-k", default="f16")
     p.add_argument("-ctv", "--cache-type-v", default=None,
                    help="V cache type (default: the K cache's; a quantized V needs --fa)")
-    p.add_argument("--fa", "--flash-attn", dest="fa", action="store_true",
-                   help="flash attention")
+    from ggraph.cli import add_flash_attn_flag
+
+    add_flash_attn_flag(p)
     p.add_argument("--path", choices=("absorbed", "absorbed-fa", "decompress-fa"),
                    help="force an MLA attention path (default: by --fa and the ubatch)")
     p.add_argument("--weights", "--bytes-per-weight", dest="weights", metavar="FORMAT|BPW",
@@ -67,6 +68,9 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from ggraph.cli import flash_attn_on
+
+    args.fa = flash_attn_on(args.fa)
     from ggraph.graphs.fetch import resolve_model
     from ggraph.graphs.memory_plan import plan_model
     from ggraph.graphs.presets import header_model, preset_model

@@ -93,7 +93,9 @@ def register(subparsers: Any) -> None:
     a.add_argument("--n-kv", type=int, default=4096, help="KV length, n_ctx (default 4096)")
     a.add_argument("--kv-type", default="f16", help="KV cache type (default f16)")
     a.add_argument("--amb", type=int, default=0, help="split attention cap in MiB (0: off)")
-    a.add_argument("--fa", action="store_true", help="flash attention")
+    from ggraph.cli import add_flash_attn_flag
+
+    add_flash_attn_flag(a)
     a.add_argument("--max-bias", type=float, default=0.0, help="ALiBi max bias")
     o = p.add_argument_group("planning and output")
     o.add_argument("--strategy", choices=("default", "ggml"), default="default")
@@ -132,6 +134,9 @@ def check_options(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ggraph.cli import flash_attn_on
+
+    args.fa = flash_attn_on(args.fa)
     from ggraph import alloc_report as R
 
     if args.model and args.model_opt and args.model != args.model_opt:

@@ -19,9 +19,6 @@ import sys
 import time
 from typing import Any, Iterator
 
-FA_CHOICES = ("on", "off", "auto")
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="generate text with a GGUF model (llama-cli's flags)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,10 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    metavar="MIB", help="split attention so K*Q stays under MIB (0: off)")
     m.add_argument("-ctk", "--cache-type-k", default="f16")
     m.add_argument("-ctv", "--cache-type-v", default="f16")
-    m.add_argument("-fa", "--flash-attn", "--fa", dest="fa", nargs="?", const="on",
-                   default="auto", choices=FA_CHOICES,
-                   help="flash attention: on, off or auto (llama.cpp's default: on where the "
-                        "backend supports it)")
+    from ggraph.cli import add_flash_attn_flag
+
+    add_flash_attn_flag(m, default="auto")       # llama-cli's default
     m.add_argument("--reserve-outputs", choices=("all", "last"), default="all",
                    help="size the compute buffer for every token's logits (llama.cpp) or the "
                         "last token's only")
@@ -158,12 +154,6 @@ def list_devices() -> list[str]:
     return lines
 
 
-def resolve_fa(choice: str, backend: str, type_v: str) -> bool:
-    """-fa auto as llama.cpp resolves it: on where the backend runs flash attention (every
-    ggraph backend does); a quantized V cache needs it anyway."""
-    return choice != "off"
-
-
 def main(args: argparse.Namespace) -> int:
     if args.version:
         import ggraph
@@ -173,7 +163,7 @@ def main(args: argparse.Namespace) -> int:
     if args.list_devices:
         print("\n".join(list_devices()))
         return 0
-    from ggraph.cli import argv_text, process_escapes
+    from ggraph.cli import argv_text, flash_attn_on, process_escapes
     from ggraph.graphs.engine import Engine, EngineConfig
     from ggraph.graphs.fetch import resolve_model
     from ggraph.graphs.placement import parse_split
@@ -194,7 +184,7 @@ def main(args: argparse.Namespace) -> int:
     threads = args.threads if args.threads is not None and args.threads > 0 else None
     cfg = EngineConfig(n_ctx=args.ctx_size, n_ubatch=min(args.ubatch_size, args.batch_size),
                        type_k=args.cache_type_k, type_v=args.cache_type_v,
-                       flash_attn=resolve_fa(args.fa, args.backend, args.cache_type_v),
+                       flash_attn=flash_attn_on(args.fa),
                        amb_mib=amb, backend=args.backend, strategy=args.strategy,
                        n_threads=threads, reserve_outputs=args.reserve_outputs,
                        devices=args.devices, ggml_exact=args.ggml_exact,
