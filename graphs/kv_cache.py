@@ -91,6 +91,16 @@ class KVCache:
         return [self.summary()]
 
 
+def check_graph_fits(cache: "KVCache | IswaKVCache", n_kv: int, flash_attn: bool) -> None:
+    """A graph over `cache` attends to at most its size in cells, and its attention path must
+    match the V layout the cache was created with (transposed V without flash attention)."""
+    if n_kv > cache.size:
+        raise ValueError(f"n_kv={n_kv} exceeds the KV cache size {cache.size}")
+    if flash_attn == cache.v_trans:
+        raise ValueError("the KV cache layout does not match the attention path: create the "
+                         "cache with the same flash_attn setting")
+
+
 def cache_type(role: str, t: GGMLType | str) -> GGMLType:
     """The type of the `role` (K or V) cache; one not in CACHE_TYPES is an error."""
     parsed = GGMLType.parse(t)

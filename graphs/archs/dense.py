@@ -31,7 +31,7 @@ from ..arch import Architecture
 from ..attention import AttentionShape, build_attention, split_heads
 from ..gguf_file import GGUFError, GGUFModel
 from ..hparams import LlamaHParams, key, settle_heads
-from ..kv_cache import KVCache
+from ..kv_cache import KVCache, check_graph_fits
 from ..model_graph import GraphInputs, ModelGraph, causal_batch
 from ..moe import build_ffn
 from ..tensor_names import io_weights
@@ -155,11 +155,7 @@ class DenseDecoder(Architecture):
               flash_attn: bool = False, amb_mib: int = 0) -> ModelGraph[GraphInputs]:
         """The graph of one ubatch of n_tokens attending to the first n_kv cache cells."""
         hp, w = self.hp, self.w
-        if n_kv > cache.size:
-            raise ValueError(f"n_kv={n_kv} exceeds the KV cache size {cache.size}")
-        if flash_attn == cache.v_trans:
-            raise ValueError("the KV cache layout does not match the attention path: create the "
-                             "cache with the same flash_attn setting")
+        check_graph_fits(cache, n_kv, flash_attn)
         hd = hp.head_dim
         n_v_idx = n_tokens * hp.n_embd_gqa if cache.v_trans else n_tokens
         inputs = GraphInputs.create(ctx, n_tokens, n_kv, n_outputs, flash_attn, n_v_idx)

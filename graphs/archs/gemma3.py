@@ -34,7 +34,7 @@ from ..arch import Architecture, register_arch
 from ..attention import AttentionShape, build_attention, split_heads, store_kv
 from ..gguf_file import GGUFError, GGUFModel
 from ..hparams import key, settle_heads
-from ..kv_cache import IswaKVCache, KVCache
+from ..kv_cache import IswaKVCache, KVCache, check_graph_fits
 from ..model_graph import (GraphInputs, IswaInputs, KindInputs, ModelGraph, causal_batch,
                            iswa_batch)
 from ..tensor_names import TensorNames, io_weights
@@ -193,11 +193,7 @@ class Gemma3Model(Architecture):
         """The graph of one ubatch of n_tokens attending to the first n_kv cells of the global
         cache (and the first min(n_kv, ring size) cells of the sliding-window ring)."""
         hp, w = self.hp, self.w
-        if n_kv > cache.size:
-            raise ValueError(f"n_kv={n_kv} exceeds the KV cache size {cache.size}")
-        if flash_attn == cache.v_trans:
-            raise ValueError("the KV cache layout does not match the attention path: create the "
-                             "cache with the same flash_attn setting")
+        check_graph_fits(cache, n_kv, flash_attn)
         hd, gqa = hp.head_dim, hp.n_embd_gqa
         n_v_idx = n_tokens * gqa if cache.v_trans else n_tokens
         inputs: GraphInputs = GraphInputs.create(ctx, n_tokens, n_kv, n_outputs, flash_attn,
