@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -31,19 +30,10 @@ import time
 
 import numpy as np
 
+from ggraph.graphs.bench import machine_info
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEXT = os.path.join(HERE, "..", "tests", "data", "ppl", "python_reference.txt")
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        name = next((ln.split(":", 1)[1].strip() for ln in out.splitlines()
-                     if ln.startswith("Model name")), platform.processor())
-        flags = next((ln for ln in out.splitlines() if ln.startswith("Flags")), "")
-        return f"{name}{', AVX-512' if 'avx512f' in flags else ''}, {os.cpu_count()} cores"
-    except OSError:
-        return platform.processor() or "unknown"
 
 
 def load_tokens(model: str, n_ctx: int, n_chunks: int):
@@ -242,7 +232,8 @@ def main() -> None:
     cpp_nll = [np.asarray(v) for v in cpp["nll"]]
     cpp_ex = ppl_of(cpp_nll[:n_ex])
     res = {
-        "cpu": cpu_name(), "threads": args.threads, "llama_cpp_version": llama_cpp.__version__,
+        "cpu": machine_info().line, "threads": args.threads,
+        "llama_cpp_version": llama_cpp.__version__,
         "model": os.path.basename(model), "text": "tests/data/ppl/python_reference.txt",
         "n_tokens": int(len(tokens)), "tokens_equal_llama_cpp": list(cpp_toks) == tokens.tolist(),
         "n_ctx": args.ctx, "n_chunk": chunking.n_chunk, "scored_tokens": cpp["count"],

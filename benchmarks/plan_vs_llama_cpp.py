@@ -15,10 +15,10 @@ import argparse
 import ctypes
 import json
 import os
-import platform
 import re
 import sys
 
+from ggraph.graphs.bench import machine_info
 from ggraph.types import MIB
 
 SETTINGS = [  # (n_ctx, n_ubatch, type_k, type_v, flash_attn)
@@ -29,20 +29,6 @@ SETTINGS = [  # (n_ctx, n_ubatch, type_k, type_v, flash_attn)
     (2048, 128, "f16", "f16", False),
     (8192, 256, "q8_0", "f16", True),
 ]
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    flags = open("/proc/cpuinfo").read()
-                    isa = "AVX-512" if " avx512f" in flags else "AVX2"
-                    amx = ", AMX" if " amx_tile" in flags else ""
-                    return f"{line.split(':', 1)[1].strip()} ({isa}{amx})"
-    except OSError:
-        pass
-    return platform.processor()
 
 
 class LlamaLog:
@@ -121,7 +107,7 @@ def main() -> int:
                   f"{g_kv if g_kv is None else round(g_kv, 2)!s:>8} MiB  compute "
                   f"{ref['compute_mib']!s:>8} / {g_cb if g_cb is None else round(g_cb, 2)!s:>8}"
                   f" MiB  {ours.get('error', '')}", flush=True)
-    out = {"cpu": cpu_name(), "llama_cpp": __import__("llama_cpp").__version__,
+    out = {"cpu": machine_info().line, "llama_cpp": __import__("llama_cpp").__version__,
            "note": "each cell: llama.cpp / ggraph; KV must be equal, ggraph's compute buffer "
                    "at or below llama.cpp's", "rows": rows}
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
