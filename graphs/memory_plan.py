@@ -22,7 +22,7 @@ from ggraph.types import GGMLType
 
 from .arch import MLAPlanner, supports
 
-__all__ = ["PathInfo", "PlanResult", "plan_model", "path_infos", "kv_lines", "cache_types"]
+__all__ = ["PathInfo", "PlanResult", "plan_model", "path_infos", "kv_lines", "REPORTED_CACHE_TYPES"]
 
 
 @dataclass
@@ -75,16 +75,8 @@ def kv_lines(cache: Any) -> list[str]:
     return list(cache.summary_lines())
 
 
-def _new_cache(model: Any, ctx: Context, n_ctx: int, tk: GGMLType, tv: GGMLType, flash: bool,
-               n_ubatch: int) -> Any:
-    """The model's cache for a plan (metadata only); an iswa cache sizes its window from the
-    ubatch (llama.cpp's rule)."""
-    return model.new_cache(ctx, n_ctx, tk, tv, flash, n_ubatch=n_ubatch)
-
-
-def cache_types(model: Any) -> tuple[str, ...]:
-    """The K/V cache types a plan reports the cache in, besides the chosen ones."""
-    return ("f16", "q8_0", "q4_0")
+# the K/V cache types a plan also reports the cache in, besides the chosen ones
+REPORTED_CACHE_TYPES = ("f16", "q8_0", "q4_0")
 
 
 def plan_model(model: Any, source: str, n_ctx: int, n_ubatch: int = 512, amb_mib: int = 0,
@@ -107,7 +99,8 @@ def plan_model(model: Any, source: str, n_ctx: int, n_ubatch: int = 512, amb_mib
     n_tokens = min(n_ctx, n_ubatch)
     t0 = time.perf_counter()
     ctx = Context("plan")
-    cache = _new_cache(model, ctx, n_ctx, tk, tv, flash, n_ubatch)
+    # an iswa cache sizes its window from the ubatch (llama.cpp's rule)
+    cache = model.new_cache(ctx, n_ctx, tk, tv, flash, n_ubatch=n_ubatch)
     kw = {"path": path} if mla else {}
     mg = model.build(ctx, cache, n_tokens, n_ctx, n_tokens, flash, amb_mib, **kw)
     t1 = time.perf_counter()
@@ -116,7 +109,7 @@ def plan_model(model: Any, source: str, n_ctx: int, n_ubatch: int = 512, amb_mib
     notes: list[str] = []
     paths: list[PathInfo] = []
     if mla:
-        kv_by_type = {t: model.cache_bytes(n_ctx, t) for t in cache_types(model)
+        kv_by_type = {t: model.cache_bytes(n_ctx, t) for t in REPORTED_CACHE_TYPES
                       if hp.mla_row % GGMLType.parse(t).block_size == 0}
         paths = path_infos(model, n_tokens, n_ctx, amb_mib, tk)
         if path is None and flash and mg.path == "absorbed-fa" and n_tokens >= \
@@ -125,10 +118,9 @@ def plan_model(model: Any, source: str, n_ctx: int, n_ubatch: int = 512, amb_mib
                          str(paths[2].unavailable))
     else:
         kv_by_type = {}
-        for t in cache_types(model):
+        for t in REPORTED_CACHE_TYPES:
             try:  # a type whose blocks do not fit the rows, or a quantized V without --fa
-                other = _new_cache(model, Context("kv"), n_ctx, GGMLType.parse(t),
-                                   GGMLType.parse(t), True, n_ubatch)
+                other = model.new_cache(Context("kv"), n_ctx, t, t, True, n_ubatch=n_ubatch)
             except ValueError:
                 continue
             kv_by_type[t] = other.nbytes
