@@ -101,7 +101,7 @@ def test_gelu_table_is_ggmls():
 
     from ggraph.backends.cpu.ggml_exact import gelu_table
 
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = pytest.importorskip("llama_cpp", reason="no llama-cpp-python (the reference)")
     path = os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-cpu.so")
     if not os.path.exists(path):
         pytest.skip(f"{path} missing: llama-cpp-python without its bundled libggml-cpu")
@@ -149,7 +149,7 @@ def test_gemma3_logits_are_llama_cpps(monkeypatch):
     from ggraph.backends.cpu import fusion
     from ggraph.graphs.engine import Engine, EngineConfig
 
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = pytest.importorskip("llama_cpp", reason="no llama-cpp-python (the reference)")
     path = os.path.expanduser("~/.cache/ggraph/gemma-3-270m-q4_k_m.gguf")
     if not os.path.exists(path):
         pytest.skip(f"{path} not downloaded (ggraph.graphs.fetch.resolve_model('gemma3'))")

@@ -35,7 +35,7 @@ def bits(a: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("t", NEW_WEIGHTS, ids=str)
 def test_dequantize_matches_gguf(t: T) -> None:
-    gguf = pytest.importorskip("gguf")
+    gguf = pytest.importorskip("gguf", reason="gguf-py (the reference quantizers) is not installed")
     import gguf.quants as gq
 
     b = random_blocks(t, 3000, 1).reshape(10, -1)
@@ -124,7 +124,7 @@ def test_quantizers_match_libggml(t: T, kind: str) -> None:
 
 @pytest.fixture(scope="module")
 def target():
-    pytest.importorskip("numba")
+    pytest.importorskip("numba", reason="numba (the compiled codecs) is not installed")
     from ggraph.backends.cpu.kernels import TARGET
 
     return TARGET

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-gguf = pytest.importorskip("gguf")
+gguf = pytest.importorskip("gguf", reason="gguf-py (the reference quantizers) is not installed")
 import gguf.quants as gq  # noqa: E402
 
 from ggraph.quants import dequantize, quantize  # noqa: E402
