@@ -10,8 +10,9 @@ import pytest
 
 from ggraph import Context, GGMLType, build_graph, ops
 from ggraph.backends import get_backend
-from ggraph.backends.cpu import qsimd
+from ggraph.backends.cpu import qrows, qsimd, qvec
 from ggraph.backends.shared import qdot as shared
+from ggraph.ops.case import random_blocks
 from ggraph.quants import dequantize, quantize
 from ggraph.type_records import TYPE_RECORDS
 
@@ -139,3 +140,48 @@ def test_mul_mat_id_integer_path(t):
         for e in range(n_used):
             ref = _ref(t, wq[ids[ti, e]], xv[ti, e][None])[0]
             assert np.abs(got[ti, e] - ref).max() <= _tol(t, ref), (ti, e)
+
+
+
+def _row_dot(t, tag):
+    """(the CPU's whole-row dot of t, its Q8_1 sums, the shared qdot), compiled as the CPU
+    backend compiles them."""
+    from ggraph.backends.cpu import kernels
+
+    bind = kernels.TARGET.bind
+    return (bind(qrows.ROW_DOTS[t].fn, numba.njit(fastmath=True), tag),
+            bind(qrows.act_sums, kernels.TARGET.device, "test"), kernels.TARGET.codec(t).qdot)
+
+
+@pytest.mark.parametrize("t", sorted(qrows.ROW_DOTS, key=int), ids=str)
+@pytest.mark.parametrize("x86", [True, False], ids=["x86", "portable"])
+def test_cpu_row_dots_equal_shared_qdot_on_any_bytes(t, x86, monkeypatch):
+    """Random blocks (any bit pattern, finite f16 scales as a file's; trial 0 the extremes:
+    every other byte 255 against quants of +-127) give the shared integer dot's value: the
+    same integer sums, the float sums within rounding of their order. Both with the x86
+    instructions (where the host has AVX2) and with the portable vector IR other hosts get."""
+    if x86 and not qvec.AVX2:
+        pytest.skip("this host has no AVX2: the x86 path is not compiled here")
+    monkeypatch.setattr(qvec, "AVX2", x86)
+    rd, sums, qd = _row_dot(t, "x86" if x86 else "portable")
+    vt = t.traits.vec_dot_type
+    nb = 3 if t.block_size == 256 else 11
+    n = nb * t.block_size
+    rng = np.random.default_rng(int(t))
+    for trial in range(30):
+        w = random_blocks(rng, t, nb * t.type_size).reshape(nb, t.type_size)
+        x = rng.standard_normal(n).astype(np.float32) * np.float32(10.0 ** rng.integers(-3, 3))
+        if trial == 0:
+            keep = w[:, sorted(i + k for i in t.traits.scale_fields for k in (0, 1))].copy()
+            w[:] = 255
+            w[:, sorted(i + k for i in t.traits.scale_fields for k in (0, 1))] = keep
+            x = np.where(np.arange(n) % 2, 1.0, -1.0).astype(np.float32)
+        qrow = quantize(vt, x[None]).reshape(-1).view(np.uint8)
+        ys = np.zeros(n // 32, np.float32)
+        if qrows.ROW_DOTS[t].sums:
+            sums(qrow, ys, n // 32)
+        got = rd(w.reshape(-1), qrow, ys, nb)
+        want = qd(w.reshape(1, 1, 1, -1), 0, 0, 0, qrow, n)
+        W = dequantize(t, w.reshape(1, -1)).astype(np.float64)
+        scale = float(np.abs(W).max()) * float(np.abs(dequantize(vt, qrow[None])).sum())
+        assert abs(got - want) <= 1e-5 * scale, (t, trial, got, want)

@@ -168,7 +168,10 @@ VEC_DOT_TYPE = {t: r.vec_dot_type for t, r in TYPE_RECORDS.items()
 # Integer dot products (backends/shared/qdot.py): the activations stay quantized (int8 + scale
 # per block) and each block is summed in integers, as ggml does. The CPU binds vector-IR block
 # sums (qsimd.py) in place of the shared loops; this runs before any codec is compiled.
-from . import qsimd  # noqa: E402  (kept with the section that uses it)
+# At decode (a few columns) the types of qrows.ROW_DOTS take whole-row dots with vector
+# accumulators instead (qrows.py, qvec.py): the same integer sums, at memory bandwidth.
+from . import qrows, qsimd, qvec  # noqa: E402  (kept with the section that uses them)
+from .qrows import ROW_DOTS  # noqa: E402
 
 TARGET.replace_helpers(dict(qsimd.OVERRIDES, **({"_f16_round": TARGET.device(
     fastmath.round_half_f16c)} if fastmath.F16C else {})), "simd")
@@ -192,6 +195,23 @@ def _qdot_kernel(template, serial: bool, a: T):
     return TARGET.bind(template, _SERIAL if serial else _KERNEL,
                        f"a{a}{'_serial' if serial else ''}_{_Q_HASH}",
                        qdot_a=TARGET.codec(a).qdot)
+
+
+_R_HASH = source_hash(K.__file__, fastmath.__file__, qsimd.__file__, qvec.__file__,
+                      qrows.__file__)
+
+
+def _row_dot_kernel(serial: bool, a: T):
+    """k_mul_mat_rows bound to `a`'s whole-row dot (backends/cpu/qrows.py), or to its shared
+    qdot where qrows has none."""
+    tag = f"a{a}{'_serial' if serial else ''}_{_R_HASH}"
+    if a in ROW_DOTS:
+        rd = TARGET.bind(ROW_DOTS[a].fn, TARGET.device_fast, _R_HASH)
+    else:
+        rd = TARGET.bind(qrows.rowdot_shared, TARGET.device_fast, f"{a}_{_R_HASH}",
+                         qdot_a=TARGET.codec(a).qdot, BLOCK=TYPE_RECORDS[a].block_size)
+    return TARGET.bind(K.k_mul_mat_rows, _SERIAL if serial else _KERNEL, tag, rowdot_a=rd,
+                       act_sums=TARGET.bind(qrows.act_sums, TARGET.device, _R_HASH))
 
 
 def _activations(a: Tensor, b: Tensor, B: np.ndarray, node: Tensor):
@@ -224,8 +244,11 @@ def _mul_mat(node: Tensor, s: Session):
                        ROUND_ACTIVATIONS)
     if n < BLAS_MIN_N and (qa := _quantized_activations(a, b, s.arr(b), node)) is not None:
         Q, prep = qa
-        return partial(_both, prep, partial(_qdot_kernel(K.k_mul_mat_q, _small(node), a.type),
-                                            A, Q, D, b.ne[0]))
+        nb = b.ne[0] // TYPE_RECORDS[a.type].block_size
+        ys = np.empty(Q.shape[:3] + (nb,), np.float32)
+        rd = ROW_DOTS.get(a.type)
+        return partial(_both, prep, partial(_row_dot_kernel(_small(node), a.type), A, Q, ys, D,
+                                            nb, rd is not None and rd.sums))
     B, prep = _activations(a, b, s.arr(b), node)
     if b.type == T.F32 and (a.type == T.F32 or n >= BLAS_MIN_N):
         run = partial(_mul_mat_blas, a, A, B, D)

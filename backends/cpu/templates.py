@@ -368,26 +368,34 @@ def k_quant_rows(b, out, n):
         enc_r(x, out, i3, i2, i1, n)  # noqa: F821
 
 
-def k_mul_mat_q(a, q, d, kk):
+def k_mul_mat_rows(a, q, ys, d, nb, sums):
     """d[i3, i2, n, m] = row m of a's slice . quantized activation row q[i3, i2, n] (integer
-    dots, qdot_a), kk elements per row. One parallel loop over (slice, chunk of rows): numba
-    gives each thread a contiguous run of chunks, so each streams its own part of the weights
-    (and writes its own part of d); each row is dotted with every column while in L1."""
+    dots, rowdot_a: backends/cpu/qrows.py), nb blocks per row; when `sums`, each activation
+    row's per-block sums (ys) are formed first, once (act_sums). One parallel loop over
+    (slice, chunk of rows): numba gives each thread a contiguous run of chunks, so each streams
+    its own part of the weights (and writes its own part of d); each row is dotted with every
+    column while in L1."""
     n3, n2, nn, nm = d.shape
     a3, a2 = a.shape[0], a.shape[1]
     r3, r2 = n3 // a3, n2 // a2
+    if sums:
+        for s in range(n3 * n2 * nn):
+            i3, i2, n = s // (n2 * nn), (s // nn) % n2, s % nn
+            act_sums(q[i3, i2, n], ys[i3, i2, n], nb)  # noqa: F821
     chunk = 64
     n_chunk = (nm + chunk - 1) // chunk
     for w in prange(n3 * n2 * n_chunk):
         s, c = w // n_chunk, w % n_chunk
         i3, i2 = s // n2, s % n2
         for m in range(c * chunk, min(nm, (c + 1) * chunk)):
+            x = a[i3 // r3, i2 // r2, m]
             for n in range(nn):
-                d[i3, i2, n, m] = qdot_a(a, i3 // r3, i2 // r2, m, q[i3, i2, n], kk)  # noqa
+                d[i3, i2, n, m] = rowdot_a(x, q[i3, i2, n], ys[i3, i2, n], nb)  # noqa: F821
 
 
 def k_mul_mat_id_q(a, q, ids, d, kk):
-    """k_mul_mat_id with quantized activation rows q[0, t, e % n_b] (integer dots)."""
+    """k_mul_mat_id with quantized activation rows q[0, t, e % n_b] (integer dots, qdot_a:
+    backends/shared/qdot.py), kk elements per row."""
     _, nt, ne, nm = d.shape
     nb = q.shape[2]
     for r in prange(nt * ne):

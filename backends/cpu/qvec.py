@@ -1,0 +1,311 @@
+"""SIMD vector values for numba code on the CPU: the primitives the whole-row dot products of
+backends/cpu/qrows.py are written in.
+
+numba has no vector type, so the mat-vec dots used to reduce every 32-element block to a
+scalar (a horizontal sum per block) and accumulate in scalar floats. Here a vector is a numba
+type (`Vec`) whose data model is an LLVM vector, so numba code can keep one in a local
+variable across loop iterations (an 8-lane float accumulator for a whole row, as ggml keeps a
+__m256) and pass it between the intrinsics below, each a few LLVM vector instructions:
+
+- loads: `ld32` (32 bytes), `nib32` (16 packed bytes as 32 nibbles), `nib_lo`/`nib_hi`
+  (32 bytes' low or high nibbles), `q5_bits` (the fifth bits of Q5_x), `q6_lanes` (Q6_K's 6-bit
+  values from its low-nibble and 2-bit planes);
+- integer products: `maddubs` (u8 x s8 pairs summed to i16, x86 vpmaddubsw), `madd1`/`madd_s`
+  /`madd_2s` (i16 pairs times 1, one scale, or two scales summed to i32, vpmaddwd),
+  `sub16`, `add32`;
+- float accumulation: `f8_zero`, `f8_fma` (acc + float(ints) * s), `f8_sum`.
+
+With AVX2 the products are the x86 instructions themselves (llvm.x86.avx2.*, the host numba
+compiles for); elsewhere the same sums in portable vector IR. Every value they see stays in
+range: weights of at most 6 bits times int8 quants never saturate vpmaddubsw's i16 pairs.
+"""
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+
+def _host_features() -> set[str]:
+    try:
+        return set(llvm.get_host_cpu_features().flatten().split(","))
+    except (AttributeError, RuntimeError, OSError):  # no feature query: portable IR
+        return set()
+
+
+AVX2 = "+avx2" in _host_features()
+
+_I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+_F32 = ir.FloatType()
+_ELEM = {"i8": _I8, "i16": _I16, "i32": _I32, "f32": _F32}
+
+
+class Vec(types.Type):
+    """An LLVM vector of `n` lanes of `kind` (i8, i16, i32, f32) as a numba value."""
+
+    def __init__(self, n: int, kind: str) -> None:
+        self.n, self.kind = n, kind
+        super().__init__(name=f"Vec{n}x{kind}")
+
+
+@register_model(Vec)
+class _VecModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, ir.VectorType(_ELEM[fe_type.kind], fe_type.n))
+
+
+U8x32, I16x16, I32x8, F32x8 = Vec(32, "i8"), Vec(16, "i16"), Vec(8, "i32"), Vec(8, "f32")
+_V8, _V16, _V32 = ir.VectorType(_I8, 16), ir.VectorType(_I16, 16), ir.VectorType(_I8, 32)
+
+
+def _const(t, vals):
+    return ir.Constant(t, list(vals))
+
+
+def _at(context, builder, aty, arr, off, t):
+    """Pointer to a value of LLVM type t at byte `off` of 1-D uint8 array `arr`."""
+    ary = context.make_array(aty)(context, builder, value=arr)
+    return builder.bitcast(builder.gep(ary.data, [off]), t.as_pointer())
+
+
+def _load(context, builder, sig, args, t, a=0, o=1):
+    return builder.load(_at(context, builder, sig.args[a], args[a], args[o], t), align=1)
+
+
+def _splat(context, builder, ty, x, vt):
+    """Vector type vt with every lane the scalar x (numba type ty)."""
+    x = context.cast(builder, x, ty, {_I8: types.uint8, _I16: types.int16, _I32: types.int32,
+                                      _F32: types.float32}[vt.element])
+    v = builder.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vt, ir.Undefined),
+                                  _const(ir.VectorType(_I32, vt.count), [0] * vt.count))
+
+
+def _pairs(builder, v, n):
+    """Sum of adjacent lane pairs of an n-lane vector (n/2 lanes)."""
+    ev = _const(ir.VectorType(_I32, n // 2), range(0, n, 2))
+    od = _const(ir.VectorType(_I32, n // 2), range(1, n, 2))
+    return builder.add(builder.shuffle_vector(v, v, ev), builder.shuffle_vector(v, v, od))
+
+
+def _x86(builder, name, ret, argtys, args):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, argtys), name)
+    return builder.call(fn, args)
+
+
+def _maddubs(builder, x, y):
+    """<16 x i16>: x[2i]*y[2i] + x[2i+1]*y[2i+1], x unsigned and y signed bytes."""
+    if AVX2:
+        return _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16, [_V32, _V32], [x, y])
+    w = ir.VectorType(_I16, 32)
+    return _pairs(builder, builder.mul(builder.zext(x, w), builder.sext(y, w)), 32)
+
+
+def _madd(builder, p, w):
+    """<8 x i32>: p[2i]*w[2i] + p[2i+1]*w[2i+1] (signed i16)."""
+    if AVX2:
+        return _x86(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(_I32, 8), [_V16, _V16],
+                    [p, w])
+    w32 = ir.VectorType(_I32, 16)
+    return _pairs(builder, builder.mul(builder.sext(p, w32), builder.sext(w, w32)), 16)
+
+
+# ---- loads -------------------------------------------------------------------------------
+
+@intrinsic
+def ld32(typingctx, arr, off):
+    """The 32 bytes of arr from byte off."""
+    def codegen(context, builder, sig, args):
+        return _load(context, builder, sig, args, _V32)
+
+    return U8x32(arr, off), codegen
+
+
+@intrinsic
+def nib32(typingctx, arr, off):
+    """16 packed bytes from byte off as 32 values: the low nibbles, then the high ones."""
+    def codegen(context, builder, sig, args):
+        b = _load(context, builder, sig, args, _V8)
+        lo = builder.and_(b, _const(_V8, [15] * 16))
+        hi = builder.lshr(b, _const(_V8, [4] * 16))
+        return builder.shuffle_vector(lo, hi, _const(ir.VectorType(_I32, 32), range(32)))
+
+    return U8x32(arr, off), codegen
+
+
+@intrinsic
+def nib_lo(typingctx, arr, off):
+    """The low nibbles of the 32 bytes from byte off."""
+    def codegen(context, builder, sig, args):
+        return builder.and_(_load(context, builder, sig, args, _V32), _const(_V32, [15] * 32))
+
+    return U8x32(arr, off), codegen
+
+
+@intrinsic
+def nib_hi(typingctx, arr, off):
+    """The high nibbles of the 32 bytes from byte off."""
+    def codegen(context, builder, sig, args):
+        return builder.lshr(_load(context, builder, sig, args, _V32), _const(_V32, [4] * 32))
+
+    return U8x32(arr, off), codegen
+
+
+@intrinsic
+def q5_bits(typingctx, x, arr, off):
+    """x | 16 where bit j of the little-endian 32-bit word at byte off is set (lane j)."""
+    def codegen(context, builder, sig, args):
+        w = builder.load(_at(context, builder, sig.args[1], args[1], args[2],
+                             ir.VectorType(_I8, 4)), align=1)
+        spread = builder.shuffle_vector(w, w, _const(ir.VectorType(_I32, 32),
+                                                     [j // 8 for j in range(32)]))
+        bit = builder.and_(spread, _const(_V32, [1 << (j % 8) for j in range(32)]))
+        on = builder.icmp_unsigned("!=", bit, _const(_V32, [0] * 32))
+        return builder.or_(args[0], builder.select(on, _const(_V32, [16] * 32),
+                                                   _const(_V32, [0] * 32)))
+
+    return U8x32(x, arr, off), codegen
+
+
+@intrinsic
+def q6_lanes(typingctx, arr, lo, s, hi, hs):
+    """Q6_K's 32 values ((arr[lo+j] >> s) & 15) | (((arr[hi+j] >> hs) & 3) << 4), j < 32."""
+    def codegen(context, builder, sig, args):
+        a = _load(context, builder, sig, args, _V32, 0, 1)
+        h = _load(context, builder, sig, args, _V32, 0, 3)
+        sv = _splat(context, builder, sig.args[2], args[2], _V32)
+        hv = _splat(context, builder, sig.args[4], args[4], _V32)
+        a = builder.and_(builder.lshr(a, sv), _const(_V32, [15] * 32))
+        h = builder.shl(builder.and_(builder.lshr(h, hv), _const(_V32, [3] * 32)),
+                        _const(_V32, [4] * 32))
+        return builder.or_(a, h)
+
+    return U8x32(arr, lo, s, hi, hs), codegen
+
+
+# ---- integer products ----------------------------------------------------------------------
+
+@intrinsic
+def maddubs(typingctx, x, y):
+    """<16 x i16>: sums of adjacent pairs of x (unsigned bytes) times y (signed bytes)."""
+    def codegen(context, builder, sig, args):
+        return _maddubs(builder, args[0], args[1])
+
+    return I16x16(x, y), codegen
+
+
+@intrinsic
+def maddubs_c(typingctx, c, y):
+    """maddubs of the constant byte c in every lane with y: c times y's pair sums."""
+    def codegen(context, builder, sig, args):
+        return _maddubs(builder, _splat(context, builder, sig.args[0], args[0], _V32), args[1])
+
+    return I16x16(c, y), codegen
+
+
+@intrinsic
+def signed_dot(typingctx, x, y):
+    """<8 x i32>: sums of 4 adjacent products of two signed byte vectors (|x| times y with
+    x's sign, as ggml's Q8_0 dot does: vpmaddubsw takes an unsigned left side)."""
+    def codegen(context, builder, sig, args):
+        x, y = args
+        zero = _const(_V32, [0] * 32)
+        neg = builder.icmp_signed("<", x, zero)
+        ax = builder.select(neg, builder.sub(zero, x), x)
+        sy = builder.select(neg, builder.sub(zero, y), y)
+        return _madd(builder, _maddubs(builder, ax, sy), _const(_V16, [1] * 16))
+
+    return I32x8(x, y), codegen
+
+
+@intrinsic
+def sub16(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.sub(args[0], args[1])
+
+    return I16x16(a, b), codegen
+
+
+@intrinsic
+def madd1(typingctx, p):
+    """<8 x i32>: sums of adjacent i16 pairs."""
+    def codegen(context, builder, sig, args):
+        return _madd(builder, args[0], _const(_V16, [1] * 16))
+
+    return I32x8(p), codegen
+
+
+@intrinsic
+def madd_s(typingctx, p, s):
+    """<8 x i32>: sums of adjacent i16 pairs times the integer scale s."""
+    def codegen(context, builder, sig, args):
+        return _madd(builder, args[0], _splat(context, builder, sig.args[1], args[1], _V16))
+
+    return I32x8(p, s), codegen
+
+
+@intrinsic
+def madd_2s(typingctx, p, s1, s2):
+    """madd_s with scale s1 for the first 8 lanes of p (its first 16 bytes' pairs) and s2 for
+    the last 8."""
+    def codegen(context, builder, sig, args):
+        a = _splat(context, builder, sig.args[1], args[1], _V16)
+        b = _splat(context, builder, sig.args[2], args[2], _V16)
+        return _madd(builder, args[0], builder.shuffle_vector(
+            a, b, _const(ir.VectorType(_I32, 16), list(range(8)) + list(range(24, 32)))))
+
+    return I32x8(p, s1, s2), codegen
+
+
+@intrinsic
+def i32_zero(typingctx):
+    def codegen(context, builder, sig, args):
+        return _const(ir.VectorType(_I32, 8), [0] * 8)
+
+    return I32x8(), codegen
+
+
+@intrinsic
+def add32(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], args[1])
+
+    return I32x8(a, b), codegen
+
+
+# ---- float accumulation --------------------------------------------------------------------
+
+@intrinsic
+def f8_zero(typingctx):
+    def codegen(context, builder, sig, args):
+        return _const(ir.VectorType(_F32, 8), [0.0] * 8)
+
+    return F32x8(), codegen
+
+
+@intrinsic
+def f8_fma(typingctx, acc, v, s):
+    """acc + float(v) * s, lane by lane (v: <8 x i32>, s: a float scalar)."""
+    def codegen(context, builder, sig, args):
+        vt = ir.VectorType(_F32, 8)
+        f = builder.sitofp(args[1], vt)
+        return builder.fadd(args[0], builder.fmul(f, _splat(context, builder, sig.args[2],
+                                                            args[2], vt)))
+
+    return F32x8(acc, v, s), codegen
+
+
+@intrinsic
+def f8_sum(typingctx, acc):
+    """The sum of the 8 lanes (in any order: a tree of adds)."""
+    def codegen(context, builder, sig, args):
+        vt = ir.VectorType(_F32, 8)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32, vt]),
+                                            "llvm.vector.reduce.fadd.v8f32")
+        c = builder.call(fn, [ir.Constant(_F32, 0.0), args[0]])
+        c.fastmath.add("reassoc")
+        return c
+
+    return types.float32(acc), codegen
