@@ -41,7 +41,11 @@ def test_cpu_logits_match_reference(tiny):
 
 def test_decode_steps_match_one_batch(tiny):
     eng = Engine(tiny, EngineConfig(n_ctx=256, n_ubatch=32))
-    toks = eng.tokenizer.encode("jumps over the lazy dog")
+    # fewer tokens than BLAS_MIN_N: the batch takes the decode steps' integer mat-vec, so the
+    # two differ only in how the cache is filled and read. (From 16 tokens the batch rounds
+    # its activations through BLAS in another order; a difference of 1e-7 then flips an int8
+    # activation quant here and there, ~5e-5 NMSE at those positions.)
+    toks = eng.tokenizer.encode("jumps over the lazy dog")[:12]
     full = eng.eval(toks, all_logits=True)
     eng.reset()
     eng.eval(toks[:3])

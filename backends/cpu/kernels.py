@@ -140,6 +140,15 @@ def _flash_attn(node: Tensor, s: Session):
                        s.arr(mask) if mask is not None else None, s.arr(node).reshape(node.shape),
                        *args)
     mt = mask.type if mask is not None else T.F32
+    K_, V_ = s.arr(k), s.arr(v)
+    if k.type == v.type == T.F16 and (fk := _flat_rows(K_)) is not None and (
+            fv := _flat_rows(V_)) is not None:
+        kern = TARGET.bind(K.k_flash_attn_half, _SERIAL_FAST if _small(node) else _KERNEL_FAST,
+                           f"m{mt}{'_serial' if _small(node) else ''}_{SOURCE_HASH}",
+                           dec_m=TARGET.codec(mt).dec)
+        return partial(kern, s.arr(q), fk[0], *fk[1], fv[0], *fv[1], *K_.shape[:3],
+                       s.arr(mask) if mask is not None else _DUMMY,
+                       s.arr(node).reshape(node.shape), *args, mask is not None)
     kern = _compiled(K.k_flash_attn, _small(node), k=k.type, v=v.type, m=mt)
     return partial(kern, s.arr(q), s.arr(k), s.arr(v), s.arr(mask) if mask is not None else _DUMMY,
                    s.arr(node).reshape(node.shape), *args, mask is not None)
