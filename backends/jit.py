@@ -20,7 +20,7 @@ from .shared import codecs, codecs_k, elementwise, numeric, qdot
 
 NUMERIC = ("rint", "half_to_f32", "f32_to_half", "bf16_to_f32", "f32_to_bf16", "roundf", "silu",
            "gelu", "sigmoid", "alibi_slope", "rope_cos_sin")
-ELEMENTWISE = ("unary_value", "binary_value", "unflatten")
+ELEMENTWISE = ("unary_value", "binary_value", "binary_row", "unflatten")
 CODEC_HELPERS = ("_half_at", "_put_half", "_finite_or_zero", "_trunc_u8", "_half_row", "_opaque",
                  "_u32_row", "_put_fives", "_k4_scale", "_k4_min", "_q3_scale", "_iq4_xs_scale",
                  "_best_iq4", "_f32_row", "_put_f32", "_isum_i8", "_sum_i8", "_isum_nib",

@@ -28,9 +28,8 @@ def k_norm_chain(a, b, w1, w2, s, n, m, d, pre, eps, rms, post1, post2, write_s,
         for i in range(n0):
             x[i] = a[i3, i2, i1, i]
         if pre >= 0:
-            b3, b2, b1, b0 = b.shape
-            for i in range(n0):
-                x[i] = binary_value(pre, x[i], b[i3 % b3, i2 % b2, i1 % b1, i % b0])  # noqa: F821
+            binary_row(pre, x, b[i3 % b.shape[0], i2 % b.shape[1],  # noqa: F821
+                            i1 % b.shape[2]])
             if write_s:
                 for i in range(n0):
                     s[i3, i2, i1, i] = x[i]
@@ -50,15 +49,13 @@ def k_norm_chain(a, b, w1, w2, s, n, m, d, pre, eps, rms, post1, post2, write_s,
             for i in range(n0):
                 n[i3, i2, i1, i] = x[i]
         if post1 >= 0:
-            c3, c2, c1, c0 = w1.shape
-            for i in range(n0):
-                x[i] = binary_value(post1, x[i], w1[i3 % c3, i2 % c2, i1 % c1, i % c0])  # noqa: F821
+            binary_row(post1, x, w1[i3 % w1.shape[0], i2 % w1.shape[1],  # noqa: F821
+                               i1 % w1.shape[2]])
             if write_m:
                 for i in range(n0):
                     m[i3, i2, i1, i] = x[i]
         if post2 >= 0:
-            e3, e2, e1, e0 = w2.shape
-            for i in range(n0):
-                x[i] = binary_value(post2, x[i], w2[i3 % e3, i2 % e2, i1 % e1, i % e0])  # noqa: F821
+            binary_row(post2, x, w2[i3 % w2.shape[0], i2 % w2.shape[1],  # noqa: F821
+                               i1 % w2.shape[2]])
         for i in range(n0):
             d[i3, i2, i1, i] = x[i]

@@ -36,8 +36,7 @@ def k_binary(a, b, d, op):
         y = np.empty(b0, np.float32)
         dec_a(a, i3, i2, i1, x, n0)  # noqa: F821
         dec_b(b, i3 % b3, i2 % b2, i1 % b1, y, b0)  # noqa: F821
-        for i in range(n0):
-            x[i] = binary_value(op, x[i], y[i % b0])  # noqa: F821
+        binary_row(op, x, y)  # noqa: F821
         enc_d(x, d, i3, i2, i1, n0)  # noqa: F821
 
 
@@ -102,22 +101,29 @@ def k_rope(a, pos, ff, d, n_dims, neox, freq_base, freq_scale, ext_factor, attn_
     """a/d: (1?, T, n_head, head_dim) in numpy order; pos: (1, 1, 1, T) int32."""
     n3, n2, n1, n0 = d.shape
     half = n_dims // 2
-    for r in prange(n3 * n2 * n1):
-        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
-        x = np.empty(n0, np.float32)
-        dec_a(a, i3, i2, i1, x, n0)  # noqa: F821
+    # one parallel item per (i3, position): its rotation angles are computed once for all
+    # of its n1 heads
+    for r in prange(n3 * n2):
+        i3, i2 = r // n2, r % n2
         p = np.float64(pos[0, 0, 0, i2])
+        cs = np.empty(half)
+        sn = np.empty(half)
         for i in range(half):
-            c, s = rope_cos_sin(p, i, n_dims, freq_base, freq_scale, ext_factor,  # noqa: F821
-                                attn_factor, corr_lo, corr_hi,
-                                np.float64(ff[0, 0, 0, i]) if has_ff else 1.0)
-            j0 = i if neox else 2 * i
-            j1 = i + half if neox else 2 * i + 1
-            x0 = x[j0]
-            x1 = x[j1]
-            x[j0] = np.float32(x0 * c - x1 * s)
-            x[j1] = np.float32(x0 * s + x1 * c)
-        enc_d(x, d, i3, i2, i1, n0)  # noqa: F821
+            cs[i], sn[i] = rope_cos_sin(p, i, n_dims, freq_base, freq_scale,  # noqa: F821
+                                        ext_factor, attn_factor, corr_lo, corr_hi,
+                                        np.float64(ff[0, 0, 0, i]) if has_ff else 1.0)
+        x = np.empty(n0, np.float32)
+        for i1 in range(n1):
+            dec_a(a, i3, i2, i1, x, n0)  # noqa: F821
+            for i in range(half):
+                c, s = cs[i], sn[i]
+                j0 = i if neox else 2 * i
+                j1 = i + half if neox else 2 * i + 1
+                x0 = x[j0]
+                x1 = x[j1]
+                x[j0] = np.float32(x0 * c - x1 * s)
+                x[j1] = np.float32(x0 * s + x1 * c)
+            enc_d(x, d, i3, i2, i1, n0)  # noqa: F821
 
 
 def k_get_rows(a, idx, d):

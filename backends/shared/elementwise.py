@@ -2,7 +2,7 @@
 the walk of a flat element index over a 4-D array.
 
 k_unary and k_binary (backends/cpu/templates.py, backends/cuda/templates.py) take an op code
-and call `unary_value` / `binary_value` for each element, compiled into them by
+and call `unary_value` / `binary_value` for each element (`binary_row` for a whole row), compiled into them by
 ggraph.backends.jit with the target's `silu`, `gelu` and `sigmoid` (backends/shared/numeric.py).
 Everything is float32 in and out: x, y, p0 and p1 are float32 and each formula rounds where
 the kernels always have (one float32 operation at a time, in this order).
@@ -63,6 +63,18 @@ def binary_value(op, x, y):
     if op == B_DIV:
         return x / y
     return silu(x) * y
+
+
+def binary_row(op, x, y):
+    """x[i] = binary_value(op, x[i], y[i % len(y)]) over the row x (y broadcast), without the
+    modulo (an integer division per element) where y is as long as x."""
+    n, m = x.shape[0], y.shape[0]
+    if m == n:
+        for i in range(n):
+            x[i] = binary_value(op, x[i], y[i])  # noqa: F821
+    else:
+        for i in range(n):
+            x[i] = binary_value(op, x[i], y[i % m])  # noqa: F821
 
 
 def unflatten(k, n2, n1, n0):
