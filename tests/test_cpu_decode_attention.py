@@ -161,3 +161,22 @@ def test_half_to_f32_table_and_f16c_agree():
         got = np.empty(65536, np.float32)
         _map(f)(h, got)
         assert np.array_equal(got[~nan], want[~nan]) and np.isnan(got[nan]).all()
+
+
+def test_f32_to_half_f16c_equals_the_shared_conversion():
+    """The CPU's one-instruction f32 -> f16 (fastmath.OVERRIDES) gives the shared software
+    conversion's bits for every input, ties, overflow, subnormals and NaN (0x7E00) included."""
+    if not fastmath.F16C:
+        pytest.skip("no F16C on this host: the CPU keeps the shared conversion")
+    from ggraph.backends.shared import numeric
+
+    with np.errstate(invalid="ignore"):  # the f16 NaNs plus a little stay NaN
+        x = np.concatenate([_floats(), np.array([-np.float32(np.nan)], np.float32),
+                            (np.arange(65536, dtype=np.uint16).view(np.float16)
+                             .astype(np.float32) + np.float32(2.0 ** -25))])
+    x = np.concatenate([x, np.array([0x7FC00001, 0xFFC12345], np.uint32).view(np.float32)])
+    hw = np.empty(x.size, np.uint16)
+    sw = np.empty(x.size, np.uint16)
+    _map(CK.TARGET.fn("f32_to_half"))(x, hw)
+    _map(CK.TARGET.bind(numeric.f32_to_half, CK.TARGET.device, "soft"))(x, sw)
+    assert np.array_equal(hw, sw)

@@ -1,6 +1,7 @@
 """CPU-only replacements for shared scalar math where the hardware or a table beats arithmetic.
 
-f16 -> f32 is on the hot path of every F16 KV-cache read and every quantized block scale. On
+f16 -> f32 is on the hot path of every F16 KV-cache read and every quantized block scale
+(f32 -> f16 of every cache write and every activation block quantized for the dot products). On
 x86 with F16C it is LLVM's `fpext half -> float` (one vcvtph2ps, which vectorizes over a
 contiguous row: a K row of the cache converts 8-16 values per instruction); elsewhere a
 65536-entry table (256 KiB, a compile-time constant in numba) turns it into one load. The
@@ -63,6 +64,14 @@ def half_to_f32_f16c(h):
     return _fpext_half(h)
 
 
+def f32_to_half_f16c(x):
+    """The shared f32_to_half (round to nearest even, inf on overflow, NaN as 0x7E00) in one
+    vcvtps2ph: the hardware keeps a NaN's sign and payload, so NaN is canonicalized first."""
+    if x != x:
+        return np.uint16(0x7E00)
+    return _fptrunc_half(np.float32(x))
+
+
 def round_half_f16c(x):
     """float32 x rounded to the nearest half (ties to even) and back, as float32."""
     return _fpext_half(_fptrunc_half(np.float32(x)))
@@ -74,4 +83,6 @@ def round_half_soft(x):
 
 
 half_to_f32 = half_to_f32_f16c if F16C else half_to_f32_table
+# the CPU target's replacements of shared scalar math (backends/jit.py Target overrides)
+OVERRIDES = {"half_to_f32": half_to_f32, **({"f32_to_half": f32_to_half_f16c} if F16C else {})}
 

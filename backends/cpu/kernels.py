@@ -35,7 +35,7 @@ TARGET = Target(
     "cpu",
     numba.njit(cache=True),
     numba.njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"}),
-    overrides={"half_to_f32": fastmath.half_to_f32},
+    overrides=fastmath.OVERRIDES,
     device_ieee=numba.njit(cache=True, error_model="numpy"),
 )
 _KERNEL = numba.njit(cache=True, parallel=PARALLEL)
