@@ -262,10 +262,12 @@ class GgraphBencher:
 
         from .engine import Engine, EngineConfig
 
-        # only the last token's logits are read: the worst case need not hold n_ubatch rows
+        # only the last token's logits are read: the worst case need not hold n_ubatch rows;
+        # exactly -t threads, as llama-bench runs (no governor trials of fewer threads)
         cfg = EngineConfig(n_ctx=test.n_ctx, n_ubatch=test.n_ubatch, type_k=test.type_k,
                            type_v=test.type_v, flash_attn=test.flash_attn,
-                           n_threads=test.n_threads, warmup=False, reserve_outputs="last")
+                           n_threads=test.n_threads, warmup=False, reserve_outputs="last",
+                           adaptive_threads=False)
         self.eng = Engine(test.model, cfg)
         self.version = version
         self.n_vocab = self.eng.model.hp.n_vocab

@@ -61,6 +61,9 @@ class EngineConfig:
     backend: str = "cpu"
     strategy: str = "default"
     n_threads: int | None = None
+    # the CPU's thread governor (backends/cpu/threads.py) may run a graph on fewer threads
+    # when that is faster, as on a busy machine; False runs exactly n_threads (benchmarks)
+    adaptive_threads: bool = True
     # outputs in the worst-case graph: "all" tokens as llama.cpp reserves, or only the "last"
     # (what generation needs; the logits of a 512-token ubatch alone are 96 MiB for SmolLM2)
     reserve_outputs: str = "all"
@@ -160,6 +163,8 @@ class Engine:
         kw: dict[str, Any] = {}
         if cfg.backend == "cpu" and cfg.n_threads:
             kw["n_threads"] = cfg.n_threads
+        if cfg.backend == "cpu" and not cfg.adaptive_threads:
+            kw["adaptive"] = False
         if cfg.ggml_exact:
             if cfg.backend != "cpu":
                 raise ValueError("ggml_exact reproduces ggml's CPU arithmetic: CPU backend only")

@@ -185,3 +185,29 @@ def test_cpu_row_dots_equal_shared_qdot_on_any_bytes(t, x86, monkeypatch):
         W = dequantize(t, w.reshape(1, -1)).astype(np.float64)
         scale = float(np.abs(W).max()) * float(np.abs(dequantize(vt, qrow[None])).sum())
         assert abs(got - want) <= 1e-5 * scale, (t, trial, got, want)
+
+
+@pytest.mark.parametrize("t", [GGMLType.F32, GGMLType.Q4_K, GGMLType.Q8_0], ids=str)
+def test_blas_batches_split_over_threads_equal_one_thread(t):
+    """From BLAS_MIN_N columns the product goes through BLAS, the weight rows split between
+    the run's threads (backends/cpu/blas.py): each row's products are the same computation
+    whatever the split, so 1 and 2 threads agree to float32 rounding, odd row counts too."""
+    from ggraph.backends.cpu import kernels
+
+    rng = np.random.default_rng(3)
+    K, M, N = 512, 333, kernels.BLAS_MIN_N + 4
+    wv = rng.standard_normal((M, K)).astype(np.float32)
+    xv = rng.standard_normal((N, K)).astype(np.float32)
+    got = {}
+    for threads in (1, 2):
+        ctx = Context()
+        x = ctx.new_tensor(GGMLType.F32, (K, N), "x").set_input()
+        w = ctx.new_tensor(t, (K, M), "w")
+        w.set_data(wv)
+        out = ops.mul_mat(w, x)
+        sess = get_backend("cpu", n_threads=threads, adaptive=False).session()
+        sess.run(build_graph(out), {x: xv})
+        got[threads] = sess.read(out).reshape(N, M)
+    ref = _ref(t, w.data.reshape(M, -1), xv) if t != GGMLType.F32 else xv @ wv.T
+    assert np.abs(got[1] - got[2]).max() <= 1e-5 * np.abs(got[1]).max()
+    assert np.abs(got[2] - ref).max() <= _tol(t, ref) * 10

@@ -28,6 +28,7 @@ from ..shared.kernel_args import (argsort_args, binary_args, flash_attn_args, no
                                   raw_copy, rope_args, soft_max_args, unary_args)
 from . import fastmath
 from .attention import decode_heads, flash_attn_blocks
+from .blas import mul_mat_blas
 from . import templates as K
 
 PARALLEL = os.environ.get("GGRAPH_NUMBA_PARALLEL", "1") != "0"
@@ -40,6 +41,7 @@ TARGET = Target(
 )
 _KERNEL = numba.njit(cache=True, parallel=PARALLEL)
 _SERIAL = numba.njit(cache=True)
+_SERIAL_NOGIL = numba.njit(cache=True, nogil=True)  # run in threads of our own (blas.py)
 _FAST_FLAGS = {"reassoc", "contract", "nsz", "arcp"}
 _KERNEL_FAST = numba.njit(cache=True, parallel=PARALLEL, fastmath=_FAST_FLAGS)
 _SERIAL_FAST = numba.njit(cache=True, fastmath=_FAST_FLAGS)
@@ -53,7 +55,6 @@ PARALLEL_MIN_PRODUCT = int(os.environ.get("GGRAPH_PARALLEL_MIN_PRODUCT", 1 << 16
 ROUND_ACTIVATIONS = os.environ.get("GGRAPH_EXACT_ACTIVATIONS", "0") != "1"
 BLOCK_MIN_QUERIES = 8  # flash attention: from this many queries the BLAS blockwise path wins
 BLAS_MIN_N = 16  # columns of b from which dequantize + BLAS beats the dot kernels
-DEQUANT_CHUNK = 1 << 22  # float32 elements dequantized at a time (16 MiB of scratch)
 
 # numba's cache checks only the template's file; a kernel inlines the shared math too, so the
 # cache key carries a hash of every source it is built from
@@ -260,7 +261,9 @@ def _mul_mat(node: Tensor, s: Session):
                                             nb, rd is not None and rd.sums))
     B, prep = _activations(a, b, s.arr(b), node)
     if b.type == T.F32 and (a.type == T.F32 or n >= BLAS_MIN_N):
-        run = partial(_mul_mat_blas, a, A, B, D)
+        run = partial(mul_mat_blas, A, B, D, None if a.type == T.F32 else TARGET.bind(
+            K.k_dequant_rows, _SERIAL_NOGIL, f"a{a.type}_nogil_{SOURCE_HASH}",
+            dec_a=TARGET.codec(a.type).dec))
     else:
         run = partial(_compiled(K.k_mul_mat, _small(node), a=a.type, b=T.F32 if prep else b.type),
                       A, B, D)
@@ -287,28 +290,6 @@ def _flat_rows(A: np.ndarray):
 def _both(first, second) -> None:
     first()
     second()
-
-
-def _mul_mat_blas(a: Tensor, A: np.ndarray, B: np.ndarray, D: np.ndarray) -> None:
-    """D[i3, i2] = B[i3, i2] @ A[i3 // r3, i2 // r2]^T through BLAS, dequantizing a in
-    row chunks when it is not float32."""
-    r3, r2 = D.shape[0] // A.shape[0], D.shape[1] // A.shape[1]
-    K_ = B.shape[3]
-    for j3 in range(A.shape[0]):
-        for j2 in range(A.shape[1]):
-            bs = B[j3 * r3 : (j3 + 1) * r3, j2 * r2 : (j2 + 1) * r2]
-            ds = D[j3 * r3 : (j3 + 1) * r3, j2 * r2 : (j2 + 1) * r2]
-            if a.type == T.F32:
-                np.matmul(bs, A[j3, j2].T, out=ds)
-                continue
-            m_total = A.shape[2]
-            rows = max(1, min(m_total, DEQUANT_CHUNK // K_))
-            scratch = np.empty((rows, K_), np.float32)
-            deq = _compiled(K.k_dequant_rows, a=a.type)
-            for m0 in range(0, m_total, rows):
-                m1 = min(m_total, m0 + rows)
-                deq(A, j3, j2, m0, scratch[: m1 - m0])
-                np.matmul(bs, scratch[: m1 - m0].T, out=ds[..., m0:m1])
 
 
 def _mul_mat_id(node: Tensor, s: Session):
