@@ -180,3 +180,23 @@ def test_f32_to_half_f16c_equals_the_shared_conversion():
     _map(CK.TARGET.fn("f32_to_half"))(x, hw)
     _map(CK.TARGET.bind(numeric.f32_to_half, CK.TARGET.device, "soft"))(x, sw)
     assert np.array_equal(hw, sw)
+
+
+def test_expf_within_two_ulp_of_exp():
+    """The CPU's float32 exp (softmax, flash attention) as the kernels compile it: within 2
+    ulp of the correctly rounded exp wherever that is a normal float, 0 below e^-87.3 and for
+    -inf, inf above e^88.72 and for inf, NaN for NaN."""
+    with np.errstate(over="ignore"):
+        x = np.concatenate([np.linspace(-90, 90, 400_001, dtype=np.float32),
+                            np.array([88.72, 88.7228, -87.336, 0.0, -0.0, 1e-30], np.float32)])
+        want = np.exp(x.astype(np.float64)).astype(np.float32)
+    got = np.empty_like(x)
+    _map(CK._EXPF)(x, got)
+    normal = np.isfinite(want) & (want >= np.finfo(np.float32).tiny)
+    ulp = np.abs(got[normal].view(np.int32).astype(np.int64) - want[normal].view(np.int32))
+    assert ulp.max() <= 2
+    assert (got[~normal & (x < 0)] == 0).all() and np.isinf(got[~normal & (x > 0)]).all()
+    special = np.array([-np.inf, np.inf, np.nan], np.float32)
+    out = np.empty_like(special)
+    _map(CK._EXPF)(special, out)
+    assert out[0] == 0 and out[1] == np.inf and np.isnan(out[2])

@@ -28,6 +28,57 @@ def _host_has_f16c() -> bool:
 F16C = _host_has_f16c()
 
 
+@intrinsic
+def _f32_bits(typingctx, i):
+    """The float32 whose bits are the low 32 bits of the integer i."""
+    if not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        v = args[0]
+        if v.type.width != 32:
+            v = builder.trunc(v, ir.IntType(32)) if v.type.width > 32 else builder.zext(
+                v, ir.IntType(32))
+        return builder.bitcast(v, ir.FloatType())
+
+    return types.float32(i), codegen
+
+
+# exp's range reduction and polynomial (the constants of Arm's optimized-routines expf, which
+# ggml's vectorized ggml_v_expf uses as well): ~1 ulp, branch-free, so a loop of it vectorizes
+_EXP_R = np.float32(12582912.0)  # 1.5 * 2^23: adding it rounds to an integer
+_EXP_LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
+_EXP_LN2_HI = np.float32(float.fromhex("0x1.62e4p-1"))
+_EXP_LN2_LO = np.float32(float.fromhex("0x1.7f7d1cp-20"))
+_EXP_C = tuple(np.float32(float.fromhex(c)) for c in
+               ("0x1.0e4020p-7", "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2",
+                "0x1.ffffecp-1"))
+_EXP_LO, _EXP_HI = np.float32(-87.33654), np.float32(88.72284)
+
+
+def expf(x):
+    """exp of a float32 in float32 arithmetic, <= 2 ulp (libm's is exact to 0.5): 0 below
+    e^-87.3 (the smallest normal), inf above e^88.7, NaN for NaN. The CPU's softmax and flash
+    attention take it where they called math.exp in float64, one element at a time. Compile
+    it without reassociation (numba fastmath "contract" at most): (y * log2e + R) - R must
+    round to an integer."""
+    c5, c4, c3, c2, c1 = _EXP_C
+    y = min(max(x, _EXP_LO), _EXP_HI)
+    n = (y * _EXP_LOG2E + _EXP_R) - _EXP_R
+    b = (y - n * _EXP_LN2_HI) - n * _EXP_LN2_LO
+    u = b * b
+    p = ((c5 * b + c4) * u + (c3 * b + c2)) * u + (c1 * b + np.float32(1.0))
+    k = np.int32(n)
+    # 2^k as float bits; k = 128 (x near 88.7) as 2^127 * 2, so the product stays finite
+    h = k if k < 128 else np.int32(127)
+    r = p * _f32_bits((h + 127) << 23)
+    if k >= 128:
+        r = r * np.float32(2.0)
+    if x != x:
+        return x
+    return r if x >= _EXP_LO else np.float32(0.0)
+
+
 def half_to_f32_table(h):
     return HALF_TABLE[np.int64(h) & 0xFFFF]
 

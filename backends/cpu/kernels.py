@@ -56,6 +56,10 @@ ROUND_ACTIVATIONS = os.environ.get("GGRAPH_EXACT_ACTIVATIONS", "0") != "1"
 BLOCK_MIN_QUERIES = 8  # flash attention: from this many queries the BLAS blockwise path wins
 BLAS_MIN_N = 16  # columns of b from which dequantize + BLAS beats the dot kernels
 
+# float32 exp, ~1 ulp, branch-free: loops of it vectorize (fastmath.py). Multiply-adds may
+# fuse; nothing may reassociate: (x * log2e + R) - R rounds x * log2e to an integer
+_EXPF = numba.njit(cache=True, fastmath={"contract"})(fastmath.expf)
+
 # numba's cache checks only the template's file; a kernel inlines the shared math too, so the
 # cache key carries a hash of every source it is built from
 SOURCE_HASH = source_hash(K.__file__, fastmath.__file__)
@@ -73,15 +77,18 @@ def _small(node: Tensor) -> bool:
     return work < PARALLEL_MIN_WORK
 
 
-def _compiled(template, serial: bool = False, **types: T):
-    """`template` bound to the codecs of `types` (role -> type): dec_<role>, enc_<role>, ..."""
-    names = {}
+def _compiled(template, serial: bool = False, fast: bool = False, **types: T):
+    """`template` bound to the codecs of `types` (role -> type): dec_<role>, enc_<role>, ...;
+    `fast`: compiled with the fast-math flags (sums in any order) and the float32 `expf`."""
+    names = {"expf": _EXPF} if fast else {}
     for role, t in types.items():
         c = TARGET.codec(t)
         names.update({f"dec_{role}": c.dec, f"enc_{role}": c.enc, f"dot_{role}": c.dot})
     tag = "_".join(f"{r}{t}" for r, t in types.items()) + ("_serial" if serial else "") + \
-        f"_{SOURCE_HASH}"
-    return TARGET.bind(template, _SERIAL if serial else _KERNEL, tag, **names)
+        ("_fast" if fast else "") + f"_{SOURCE_HASH}"
+    deco = (_SERIAL_FAST if serial else _KERNEL_FAST) if fast else (
+        _SERIAL if serial else _KERNEL)
+    return TARGET.bind(template, deco, tag, **names)
 
 
 def compiled_for(template, node: Tensor):
@@ -119,7 +126,7 @@ _DUMMY = np.zeros((1, 1, 1, 1), np.float32)
 def _soft_max(node: Tensor, s: Session) -> None:
     a, mask, sinks = node.src
     mt = mask.type if mask is not None else T.F32
-    k = _compiled(K.k_soft_max, _small(node), a=a.type, m=mt, d=node.type)
+    k = _compiled(K.k_soft_max, _small(node), True, a=a.type, m=mt, d=node.type)
     return partial(k, s.arr(a), s.arr(mask) if mask is not None else _DUMMY,
                    s.arr(sinks).reshape(1, 1, 1, -1) if sinks is not None else _DUMMY,
                    s.arr(node), *soft_max_args(node), mask is not None, sinks is not None)
@@ -146,7 +153,7 @@ def _flash_attn(node: Tensor, s: Session):
             fv := _flat_rows(V_)) is not None:
         kern = TARGET.bind(K.k_flash_attn_half, _SERIAL_FAST if _small(node) else _KERNEL_FAST,
                            f"m{mt}{'_serial' if _small(node) else ''}_{SOURCE_HASH}",
-                           dec_m=TARGET.codec(mt).dec)
+                           dec_m=TARGET.codec(mt).dec, expf=_EXPF)
         return partial(kern, s.arr(q), fk[0], *fk[1], fv[0], *fv[1], *K_.shape[:3],
                        s.arr(mask) if mask is not None else _DUMMY,
                        s.arr(node).reshape(node.shape), *args, mask is not None)
@@ -231,6 +238,10 @@ def _activations(a: Tensor, b: Tensor, B: np.ndarray, node: Tensor):
     if vt is None or b.ne[0] % vt.block_size:
         return B, None
     out = np.empty(b.shape, np.float32)
+    if vt == T.F16 and b.type == T.F32:
+        k = TARGET.bind(K.k_round_half_rows, _SERIAL if _small(node) else _KERNEL,
+                        f"{'serial_' if _small(node) else ''}{SOURCE_HASH}", round_half=_ROUND_HALF)
+        return out, partial(k, B, out)
     k = _compiled(K.k_round_rows, _small(node), b=b.type, r=vt)
     width = b.ne[0] if vt.block_size == 1 else vt.type_size * b.ne[0] // vt.block_size
     proto = np.empty((1, 1, 1, width), np.uint16 if vt.block_size == 1 else np.uint8)

@@ -76,20 +76,20 @@ def k_soft_max(a, m, sinks, d, scale, max_bias, h0, n_head, has_mask, has_sinks)
         else:
             for i in range(n0):
                 x[i] = x[i] * scale
-        mx = -np.inf
+        mx = np.float32(-np.inf)
         for i in range(n0):
             mx = max(mx, x[i])
-        sink = 0.0
+        sink = np.float32(0.0)
         if has_sinks:
-            sink = sinks[0, 0, 0, i2]
+            sink = np.float32(sinks[0, 0, 0, i2])
             mx = max(mx, sink)
+        for i in range(n0):  # float32 exp (expf): the loop vectorizes
+            x[i] = expf(x[i] - mx)  # noqa: F821
         s = 0.0
         for i in range(n0):
-            e = math.exp(x[i] - mx)
-            x[i] = e
-            s += e
+            s += x[i]
         if has_sinks:
-            s += math.exp(sink - mx)
+            s += expf(sink - mx)  # noqa: F821
         inv = 1.0 / s
         for i in range(n0):
             x[i] = np.float32(x[i] * inv)
@@ -330,7 +330,7 @@ def k_flash_attn_half(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, sca
             dec_m(m, s % m.shape[0], h % m.shape[1], t, mrow, nkv)  # noqa: F821
         slope = alibi_slope(h0 + h, n_head, max_bias)  # noqa: F821
         sc = np.empty(nkv, np.float32)
-        mx = -np.inf
+        mx = np.float32(-np.inf)
         for j in range(nkv):
             if mrow[j] == -np.inf:
                 sc[j] = -np.inf
@@ -343,16 +343,18 @@ def k_flash_attn_half(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, sca
             x = dot * scale
             if softcap != 0.0:
                 x = softcap * math.tanh(x)
-            x += slope * mrow[j]
+            x = np.float32(x + slope * mrow[j])
             sc[j] = x
             mx = max(mx, x)
         acc = np.zeros(dv, np.float32)
         ssum = np.float32(0.0)
         if mx != -np.inf:
+            for j in range(nkv):  # the weights, masked cells 0 (a vectorized loop)
+                sc[j] = expf(sc[j] - mx)  # noqa: F821
             for j in range(nkv):
-                if sc[j] == -np.inf:
+                w = sc[j]
+                if w == 0.0:
                     continue
-                w = np.float32(math.exp(sc[j] - mx))
                 ssum += w
                 o = ks * v3 + kh * v2 + j * v1
                 src = vf[o:o + dv]
@@ -361,6 +363,18 @@ def k_flash_attn_half(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, sca
         inv = np.float32(1.0) / ssum if ssum > 0.0 else np.float32(0.0)
         for i in range(dv):
             d[s, t, h, i] = acc[i] * inv
+
+
+def k_round_half_rows(b, out):
+    """out = float32 b rounded to F16 and back, element by element (F16 weights' vec-dot
+    type: k_round_rows without an encoded row between)."""
+    n3, n2, n1, n0 = b.shape
+    for r in prange(n3 * n2 * n1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        src = b[i3, i2, i1]
+        dst = out[i3, i2, i1]
+        for i in range(n0):
+            dst[i] = round_half(src[i])  # noqa: F821
 
 
 def k_round_rows(b, out, n, proto):
