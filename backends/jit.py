@@ -20,7 +20,7 @@ from .shared import codecs, codecs_k, elementwise, numeric, qdot
 
 NUMERIC = ("rint", "half_to_f32", "f32_to_half", "bf16_to_f32", "f32_to_bf16", "roundf", "silu",
            "gelu", "sigmoid", "alibi_slope", "rope_cos_sin")
-ELEMENTWISE = ("unary_value", "binary_value", "binary_row", "unflatten")
+ELEMENTWISE = ("unary_value", "binary_value", "unary_row", "binary_row", "unflatten")
 CODEC_HELPERS = ("_half_at", "_put_half", "_finite_or_zero", "_trunc_u8", "_half_row", "_opaque",
                  "_u32_row", "_put_fives", "_k4_scale", "_k4_min", "_q3_scale", "_iq4_xs_scale",
                  "_best_iq4", "_f32_row", "_put_f32", "_isum_i8", "_sum_i8", "_isum_nib",
@@ -106,7 +106,8 @@ class Target:
         for n, f in (overrides or {}).items():
             if n not in NUMERIC:
                 raise ValueError(f"override of unknown shared function {n!r}")
-            glb[n] = device(f)
+            # IEEE division (no zero check, which would keep a loop of it from vectorizing)
+            glb[n] = device_ieee(f)
         for n in CODEC_HELPERS:
             glb[n] = device(_copy(_codec_source(n), glb, ""))
         self._codecs: dict[GGMLType, Codec] = {}

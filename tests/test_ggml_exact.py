@@ -44,7 +44,9 @@ def test_quantized_mul_mat(wt, n):
     x = ctx.new_tensor(T.F32, (576, n), "x").set_data(RNG.normal(0, 1, (n, 576)))
     ref, got, plain = _both(O.mul_mat(w, x).set_output())
     assert np.array_equal(ref, got)
-    assert not np.array_equal(ref, plain) and nmse(ref, plain) < 1e-5   # the default mode
+    # the default mode: close (its Q8_0 mat-vec, backends/cpu/qrows.py, sums 8 lanes as
+    # ggml's AVX2 loop does, and here lands on ggml's very bits)
+    assert nmse(ref, plain) < 1e-5
 
 
 def test_f16_mul_mat_on_a_strided_cache_view():

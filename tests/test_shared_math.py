@@ -110,9 +110,9 @@ def test_unary_value_compiled_for_the_cpu(op):
             ref = np.where(np.isnan(x), x, np.minimum(np.maximum(x, p0), p1))
         elif op == OpKind.FILL:
             ref = np.full_like(x, p0)
-        elif op == OpKind.GELU_QUICK:  # ggml's formula, compiled the same way
-            ref = _map(numba.njit(lambda v: v * (np.float32(1.0) / (
-                np.float32(1.0) + math.exp(np.float32(-1.702) * v)))), x, np.float32)
+        elif op == OpKind.GELU_QUICK:  # ggml's x / (1 + exp(-1.702 x)), the target's sigmoid
+            sig = TARGET.fn("sigmoid")
+            ref = _map(numba.njit(lambda v: v * sig(np.float32(1.702) * v)), x, np.float32)
         elif op == OpKind.TANH:
             ref = _map(numba.njit(lambda v: math.tanh(v)), x, np.float32)
         else:
@@ -182,3 +182,21 @@ def test_small_and_large_division_by_zero_agree():
         xv[1] = 0.0
         got = CPUBackend().session().run(g, {x: xv, y: np.zeros(n, np.float32)}).read(out)
         assert np.isinf(got.ravel()[0]) and np.isnan(got.ravel()[1])
+
+
+@pytest.mark.parametrize("name", ["silu", "sigmoid", "gelu"])
+def test_cpu_exp_based_activations_near_the_shared_formulas(name):
+    """The CPU binds silu, sigmoid and gelu through its float32 expf (fastmath.OVERRIDES: loops
+    of them vectorize); they stay within 1e-6 of the shared formulas (libm exp and tanh),
+    relative to max(1, |value|), with the same inf/NaN behaviour."""
+    from ggraph.backends.shared import numeric
+
+    with np.errstate(all="ignore"):
+        x = np.concatenate([np.linspace(-30, 30, 200_001, dtype=np.float32), _specials()])
+    got = _map(TARGET.fn(name), x, np.float32)
+    want = _map(numba.njit(getattr(numeric, name)), x, np.float32)
+    finite = np.isfinite(want)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.array_equal(got[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)])
+    err = np.abs(got[finite] - want[finite]) / np.maximum(1.0, np.abs(want[finite]))
+    assert err.max() <= 1e-6, (name, float(err.max()), x[finite][np.argmax(err)])

@@ -11,6 +11,7 @@ version (which the CUDA backend keeps) over all 65536 inputs.
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba import njit
 from numba.extending import intrinsic
 
 HALF_TABLE = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
@@ -79,6 +80,27 @@ def expf(x):
     return r if x >= _EXP_LO else np.float32(0.0)
 
 
+_expf = njit(fastmath={"contract"})(expf)  # a helper: not cached (backends/cpu/kernels.py)
+
+
+def silu_expf(x):
+    """numeric.silu with expf (a vectorizable loop where libm's exp is a call per element)."""
+    return x / (np.float32(1.0) + _expf(-x))
+
+
+def sigmoid_expf(x):
+    return np.float32(1.0) / (np.float32(1.0) + _expf(-x))
+
+
+def gelu_expf(x):
+    """numeric.gelu with tanh(z) = 1 - 2 / (e^2z + 1) through expf (0 at z = 0 and +-1 at the
+    ends, inf and 0 included); tanh's error stays below 2^-23 absolute, so 1 + tanh(z), all
+    gelu reads, is within an ulp or two."""
+    z = np.float32(0.7978845608028654) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)
+    t = np.float32(1.0) - np.float32(2.0) / (_expf(np.float32(2.0) * z) + np.float32(1.0))
+    return np.float32(0.5) * x * (np.float32(1.0) + t)
+
+
 def half_to_f32_table(h):
     return HALF_TABLE[np.int64(h) & 0xFFFF]
 
@@ -135,5 +157,6 @@ def round_half_soft(x):
 
 half_to_f32 = half_to_f32_f16c if F16C else half_to_f32_table
 # the CPU target's replacements of shared scalar math (backends/jit.py Target overrides)
-OVERRIDES = {"half_to_f32": half_to_f32, **({"f32_to_half": f32_to_half_f16c} if F16C else {})}
+OVERRIDES = {"half_to_f32": half_to_f32, "silu": silu_expf, "sigmoid": sigmoid_expf,
+             "gelu": gelu_expf, **({"f32_to_half": f32_to_half_f16c} if F16C else {})}
 

@@ -32,12 +32,17 @@ from .blas import mul_mat_blas
 from . import templates as K
 
 PARALLEL = os.environ.get("GGRAPH_NUMBA_PARALLEL", "1") != "0"
+# Helpers (device functions) are not cached on disk, only the kernels that call them: numba
+# links a helper loaded from its cache as machine code, which no newly compiled kernel can
+# inline, so a kernel compiled after its helpers were cached in another process lost their
+# vectorized loops (a GELU 10x slower). Compiled from source, every helper inlines; a cached
+# kernel holds its helpers' code already and compiles none of them.
 TARGET = Target(
     "cpu",
-    numba.njit(cache=True),
-    numba.njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"}),
+    numba.njit,
+    numba.njit(fastmath={"reassoc", "contract", "nsz", "arcp"}),
     overrides=fastmath.OVERRIDES,
-    device_ieee=numba.njit(cache=True, error_model="numpy"),
+    device_ieee=numba.njit(error_model="numpy"),
 )
 _KERNEL = numba.njit(cache=True, parallel=PARALLEL)
 _SERIAL = numba.njit(cache=True)
@@ -58,7 +63,7 @@ BLAS_MIN_N = 16  # columns of b from which dequantize + BLAS beats the dot kerne
 
 # float32 exp, ~1 ulp, branch-free: loops of it vectorize (fastmath.py). Multiply-adds may
 # fuse; nothing may reassociate: (x * log2e + R) - R rounds x * log2e to an integer
-_EXPF = numba.njit(cache=True, fastmath={"contract"})(fastmath.expf)
+_EXPF = numba.njit(fastmath={"contract"})(fastmath.expf)
 
 # numba's cache checks only the template's file; a kernel inlines the shared math too, so the
 # cache key carries a hash of every source it is built from

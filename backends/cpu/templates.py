@@ -21,8 +21,7 @@ def k_unary(a, d, op, p0, p1):
         row = np.empty(n0, np.float32)
         if op != U_FILL:  # noqa: F821  (fill does not read a)
             dec_a(a, i3, i2, i1, row, n0)  # noqa: F821
-        for i in range(n0):
-            row[i] = unary_value(op, row[i], p0, p1)  # noqa: F821
+        unary_row(op, row, p0, p1)  # noqa: F821
         enc_d(row, d, i3, i2, i1, n0)  # noqa: F821
 
 

@@ -47,8 +47,8 @@ def unary_value(op, x, p0, p1):
         return silu(x)
     if op == U_GELU:
         return gelu(x)
-    if op == U_GELU_QUICK:  # ggml: x * (1 / (1 + expf(-1.702 x)))
-        return x * (np.float32(1.0) / (np.float32(1.0) + math.exp(np.float32(-1.702) * x)))
+    if op == U_GELU_QUICK:  # ggml: x * (1 / (1 + expf(-1.702 x))), i.e. x * sigmoid(1.702 x)
+        return x * sigmoid(np.float32(1.702) * x)
     if op == U_TANH:
         return math.tanh(x)
     return sigmoid(x)
@@ -65,16 +65,40 @@ def binary_value(op, x, y):
     return silu(x) * y
 
 
-def binary_row(op, x, y):
-    """x[i] = binary_value(op, x[i], y[i % len(y)]) over the row x (y broadcast), without the
-    modulo (an integer division per element) where y is as long as x."""
-    n, m = x.shape[0], y.shape[0]
-    if m == n:
+def unary_row(op, x, p0, p1):
+    """x[i] = unary_value(op, x[i], p0, p1) over the row x. The transcendental ops get a loop
+    of their own calling their formula directly, so it vectorizes where the formula does (the
+    CPU's exp-based silu/gelu/sigmoid: unary_value, all ops in one, is too big to inline into
+    a loop); the others share one loop."""
+    n = x.shape[0]
+    if op == U_GELU:
         for i in range(n):
-            x[i] = binary_value(op, x[i], y[i])  # noqa: F821
+            x[i] = gelu(x[i])
+    elif op == U_SILU:
+        for i in range(n):
+            x[i] = silu(x[i])
+    elif op == U_SIGMOID:
+        for i in range(n):
+            x[i] = sigmoid(x[i])
     else:
         for i in range(n):
-            x[i] = binary_value(op, x[i], y[i % m])  # noqa: F821
+            x[i] = unary_value(op, x[i], p0, p1)
+
+
+def binary_row(op, x, y):
+    """x[i] = binary_value(op, x[i], y[i % len(y)]) over the row x (y broadcast). Where y is
+    as long as x, no modulo (an integer division per element) and, for swiglu, a loop of its
+    own as in unary_row."""
+    n, m = x.shape[0], y.shape[0]
+    if m != n:
+        for i in range(n):
+            x[i] = binary_value(op, x[i], y[i % m])
+    elif op == B_SWIGLU:
+        for i in range(n):
+            x[i] = silu(x[i]) * y[i]
+    else:
+        for i in range(n):
+            x[i] = binary_value(op, x[i], y[i])
 
 
 def unflatten(k, n2, n1, n0):
