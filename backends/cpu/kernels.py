@@ -50,6 +50,7 @@ _SERIAL_NOGIL = numba.njit(cache=True, nogil=True)  # run in threads of our own 
 _FAST_FLAGS = {"reassoc", "contract", "nsz", "arcp"}
 _KERNEL_FAST = numba.njit(cache=True, parallel=PARALLEL, fastmath=_FAST_FLAGS)
 _SERIAL_FAST = numba.njit(cache=True, fastmath=_FAST_FLAGS)
+_INLINE_FAST = numba.njit(inline="always", fastmath=_FAST_FLAGS)
 PARALLEL_MIN_WORK = 1 << 16  # below this many element-operations threads cost more than they save
 # products (multiply-adds) below this run on one thread: waking the other threads and joining
 # them costs ~3 us while they spin and ~50 us once they sleep (passive waiting, the default:
@@ -224,15 +225,22 @@ _R_HASH = source_hash(K.__file__, fastmath.__file__, qsimd.__file__, qvec.__file
 
 
 def _row_dot_kernel(serial: bool, a: T):
-    """k_mul_mat_rows bound to `a`'s whole-row dot (backends/cpu/qrows.py), or to its shared
-    qdot where qrows has none."""
+    """k_mul_mat_rows bound to `a`'s row dots (backends/cpu/qrows.py: its block function in
+    the one- and four-row drivers, or its shared qdot where qrows has no block function)."""
     tag = f"a{a}{'_serial' if serial else ''}_{_R_HASH}"
+    dev = TARGET.device_fast
     if a in ROW_DOTS:
-        rd = TARGET.bind(ROW_DOTS[a].fn, TARGET.device_fast, _R_HASH)
+        # inlined by numba itself: LLVM left the K-quants' block functions as calls
+        blk = TARGET.bind(ROW_DOTS[a].blk, _INLINE_FAST, _R_HASH)
+        rd = TARGET.bind(qrows.rowdot, dev, f"{a}_{_R_HASH}", blk=blk)
+        rd4 = TARGET.bind(qrows.rowdot4, dev, f"{a}_{_R_HASH}", blk=blk)
+        four = ROW_DOTS[a].four
     else:
-        rd = TARGET.bind(qrows.rowdot_shared, TARGET.device_fast, f"{a}_{_R_HASH}",
+        rd = TARGET.bind(qrows.rowdot_shared, dev, f"{a}_{_R_HASH}",
                          qdot_a=TARGET.codec(a).qdot, BLOCK=TYPE_RECORDS[a].block_size)
+        rd4, four = rd, False
     return TARGET.bind(K.k_mul_mat_rows, _SERIAL if serial else _KERNEL, tag, rowdot_a=rd,
+                       rowdot4_a=rd4, FOUR=four,
                        act_sums=TARGET.bind(qrows.act_sums, TARGET.device, _R_HASH))
 
 

@@ -4,17 +4,20 @@ CPU vec_dot functions compute them.
 
 They are the same sums as backends/shared/qdot.py (which CUDA compiles and these are tested
 against), organised for x86's integer SIMD: per block, the weight values and activation
-quants are multiplied and summed in groups of four in 8 integer lanes (vpmaddubsw /
-vpmaddwd, backends/cpu/qvec.py), the block's sub-block scales applied there as integers, and
-the lanes scaled by the block's float scales into an 8-lane float accumulator, reduced once
-per row. The shared version reduces every block to a scalar instead, which made the decode
-mat-vecs compute-bound at a third of the memory bandwidth.
+quants are multiplied and summed in groups of four in 8 integer lanes (vpdpbusd with VNNI,
+else vpmaddubsw / vpmaddwd: backends/cpu/qvec.py), the block's sub-block scales applied there
+as integers, and the lanes scaled by the block's float scales into an 8-lane float
+accumulator, reduced once per row. The shared version reduces every block to a scalar
+instead, which made the decode mat-vecs compute-bound at a third of the memory bandwidth.
 
-`rowdot_<type>(row, q, ys, nb)`: row, one weight row's bytes; q, the activation row's bytes;
-ys, per 32-element activation block the f16-rounded d * sum(quants) (Q8_1's s, which
-Q4_1/Q5_1 need; `act_sums` fills it); nb, blocks in the row. The helpers `_half_row`,
-`_f32_row`, `_k4_scale`, `_k4_min`, `_i16_row`, `_sum_i8`, `_f16_round` are the shared codec
-helpers the CPU target binds (backends/jit.py).
+Each type has one block function, `blk_<type>(row, b, q, ys)` -> (block b's integer lanes,
+their float scale, a float term to add: Q4_1/Q5_1's min times the activations' sum, minus the
+K-quants' mins), and two drivers run it: `rowdot(row, q, ys, nb)` for one row and `rowdot4`
+for four rows at once, which streams twice the bytes per second of one row at a time. row:
+one weight row's bytes; q: the activation row's bytes; ys: per 32-element activation block
+the f16-rounded d * sum(quants) (Q8_1's s, which Q4_1/Q5_1 need; `act_sums` fills it); nb:
+blocks in the row. The helpers `_half_row`, `_f32_row`, `_k4_scale`, `_k4_min`, `_i16_row`,
+`_sum_i8`, `_f16_round` are the shared codec helpers the CPU target binds (backends/jit.py).
 """
 from __future__ import annotations
 
@@ -24,111 +27,114 @@ from typing import Callable
 import numpy as np
 
 from ggraph.types import GGMLType
-from .qvec import (add32, f8_fma, f8_sum, f8_zero, i32_zero, ld32, madd1, madd_2s, madd_s,
-                   maddubs, maddubs_c, nib32, nib_hi, nib_lo, q5_bits, q6_lanes, signed_dot,
-                   sub16)
+from .qvec import (add32, dot4, dot4_off, f8_fma, f8_sum, f8_zero, i32_zero, ld32, madd_2s,
+                   madd_s, maddubs, maddubs_c, nib32, nib_hi, nib_lo, q5_bits, q6_lanes,
+                   signed_dot, sub16)
 
-# ---- 32-element blocks times Q8_0 (34 bytes: f16 d, 32 int8) ------------------------------
+# ---- one block of a row: (its integer lanes, their float scale, a float term to add) -------
+# (32-element blocks times Q8_0: 34 bytes, f16 d, 32 int8; K-quants times Q8_K: 292 bytes,
+# f32 d, 256 int8, 16 int16 sums of 16)
 
-
-def rowdot_q4_0(row, q, ys, nb):
-    acc = f8_zero()
-    for b in range(nb):
-        o, p = b * 18, b * 34
-        y = ld32(q, p + 2)
-        v = madd1(sub16(maddubs(nib32(row, o + 2), y), maddubs_c(8, y)))
-        acc = f8_fma(acc, v, _half_row(row, o) * _half_row(q, p))  # noqa: F821
-    return f8_sum(acc)
+def blk_q4_0(row, b, q, ys):
+    o, p = b * 18, b * 34
+    return (dot4_off(nib32(row, o + 2), ld32(q, p + 2), 8),
+            _half_row(row, o) * _half_row(q, p), np.float32(0.0))  # noqa: F821
 
 
-def rowdot_q4_1(row, q, ys, nb):
+def blk_q4_1(row, b, q, ys):
+    o, p = b * 20, b * 34
+    return (dot4(nib32(row, o + 4), ld32(q, p + 2)), _half_row(row, o) * _half_row(q, p),  # noqa
+            _half_row(row, o + 2) * ys[b])  # noqa: F821
+
+
+def blk_q5_0(row, b, q, ys):
+    o, p = b * 22, b * 34
+    return (dot4_off(q5_bits(nib32(row, o + 6), row, o + 2), ld32(q, p + 2), 16),
+            _half_row(row, o) * _half_row(q, p), np.float32(0.0))  # noqa: F821
+
+
+def blk_q5_1(row, b, q, ys):
+    o, p = b * 24, b * 34
+    return (dot4(q5_bits(nib32(row, o + 8), row, o + 4), ld32(q, p + 2)),
+            _half_row(row, o) * _half_row(q, p), _half_row(row, o + 2) * ys[b])  # noqa: F821
+
+
+def blk_q8_0(row, b, q, ys):
+    o = b * 34
+    return (signed_dot(ld32(row, o + 2), ld32(q, o + 2)),
+            _half_row(row, o) * _half_row(q, o), np.float32(0.0))  # noqa: F821
+
+
+def blk_q4_k(row, b, q, ys):
+    o, p = b * 144, b * 292
+    isum = i32_zero()
+    summ = 0
+    for j in range(4):
+        qo, eo, bo = o + 16 + 32 * j, p + 4 + 64 * j, p + 260 + 8 * j
+        isum = add32(isum, madd_s(maddubs(nib_lo(row, qo), ld32(q, eo)),
+                                  _k4_scale(row, o + 4, 2 * j)))  # noqa: F821
+        isum = add32(isum, madd_s(maddubs(nib_hi(row, qo), ld32(q, eo + 32)),
+                                  _k4_scale(row, o + 4, 2 * j + 1)))  # noqa: F821
+        summ += np.int64(_k4_min(row, o + 4, 2 * j)) * (  # noqa: F821
+            _i16_row(q, bo) + _i16_row(q, bo + 2)) + np.int64(  # noqa: F821
+            _k4_min(row, o + 4, 2 * j + 1)) * (_i16_row(q, bo + 4)  # noqa: F821
+                                               + _i16_row(q, bo + 6))  # noqa: F821
+    dq = _f32_row(q, p)  # noqa: F821
+    return isum, dq * _half_row(row, o), -(dq * _half_row(row, o + 2) * np.float32(summ))  # noqa
+
+
+def blk_q6_k(row, b, q, ys):
+    o, p = b * 210, b * 292
+    isum = i32_zero()
+    for nn in range(2):
+        lo, ho, so, eo = o + 64 * nn, o + 128 + 32 * nn, o + 192 + 8 * nn, p + 4 + 128 * nn
+        for k in range(4):
+            # value j of quarter k: bits of byte j (or 32 + j) of the low plane, k's two
+            # bits of byte j of the high plane; sub-blocks of 16 with their own scales
+            y = ld32(q, eo + 32 * k)
+            x = q6_lanes(row, lo + 32 * (k % 2), 4 * (k // 2), ho, 2 * k)
+            isum = add32(isum, madd_2s(sub16(maddubs(x, y), maddubs_c(32, y)),
+                                       np.int8(row[so + 2 * k]), np.int8(row[so + 2 * k + 1])))
+    return isum, _f32_row(q, p) * _half_row(row, o + 208), np.float32(0.0)  # noqa: F821
+
+
+# ---- whole rows: one, or four sharing the activation row's loads and the loop -------------
+
+def rowdot(row, q, ys, nb):
+    """Row `row` . activation row q: blk (bound per type) over the row's nb blocks."""
     acc = f8_zero()
     c = np.float32(0.0)
     for b in range(nb):
-        o, p = b * 20, b * 34
-        v = madd1(maddubs(nib32(row, o + 4), ld32(q, p + 2)))
-        acc = f8_fma(acc, v, _half_row(row, o) * _half_row(q, p))  # noqa: F821
-        c += _half_row(row, o + 2) * ys[b]  # noqa: F821
+        v, s, k = blk(row, b, q, ys)  # noqa: F821
+        acc = f8_fma(acc, v, s)
+        c += k
     return f8_sum(acc) + c
 
 
-def rowdot_q5_0(row, q, ys, nb):
-    acc = f8_zero()
+def rowdot4(r0, r1, r2, r3, q, ys, nb):
+    """rowdot of four rows at once: four independent accumulator chains in one loop (twice
+    the bandwidth of one row at a time: the loop's and the chains' latencies overlap)."""
+    a0, a1, a2, a3 = f8_zero(), f8_zero(), f8_zero(), f8_zero()
+    c0 = c1 = c2 = c3 = np.float32(0.0)
     for b in range(nb):
-        o, p = b * 22, b * 34
-        y = ld32(q, p + 2)
-        v = madd1(sub16(maddubs(q5_bits(nib32(row, o + 6), row, o + 2), y), maddubs_c(16, y)))
-        acc = f8_fma(acc, v, _half_row(row, o) * _half_row(q, p))  # noqa: F821
-    return f8_sum(acc)
-
-
-def rowdot_q5_1(row, q, ys, nb):
-    acc = f8_zero()
-    c = np.float32(0.0)
-    for b in range(nb):
-        o, p = b * 24, b * 34
-        v = madd1(maddubs(q5_bits(nib32(row, o + 8), row, o + 4), ld32(q, p + 2)))
-        acc = f8_fma(acc, v, _half_row(row, o) * _half_row(q, p))  # noqa: F821
-        c += _half_row(row, o + 2) * ys[b]  # noqa: F821
-    return f8_sum(acc) + c
-
-
-def rowdot_q8_0(row, q, ys, nb):
-    acc = f8_zero()
-    for b in range(nb):
-        o = b * 34
-        v = signed_dot(ld32(row, o + 2), ld32(q, o + 2))
-        acc = f8_fma(acc, v, _half_row(row, o) * _half_row(q, o))  # noqa: F821
-    return f8_sum(acc)
-
-
-# ---- K-quants times Q8_K (292 bytes: f32 d, 256 int8, 16 int16 sums of 16) ----------------
-
-def rowdot_q4_k(row, q, ys, nb):
-    acc = f8_zero()
-    c = np.float32(0.0)
-    for b in range(nb):
-        o, p = b * 144, b * 292
-        isum = i32_zero()
-        summ = 0
-        for j in range(4):
-            qo, eo, bo = o + 16 + 32 * j, p + 4 + 64 * j, p + 260 + 8 * j
-            isum = add32(isum, madd_s(maddubs(nib_lo(row, qo), ld32(q, eo)),
-                                      _k4_scale(row, o + 4, 2 * j)))  # noqa: F821
-            isum = add32(isum, madd_s(maddubs(nib_hi(row, qo), ld32(q, eo + 32)),
-                                      _k4_scale(row, o + 4, 2 * j + 1)))  # noqa: F821
-            summ += np.int64(_k4_min(row, o + 4, 2 * j)) * (  # noqa: F821
-                _i16_row(q, bo) + _i16_row(q, bo + 2)) + np.int64(  # noqa: F821
-                _k4_min(row, o + 4, 2 * j + 1)) * (_i16_row(q, bo + 4)  # noqa: F821
-                                                   + _i16_row(q, bo + 6))  # noqa: F821
-        dq = _f32_row(q, p)  # noqa: F821
-        acc = f8_fma(acc, isum, dq * _half_row(row, o))  # noqa: F821
-        c += dq * _half_row(row, o + 2) * np.float32(summ)  # noqa: F821
-    return f8_sum(acc) - c
-
-
-def rowdot_q6_k(row, q, ys, nb):
-    acc = f8_zero()
-    for b in range(nb):
-        o, p = b * 210, b * 292
-        isum = i32_zero()
-        for nn in range(2):
-            lo, ho, so, eo = o + 64 * nn, o + 128 + 32 * nn, o + 192 + 8 * nn, p + 4 + 128 * nn
-            for k in range(4):
-                # value j of quarter k: bits of byte j (or 32 + j) of the low plane, k's two
-                # bits of byte j of the high plane; sub-blocks of 16 with their own scales
-                y = ld32(q, eo + 32 * k)
-                x = q6_lanes(row, lo + 32 * (k % 2), 4 * (k // 2), ho, 2 * k)
-                isum = add32(isum, madd_2s(sub16(maddubs(x, y), maddubs_c(32, y)),
-                                           np.int8(row[so + 2 * k]),
-                                           np.int8(row[so + 2 * k + 1])))
-        acc = f8_fma(acc, isum, _f32_row(q, p) * _half_row(row, o + 208))  # noqa: F821
-    return f8_sum(acc)
+        v, s, k = blk(r0, b, q, ys)  # noqa: F821
+        a0 = f8_fma(a0, v, s)
+        c0 += k
+        v, s, k = blk(r1, b, q, ys)  # noqa: F821
+        a1 = f8_fma(a1, v, s)
+        c1 += k
+        v, s, k = blk(r2, b, q, ys)  # noqa: F821
+        a2 = f8_fma(a2, v, s)
+        c2 += k
+        v, s, k = blk(r3, b, q, ys)  # noqa: F821
+        a3 = f8_fma(a3, v, s)
+        c3 += k
+    return f8_sum(a0) + c0, f8_sum(a1) + c1, f8_sum(a2) + c2, f8_sum(a3) + c3
 
 
 def rowdot_shared(row, q, ys, nb):
-    """A type without a vector row dot here: the shared qdot (qdot_a, BLOCK elements a block)
-    on the row."""
+    """A type without a block function here: the shared qdot (qdot_a, BLOCK elements a
+    block) on the row."""
     return qdot_a(row[None, None, None, :], 0, 0, 0, q, nb * BLOCK)  # noqa: F821
 
 
@@ -141,14 +147,17 @@ def act_sums(q, ys, nb):
 
 @dataclass(frozen=True)
 class RowDot:
-    """A weight type's whole-row dot; `sums` when it reads `act_sums`' ys."""
-    fn: Callable
+    """A weight type's block function for rowdot/rowdot4; `sums` when it reads act_sums' ys;
+    `four`: whether four rows run in one loop (rowdot4) or one at a time (rowdot: the
+    K-quants' and Q8_0's larger blocks gain nothing from four chains)."""
+    blk: Callable
     sums: bool = False
+    four: bool = True
 
 
 ROW_DOTS: dict[GGMLType, RowDot] = {
-    GGMLType.Q4_0: RowDot(rowdot_q4_0), GGMLType.Q4_1: RowDot(rowdot_q4_1, sums=True),
-    GGMLType.Q5_0: RowDot(rowdot_q5_0), GGMLType.Q5_1: RowDot(rowdot_q5_1, sums=True),
-    GGMLType.Q8_0: RowDot(rowdot_q8_0), GGMLType.Q4_K: RowDot(rowdot_q4_k),
-    GGMLType.Q6_K: RowDot(rowdot_q6_k),
+    GGMLType.Q4_0: RowDot(blk_q4_0), GGMLType.Q4_1: RowDot(blk_q4_1, sums=True),
+    GGMLType.Q5_0: RowDot(blk_q5_0), GGMLType.Q5_1: RowDot(blk_q5_1, sums=True),
+    GGMLType.Q8_0: RowDot(blk_q8_0, four=False), GGMLType.Q4_K: RowDot(blk_q4_k, four=False),
+    GGMLType.Q6_K: RowDot(blk_q6_k, four=False),
 }

@@ -10,13 +10,14 @@ __m256) and pass it between the intrinsics below, each a few LLVM vector instruc
 - loads: `ld32` (32 bytes), `nib32` (16 packed bytes as 32 nibbles), `nib_lo`/`nib_hi`
   (32 bytes' low or high nibbles), `q5_bits` (the fifth bits of Q5_x), `q6_lanes` (Q6_K's 6-bit
   values from its low-nibble and 2-bit planes);
-- integer products: `maddubs` (u8 x s8 pairs summed to i16, x86 vpmaddubsw), `madd1`/`madd_s`
-  /`madd_2s` (i16 pairs times 1, one scale, or two scales summed to i32, vpmaddwd),
-  `sub16`, `add32`;
+- integer products: `dot4`/`dot4_off`/`signed_dot` (bytes times bytes summed by 4 to i32,
+  vpdpbusd with VNNI), `maddubs` (u8 x s8 pairs summed to i16, x86 vpmaddubsw),
+  `madd1`/`madd_s`/`madd_2s` (i16 pairs times 1, one scale, or two scales summed to i32,
+  vpmaddwd), `sub16`, `add32`;
 - float accumulation: `f8_zero`, `f8_fma` (acc + float(ints) * s), `f8_sum`.
 
-With AVX2 the products are the x86 instructions themselves (llvm.x86.avx2.*, the host numba
-compiles for); elsewhere the same sums in portable vector IR. Every value they see stays in
+With AVX2 (and VNNI) the products are the x86 instructions themselves (llvm.x86.*, for the
+host numba compiles for); elsewhere the same sums in portable vector IR. Every value they see stays in
 range: weights of at most 6 bits times int8 quants never saturate vpmaddubsw's i16 pairs.
 """
 from __future__ import annotations
@@ -35,7 +36,11 @@ def _host_features() -> set[str]:
         return set()
 
 
-AVX2 = "+avx2" in _host_features()
+_FEATURES = _host_features()
+AVX2 = "+avx2" in _FEATURES
+# vpdpbusd (u8 x s8 products summed by 4 into i32 lanes, one instruction): AVX512-VNNI with
+# 256-bit vectors (AVX512VL) or AVX-VNNI; LLVM encodes the one intrinsic for either
+VNNI = "+avxvnni" in _FEATURES or {"+avx512vnni", "+avx512vl"} <= _FEATURES
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _F32 = ir.FloatType()
@@ -110,6 +115,15 @@ def _madd(builder, p, w):
                     [p, w])
     w32 = ir.VectorType(_I32, 16)
     return _pairs(builder, builder.mul(builder.sext(p, w32), builder.sext(w, w32)), 16)
+
+
+def _dot4(builder, x, y):
+    """<8 x i32>: sums of 4 adjacent products of x (unsigned bytes) and y (signed bytes)."""
+    if VNNI:
+        v8 = ir.VectorType(_I32, 8)
+        return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [v8, v8, v8],
+                    [_const(v8, [0] * 8), builder.bitcast(x, v8), builder.bitcast(y, v8)])
+    return _madd(builder, _maddubs(builder, x, y), _const(_V16, [1] * 16))
 
 
 # ---- loads -------------------------------------------------------------------------------
@@ -206,6 +220,26 @@ def maddubs_c(typingctx, c, y):
 
 
 @intrinsic
+def dot4(typingctx, x, y):
+    """<8 x i32>: sums of 4 adjacent products of x (unsigned bytes) and y (signed bytes):
+    vpdpbusd with VNNI, vpmaddubsw + vpmaddwd without."""
+    def codegen(context, builder, sig, args):
+        return _dot4(builder, args[0], args[1])
+
+    return I32x8(x, y), codegen
+
+
+@intrinsic
+def dot4_off(typingctx, x, y, off):
+    """dot4 of (x - off) with y, x - off as signed values: dot4(x, y) - off * y's sums."""
+    def codegen(context, builder, sig, args):
+        o = _splat(context, builder, sig.args[2], args[2], _V32)
+        return builder.sub(_dot4(builder, args[0], args[1]), _dot4(builder, o, args[1]))
+
+    return I32x8(x, y, off), codegen
+
+
+@intrinsic
 def signed_dot(typingctx, x, y):
     """<8 x i32>: sums of 4 adjacent products of two signed byte vectors (|x| times y with
     x's sign, as ggml's Q8_0 dot does: vpmaddubsw takes an unsigned left side)."""
@@ -215,7 +249,7 @@ def signed_dot(typingctx, x, y):
         neg = builder.icmp_signed("<", x, zero)
         ax = builder.select(neg, builder.sub(zero, x), x)
         sy = builder.select(neg, builder.sub(zero, y), y)
-        return _madd(builder, _maddubs(builder, ax, sy), _const(_V16, [1] * 16))
+        return _dot4(builder, ax, sy)
 
     return I32x8(x, y), codegen
 

@@ -443,7 +443,7 @@ def k_quant_rows(b, out, n):
 
 def k_mul_mat_rows(a, q, ys, d, nb, sums):
     """d[i3, i2, n, m] = row m of a's slice . quantized activation row q[i3, i2, n] (integer
-    dots, rowdot_a: backends/cpu/qrows.py), nb blocks per row; when `sums`, each activation
+    dots, rowdot4_a / rowdot_a: backends/cpu/qrows.py), nb blocks per row; when `sums`, each activation
     row's per-block sums (ys) are formed first, once (act_sums). One parallel loop over
     (slice, chunk of rows): numba gives each thread a contiguous run of chunks, so each streams
     its own part of the weights (and writes its own part of d); each row is dotted with every
@@ -455,15 +455,26 @@ def k_mul_mat_rows(a, q, ys, d, nb, sums):
         for s in range(n3 * n2 * nn):
             i3, i2, n = s // (n2 * nn), (s // nn) % n2, s % nn
             act_sums(q[i3, i2, n], ys[i3, i2, n], nb)  # noqa: F821
+    # a multiple of 4: rows go four at a time (rowdot4_a) where the type's rows are faster so
+    # (FOUR), the last few one by one
     chunk = 64
     n_chunk = (nm + chunk - 1) // chunk
     for w in prange(n3 * n2 * n_chunk):
         s, c = w // n_chunk, w % n_chunk
         i3, i2 = s // n2, s % n2
-        for m in range(c * chunk, min(nm, (c + 1) * chunk)):
-            x = a[i3 // r3, i2 // r2, m]
+        j3, j2 = i3 // r3, i2 // r2
+        end = min(nm, (c + 1) * chunk)
+        m = c * chunk
+        while FOUR and m + 4 <= end:  # noqa: F821
             for n in range(nn):
-                d[i3, i2, n, m] = rowdot_a(x, q[i3, i2, n], ys[i3, i2, n], nb)  # noqa: F821
+                d[i3, i2, n, m], d[i3, i2, n, m + 1], d[i3, i2, n, m + 2], d[i3, i2, n, m + 3] = \
+                    rowdot4_a(a[j3, j2, m], a[j3, j2, m + 1], a[j3, j2, m + 2],  # noqa: F821
+                              a[j3, j2, m + 3], q[i3, i2, n], ys[i3, i2, n], nb)
+            m += 4
+        for mm in range(m, end):
+            for n in range(nn):
+                d[i3, i2, n, mm] = rowdot_a(a[j3, j2, mm], q[i3, i2, n], ys[i3, i2, n],  # noqa
+                                            nb)
 
 
 def k_mul_mat_id_q(a, q, ids, d, kk):
