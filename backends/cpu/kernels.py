@@ -201,12 +201,20 @@ TARGET.replace_helpers(dict(qsimd.OVERRIDES, **({"_f16_round": TARGET.device(
 _Q_HASH = source_hash(K.__file__, fastmath.__file__, qsimd.__file__)
 
 
-def _quantized_activations(a: Tensor, b: Tensor, B: np.ndarray, node: Tensor):
-    """(b's rows encoded to `a`'s vec_dot_type as a uint8 array, the call that fills it) for
-    the integer dot products; None where they do not apply (exact activations, a type without
-    a qdot, a row that is not whole blocks)."""
+def _int_dot_type(a: Tensor, b: Tensor) -> T | None:
+    """The type b's rows are encoded to for integer dot products with a (a's vec_dot_type);
+    None where they do not apply (exact activations, a type without a qdot, a row that is not
+    whole blocks)."""
     vt = VEC_DOT_TYPE.get(a.type) if ROUND_ACTIVATIONS else None
     if vt is None or not TYPE_RECORDS[a.type].qdot or b.ne[0] % vt.block_size:
+        return None
+    return vt
+
+
+def _quantized_activations(a: Tensor, b: Tensor, B: np.ndarray, node: Tensor):
+    """(b's rows encoded to `a`'s vec_dot_type as a uint8 array, the call that fills it) for
+    the integer dot products; None where they do not apply (_int_dot_type)."""
+    if (vt := _int_dot_type(a, b)) is None:
         return None
     Q = np.empty(B.shape[:3] + (vt.type_size * b.ne[0] // vt.block_size,), np.uint8)
     # a few columns (decode) quantize in less time than a fork-join of threads takes
@@ -224,13 +232,15 @@ _R_HASH = source_hash(K.__file__, fastmath.__file__, qsimd.__file__, qvec.__file
                       qrows.__file__)
 
 
-def _row_dot_kernel(serial: bool, a: T):
+def _row_dot_kernel(serial: bool, a: T, b: T):
     """k_mul_mat_rows bound to `a`'s row dots (backends/cpu/qrows.py: its block function in
     the one- and four-row drivers, or its shared qdot where qrows has no block function)."""
-    tag = f"a{a}{'_serial' if serial else ''}_{_R_HASH}"
+    tag = f"a{a}_b{b}{'_serial' if serial else ''}_{_R_HASH}"
+    vt = VEC_DOT_TYPE[a]
     dev = TARGET.device_fast
     if a in ROW_DOTS:
-        # inlined by numba itself: LLVM left the K-quants' block functions as calls
+        # inlined in numba's IR: each driver's loop holds the block's code, whatever LLVM's
+        # inliner would decide for a function returning a vector in a tuple
         blk = TARGET.bind(ROW_DOTS[a].blk, _INLINE_FAST, _R_HASH)
         rd = TARGET.bind(qrows.rowdot, dev, f"{a}_{_R_HASH}", blk=blk)
         rd4 = TARGET.bind(qrows.rowdot4, dev, f"{a}_{_R_HASH}", blk=blk)
@@ -240,7 +250,8 @@ def _row_dot_kernel(serial: bool, a: T):
                          qdot_a=TARGET.codec(a).qdot, BLOCK=TYPE_RECORDS[a].block_size)
         rd4, four = rd, False
     return TARGET.bind(K.k_mul_mat_rows, _SERIAL if serial else _KERNEL, tag, rowdot_a=rd,
-                       rowdot4_a=rd4, FOUR=four,
+                       rowdot4_a=rd4, FOUR=four, dec_b=TARGET.codec(b).dec,
+                       enc_r=TARGET.codec(vt).enc,
                        act_sums=TARGET.bind(qrows.act_sums, TARGET.device, _R_HASH))
 
 
@@ -276,13 +287,14 @@ def _mul_mat(node: Tensor, s: Session):
                         round_half=_ROUND_HALF)
         return partial(k, af, o3, o2, o1, A.shape[0], A.shape[1], A.shape[2], s.arr(b), D,
                        ROUND_ACTIVATIONS)
-    if n < BLAS_MIN_N and (qa := _quantized_activations(a, b, s.arr(b), node)) is not None:
-        Q, prep = qa
-        nb = b.ne[0] // TYPE_RECORDS[a.type].block_size
-        ys = np.empty(Q.shape[:3] + (nb,), np.float32)
+    if n < BLAS_MIN_N and (vt := _int_dot_type(a, b)) is not None:
+        # integer dots with the activations quantized in the same kernel call
+        k = b.ne[0]
+        Q = np.empty(D.shape[:3] + (vt.type_size * k // vt.block_size,), np.uint8)
+        ys = np.empty(D.shape[:3] + (k // 32,), np.float32)
         rd = ROW_DOTS.get(a.type)
-        return partial(_both, prep, partial(_row_dot_kernel(_small(node), a.type), A, Q, ys, D,
-                                            nb, rd is not None and rd.sums))
+        return partial(_row_dot_kernel(_small(node), a.type, b.type), A, s.arr(b), Q, ys, D, k,
+                       k // TYPE_RECORDS[a.type].block_size, rd is not None and rd.sums)
     B, prep = _activations(a, b, s.arr(b), node)
     if b.type == T.F32 and (a.type == T.F32 or n >= BLAS_MIN_N):
         run = partial(mul_mat_blas, A, B, D, None if a.type == T.F32 else TARGET.bind(

@@ -441,20 +441,24 @@ def k_quant_rows(b, out, n):
         enc_r(x, out, i3, i2, i1, n)  # noqa: F821
 
 
-def k_mul_mat_rows(a, q, ys, d, nb, sums):
-    """d[i3, i2, n, m] = row m of a's slice . quantized activation row q[i3, i2, n] (integer
-    dots, rowdot4_a / rowdot_a: backends/cpu/qrows.py), nb blocks per row; when `sums`, each activation
-    row's per-block sums (ys) are formed first, once (act_sums). One parallel loop over
+def k_mul_mat_rows(a, b, q, ys, d, kk, nb, sums):
+    """d[i3, i2, n, m] = row m of a's slice . column b[i3, i2, n] (kk elements, nb blocks of
+    a), as integer dots (rowdot4_a / rowdot_a: backends/cpu/qrows.py): each column is first
+    encoded into q (the weights' vec-dot type: dec_b, enc_r) and, when `sums`, its per-block
+    sums formed into ys (act_sums), serially (a few columns). Then one parallel loop over
     (slice, chunk of rows): numba gives each thread a contiguous run of chunks, so each streams
     its own part of the weights (and writes its own part of d); each row is dotted with every
     column while in L1."""
     n3, n2, nn, nm = d.shape
     a3, a2 = a.shape[0], a.shape[1]
     r3, r2 = n3 // a3, n2 // a2
-    if sums:
-        for s in range(n3 * n2 * nn):
-            i3, i2, n = s // (n2 * nn), (s // nn) % n2, s % nn
-            act_sums(q[i3, i2, n], ys[i3, i2, n], nb)  # noqa: F821
+    x = np.empty(kk, np.float32)
+    for s in range(n3 * n2 * nn):  # a few columns: quantized here, in this one call
+        i3, i2, n = s // (n2 * nn), (s // nn) % n2, s % nn
+        dec_b(b, i3, i2, n, x, kk)  # noqa: F821
+        enc_r(x, q, i3, i2, n, kk)  # noqa: F821
+        if sums:
+            act_sums(q[i3, i2, n], ys[i3, i2, n], kk // 32)  # noqa: F821
     # a multiple of 4: rows go four at a time (rowdot4_a) where the type's rows are faster so
     # (FOUR), the last few one by one
     chunk = 64
