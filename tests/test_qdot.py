@@ -144,14 +144,13 @@ def test_mul_mat_id_integer_path(t):
 
 
 def _row_dot(t, tag):
-    """(the CPU's one-row and four-row dots of t, its Q8_1 sums, the shared qdot), compiled
-    as the CPU backend compiles them."""
+    """(the CPU's row dot of t, its Q8_1 sums, the shared qdot), compiled as the CPU backend
+    compiles them."""
     from ggraph.backends.cpu import kernels
 
     bind, dec = kernels.TARGET.bind, numba.njit(fastmath=True)
     blk = bind(qrows.ROW_DOTS[t].blk, dec, tag)
     return (bind(qrows.rowdot, dec, f"{t}{tag}", blk=blk),
-            bind(qrows.rowdot4, dec, f"{t}{tag}", blk=blk),
             bind(qrows.act_sums, kernels.TARGET.device, "test"), kernels.TARGET.codec(t).qdot)
 
 
@@ -160,14 +159,13 @@ def _row_dot(t, tag):
 def test_cpu_row_dots_equal_shared_qdot_on_any_bytes(t, x86, monkeypatch):
     """Random blocks (any bit pattern, finite f16 scales as a file's; trial 0 the extremes:
     every other byte 255 against quants of +-127) give the shared integer dot's value: the
-    same integer sums, the float sums within rounding of their order; the four-row driver
-    gives each row the one-row driver's bits. Both with the x86 instructions (where the host
+    same integer sums, the float sums within rounding of their order. Both with the x86 instructions (where the host
     has AVX2, and VNNI where it has that) and with the portable vector IR other hosts get."""
     if x86 and not qvec.AVX2:
         pytest.skip("this host has no AVX2: the x86 path is not compiled here")
     monkeypatch.setattr(qvec, "AVX2", x86)
     monkeypatch.setattr(qvec, "VNNI", qvec.VNNI and x86)
-    rd, rd4, sums, qd = _row_dot(t, "x86" if x86 else "portable")
+    rd, sums, qd = _row_dot(t, "x86" if x86 else "portable")
     vt = t.traits.vec_dot_type
     nb = 3 if t.block_size == 256 else 11
     n = nb * t.block_size
@@ -189,10 +187,6 @@ def test_cpu_row_dots_equal_shared_qdot_on_any_bytes(t, x86, monkeypatch):
         W = dequantize(t, w.reshape(1, -1)).astype(np.float64)
         scale = float(np.abs(W).max()) * float(np.abs(dequantize(vt, qrow[None])).sum())
         assert abs(got - want) <= 1e-5 * scale, (t, trial, got, want)
-        # four rows at once: each the one-row dot's value (the same sums, in the same order)
-        rows = [np.roll(w.reshape(-1), k * t.type_size) for k in range(4)]
-        four = rd4(*rows, qrow, ys, nb)
-        assert list(four) == [rd(r, qrow, ys, nb) for r in rows], (t, trial)
 
 
 @pytest.mark.parametrize("t", [GGMLType.F32, GGMLType.Q4_K, GGMLType.Q8_0], ids=str)

@@ -233,25 +233,22 @@ _R_HASH = source_hash(K.__file__, fastmath.__file__, qsimd.__file__, qvec.__file
 
 
 def _row_dot_kernel(serial: bool, a: T, b: T):
-    """k_mul_mat_rows bound to `a`'s row dots (backends/cpu/qrows.py: its block function in
-    the one- and four-row drivers, or its shared qdot where qrows has no block function)."""
+    """k_mul_mat_rows bound to `a`'s row dot (backends/cpu/qrows.py: its block function in
+    rowdot, or its shared qdot where qrows has no block function) and to the codecs that
+    quantize b's columns."""
     tag = f"a{a}_b{b}{'_serial' if serial else ''}_{_R_HASH}"
     vt = VEC_DOT_TYPE[a]
     dev = TARGET.device_fast
     if a in ROW_DOTS:
-        # inlined in numba's IR: each driver's loop holds the block's code, whatever LLVM's
-        # inliner would decide for a function returning a vector in a tuple
+        # inlined in numba's IR: the row loop holds the block's code, whatever LLVM's inliner
+        # would decide for a function returning a vector in a tuple
         blk = TARGET.bind(ROW_DOTS[a].blk, _INLINE_FAST, _R_HASH)
         rd = TARGET.bind(qrows.rowdot, dev, f"{a}_{_R_HASH}", blk=blk)
-        rd4 = TARGET.bind(qrows.rowdot4, dev, f"{a}_{_R_HASH}", blk=blk)
-        four = ROW_DOTS[a].four
     else:
         rd = TARGET.bind(qrows.rowdot_shared, dev, f"{a}_{_R_HASH}",
                          qdot_a=TARGET.codec(a).qdot, BLOCK=TYPE_RECORDS[a].block_size)
-        rd4, four = rd, False
     return TARGET.bind(K.k_mul_mat_rows, _SERIAL if serial else _KERNEL, tag, rowdot_a=rd,
-                       rowdot4_a=rd4, FOUR=four, dec_b=TARGET.codec(b).dec,
-                       enc_r=TARGET.codec(vt).enc,
+                       dec_b=TARGET.codec(b).dec, enc_r=TARGET.codec(vt).enc,
                        act_sums=TARGET.bind(qrows.act_sums, TARGET.device, _R_HASH))
 
 

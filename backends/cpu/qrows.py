@@ -12,8 +12,10 @@ instead, which made the decode mat-vecs compute-bound at a third of the memory b
 
 Each type has one block function, `blk_<type>(row, b, q, ys)` -> (block b's integer lanes,
 their float scale, a float term to add: Q4_1/Q5_1's min times the activations' sum, minus the
-K-quants' mins), and two drivers run it: `rowdot(row, q, ys, nb)` for one row and `rowdot4`
-for four rows at once, which streams twice the bytes per second of one row at a time. row:
+K-quants' mins), which `rowdot(row, q, ys, nb)` runs over a row. (Four rows in one loop, four
+accumulator chains, doubled the bandwidth on weights in L2 but cut it by a third on weights
+streamed from memory, as decode's are: the hardware prefetchers follow one stream better
+than four interleaved ones.) row:
 one weight row's bytes; q: the activation row's bytes; ys: per 32-element activation block
 the f16-rounded d * sum(quants) (Q8_1's s, which Q4_1/Q5_1 need; `act_sums` fills it); nb:
 blocks in the row. The helpers `_half_row`, `_f32_row`, `_k4_scale`, `_k4_min`, `_i16_row`,
@@ -98,7 +100,7 @@ def blk_q6_k(row, b, q, ys):
     return isum, _f32_row(q, p) * _half_row(row, o + 208), np.float32(0.0)  # noqa: F821
 
 
-# ---- whole rows: one, or four sharing the activation row's loads and the loop -------------
+# ---- a whole row -------------------------------------------------------------------------
 
 def rowdot(row, q, ys, nb):
     """Row `row` . activation row q: blk (bound per type) over the row's nb blocks."""
@@ -109,27 +111,6 @@ def rowdot(row, q, ys, nb):
         acc = f8_fma(acc, v, s)
         c += k
     return f8_sum(acc) + c
-
-
-def rowdot4(r0, r1, r2, r3, q, ys, nb):
-    """rowdot of four rows at once: four independent accumulator chains in one loop (twice
-    the bandwidth of one row at a time: the loop's and the chains' latencies overlap)."""
-    a0, a1, a2, a3 = f8_zero(), f8_zero(), f8_zero(), f8_zero()
-    c0 = c1 = c2 = c3 = np.float32(0.0)
-    for b in range(nb):
-        v, s, k = blk(r0, b, q, ys)  # noqa: F821
-        a0 = f8_fma(a0, v, s)
-        c0 += k
-        v, s, k = blk(r1, b, q, ys)  # noqa: F821
-        a1 = f8_fma(a1, v, s)
-        c1 += k
-        v, s, k = blk(r2, b, q, ys)  # noqa: F821
-        a2 = f8_fma(a2, v, s)
-        c2 += k
-        v, s, k = blk(r3, b, q, ys)  # noqa: F821
-        a3 = f8_fma(a3, v, s)
-        c3 += k
-    return f8_sum(a0) + c0, f8_sum(a1) + c1, f8_sum(a2) + c2, f8_sum(a3) + c3
 
 
 def rowdot_shared(row, q, ys, nb):
@@ -147,17 +128,14 @@ def act_sums(q, ys, nb):
 
 @dataclass(frozen=True)
 class RowDot:
-    """A weight type's block function for rowdot/rowdot4; `sums` when it reads act_sums' ys;
-    `four`: whether four rows run in one loop (rowdot4) or one at a time (rowdot: the
-    K-quants' and Q8_0's larger blocks gain nothing from four chains)."""
+    """A weight type's block function for rowdot; `sums` when it reads act_sums' ys."""
     blk: Callable
     sums: bool = False
-    four: bool = True
 
 
 ROW_DOTS: dict[GGMLType, RowDot] = {
     GGMLType.Q4_0: RowDot(blk_q4_0), GGMLType.Q4_1: RowDot(blk_q4_1, sums=True),
     GGMLType.Q5_0: RowDot(blk_q5_0), GGMLType.Q5_1: RowDot(blk_q5_1, sums=True),
-    GGMLType.Q8_0: RowDot(blk_q8_0, four=False), GGMLType.Q4_K: RowDot(blk_q4_k, four=False),
-    GGMLType.Q6_K: RowDot(blk_q6_k, four=False),
+    GGMLType.Q8_0: RowDot(blk_q8_0), GGMLType.Q4_K: RowDot(blk_q4_k),
+    GGMLType.Q6_K: RowDot(blk_q6_k),
 }

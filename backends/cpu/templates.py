@@ -443,7 +443,7 @@ def k_quant_rows(b, out, n):
 
 def k_mul_mat_rows(a, b, q, ys, d, kk, nb, sums):
     """d[i3, i2, n, m] = row m of a's slice . column b[i3, i2, n] (kk elements, nb blocks of
-    a), as integer dots (rowdot4_a / rowdot_a: backends/cpu/qrows.py): each column is first
+    a), as integer dots (rowdot_a: backends/cpu/qrows.py): each column is first
     encoded into q (the weights' vec-dot type: dec_b, enc_r) and, when `sums`, its per-block
     sums formed into ys (act_sums), serially (a few columns). Then one parallel loop over
     (slice, chunk of rows): numba gives each thread a contiguous run of chunks, so each streams
@@ -459,26 +459,15 @@ def k_mul_mat_rows(a, b, q, ys, d, kk, nb, sums):
         enc_r(x, q, i3, i2, n, kk)  # noqa: F821
         if sums:
             act_sums(q[i3, i2, n], ys[i3, i2, n], kk // 32)  # noqa: F821
-    # a multiple of 4: rows go four at a time (rowdot4_a) where the type's rows are faster so
-    # (FOUR), the last few one by one
     chunk = 64
     n_chunk = (nm + chunk - 1) // chunk
     for w in prange(n3 * n2 * n_chunk):
         s, c = w // n_chunk, w % n_chunk
         i3, i2 = s // n2, s % n2
-        j3, j2 = i3 // r3, i2 // r2
-        end = min(nm, (c + 1) * chunk)
-        m = c * chunk
-        while FOUR and m + 4 <= end:  # noqa: F821
+        for m in range(c * chunk, min(nm, (c + 1) * chunk)):
+            x = a[i3 // r3, i2 // r2, m]
             for n in range(nn):
-                d[i3, i2, n, m], d[i3, i2, n, m + 1], d[i3, i2, n, m + 2], d[i3, i2, n, m + 3] = \
-                    rowdot4_a(a[j3, j2, m], a[j3, j2, m + 1], a[j3, j2, m + 2],  # noqa: F821
-                              a[j3, j2, m + 3], q[i3, i2, n], ys[i3, i2, n], nb)
-            m += 4
-        for mm in range(m, end):
-            for n in range(nn):
-                d[i3, i2, n, mm] = rowdot_a(a[j3, j2, mm], q[i3, i2, n], ys[i3, i2, n],  # noqa
-                                            nb)
+                d[i3, i2, n, m] = rowdot_a(x, q[i3, i2, n], ys[i3, i2, n], nb)  # noqa: F821
 
 
 def k_mul_mat_id_q(a, q, ids, d, kk):
