@@ -12,6 +12,8 @@ import math
 import numpy as np
 from numba import prange
 
+ROW_RUN = 4096  # elements a parallel item of a short-row kernel handles (k_set_rows)
+
 
 def k_unary(a, d, op, p0, p1):
     """op: a code of backends/shared/elementwise.py (U_*), p0/p1 its float32 parameters."""
@@ -145,13 +147,29 @@ def k_get_rows_int(a, idx, d):
 
 
 def k_set_rows(s, idx, d):
+    """Rows of s into d's rows idx. Short rows (a transposed V cache writes rows of one
+    element, a cache column per channel) go in runs of about ROW_RUN elements per parallel
+    item, one scratch row each, instead of an allocation per row."""
     n3, n2, n1, n0 = s.shape
     c2, c1 = idx.shape[1], idx.shape[2]
-    for r in prange(n3 * n2 * n1):
-        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+    nr = n3 * n2 * n1
+    per = max(1, ROW_RUN // max(n0, 1))  # noqa: F821
+    for ch in prange((nr + per - 1) // per):
         x = np.empty(n0, np.float32)
-        dec_a(s, i3, i2, i1, x, n0)  # noqa: F821
-        enc_d(x, d, i3, i2, idx[0, i3 % c2, i2 % c1, i1], n0)  # noqa: F821
+        r0 = ch * per
+        i3, i2, i1 = r0 // (n2 * n1), (r0 // n1) % n2, r0 % n1
+        j3, j2 = i3 % c2, i2 % c1
+        for _ in range(r0, min(nr, r0 + per)):  # (i3, i2, i1) counted, not divided out
+            dec_a(s, i3, i2, i1, x, n0)  # noqa: F821
+            enc_d(x, d, i3, i2, idx[0, j3, j2, i1], n0)  # noqa: F821
+            i1 += 1
+            if i1 == n1:
+                i1 = 0
+                i2 += 1
+                if i2 == n2:
+                    i2 = 0
+                    i3 += 1
+                j3, j2 = i3 % c2, i2 % c1
 
 
 def k_copy(a, d, n0, m0):
