@@ -29,9 +29,9 @@ from typing import Callable
 import numpy as np
 
 from ggraph.types import GGMLType
-from .qvec import (add32, dot4, dot4_off, f8_fma, f8_sum, f8_zero, i32_zero, ld32, madd_2s,
-                   madd_s, maddubs, maddubs_c, nib32, nib_hi, nib_lo, q5_bits, q6_lanes,
-                   signed_dot, sub16)
+from .qvec import (add32, dot4, dot4_off, f8_fma, f8_sum, f8_zero, hbit, i32_zero, ld32,
+                   madd_2s, madd_s, maddubs, maddubs_c, nib32, nib_hi, nib_lo, q5_bits,
+                   q6_lanes, signed_dot, sub16)
 
 # ---- one block of a row: (its integer lanes, their float scale, a float term to add) -------
 # (32-element blocks times Q8_0: 34 bytes, f16 d, 32 int8; K-quants times Q8_K: 292 bytes,
@@ -76,6 +76,27 @@ def blk_q4_k(row, b, q, ys):
         isum = add32(isum, madd_s(maddubs(nib_lo(row, qo), ld32(q, eo)),
                                   _k4_scale(row, o + 4, 2 * j)))  # noqa: F821
         isum = add32(isum, madd_s(maddubs(nib_hi(row, qo), ld32(q, eo + 32)),
+                                  _k4_scale(row, o + 4, 2 * j + 1)))  # noqa: F821
+        summ += np.int64(_k4_min(row, o + 4, 2 * j)) * (  # noqa: F821
+            _i16_row(q, bo) + _i16_row(q, bo + 2)) + np.int64(  # noqa: F821
+            _k4_min(row, o + 4, 2 * j + 1)) * (_i16_row(q, bo + 4)  # noqa: F821
+                                               + _i16_row(q, bo + 6))  # noqa: F821
+    dq = _f32_row(q, p)  # noqa: F821
+    return isum, dq * _half_row(row, o), -(dq * _half_row(row, o + 2) * np.float32(summ))  # noqa
+
+
+def blk_q5_k(row, b, q, ys):
+    """Q4_K's sums with a fifth bit per value from the 32-byte plane at byte 16 (bit 2j for
+    sub-block 2j, 2j + 1 for the next)."""
+    o, p = b * 176, b * 292
+    isum = i32_zero()
+    summ = 0
+    for j in range(4):
+        qo, eo, bo = o + 48 + 32 * j, p + 4 + 64 * j, p + 260 + 8 * j
+        isum = add32(isum, madd_s(maddubs(hbit(nib_lo(row, qo), row, o + 16, 2 * j),
+                                          ld32(q, eo)), _k4_scale(row, o + 4, 2 * j)))  # noqa
+        isum = add32(isum, madd_s(maddubs(hbit(nib_hi(row, qo), row, o + 16, 2 * j + 1),
+                                          ld32(q, eo + 32)),
                                   _k4_scale(row, o + 4, 2 * j + 1)))  # noqa: F821
         summ += np.int64(_k4_min(row, o + 4, 2 * j)) * (  # noqa: F821
             _i16_row(q, bo) + _i16_row(q, bo + 2)) + np.int64(  # noqa: F821
@@ -137,5 +158,5 @@ ROW_DOTS: dict[GGMLType, RowDot] = {
     GGMLType.Q4_0: RowDot(blk_q4_0), GGMLType.Q4_1: RowDot(blk_q4_1, sums=True),
     GGMLType.Q5_0: RowDot(blk_q5_0), GGMLType.Q5_1: RowDot(blk_q5_1, sums=True),
     GGMLType.Q8_0: RowDot(blk_q8_0), GGMLType.Q4_K: RowDot(blk_q4_k),
-    GGMLType.Q6_K: RowDot(blk_q6_k),
+    GGMLType.Q5_K: RowDot(blk_q5_k), GGMLType.Q6_K: RowDot(blk_q6_k),
 }

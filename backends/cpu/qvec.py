@@ -8,8 +8,8 @@ variable across loop iterations (an 8-lane float accumulator for a whole row, as
 __m256) and pass it between the intrinsics below, each a few LLVM vector instructions:
 
 - loads: `ld32` (32 bytes), `nib32` (16 packed bytes as 32 nibbles), `nib_lo`/`nib_hi`
-  (32 bytes' low or high nibbles), `q5_bits` (the fifth bits of Q5_x), `q6_lanes` (Q6_K's 6-bit
-  values from its low-nibble and 2-bit planes);
+  (32 bytes' low or high nibbles), `q5_bits` (the fifth bits of Q5_x), `hbit` (a bit plane of
+  Q5_K's), `q6_lanes` (Q6_K's 6-bit values from its low-nibble and 2-bit planes);
 - integer products: `dot4`/`dot4_off`/`signed_dot` (bytes times bytes summed by 4 to i32,
   vpdpbusd with VNNI), `maddubs` (u8 x s8 pairs summed to i16, x86 vpmaddubsw),
   `madd1`/`madd_s`/`madd_2s` (i16 pairs times 1, one scale, or two scales summed to i32,
@@ -181,6 +181,19 @@ def q5_bits(typingctx, x, arr, off):
                                                    _const(_V32, [0] * 32)))
 
     return U8x32(x, arr, off), codegen
+
+
+@intrinsic
+def hbit(typingctx, x, arr, off, s):
+    """x | (((arr[off + j] >> s) & 1) << 4), j < 32: Q5_K's fifth bits, plane s."""
+    def codegen(context, builder, sig, args):
+        h = _load(context, builder, sig, args, _V32, 1, 2)
+        sv = _splat(context, builder, sig.args[3], args[3], _V32)
+        h = builder.shl(builder.and_(builder.lshr(h, sv), _const(_V32, [1] * 32)),
+                        _const(_V32, [4] * 32))
+        return builder.or_(args[0], h)
+
+    return U8x32(x, arr, off, s), codegen
 
 
 @intrinsic
