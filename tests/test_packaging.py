@@ -50,3 +50,15 @@ def test_wheel_ships_every_package_and_runs(tmp_path):
     out = _run([ggraph, "run", "default", "-n", "4", "--temp", "0"], tmp_path, env)
     runs = re.search(r"eval time = .*/\s+(\d+) runs", out)
     assert "compute buffer size" in out and runs and 1 <= int(runs.group(1)) <= 4, out[-1000:]
+
+
+def test_numba_cache_outside_the_source_tree_even_when_numba_came_first(tmp_path):
+    """A script that imports numba before ggraph still caches kernels under GGRAPH_CACHE (or
+    ~/.cache/ggraph), never beside the sources (numba's default: a __pycache__ next to them)."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["GGRAPH_CACHE"] = str(tmp_path / "gg")
+    code = ("import numba, numba.core.config as c; import ggraph; "
+            "print(c.CACHE_DIR)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == str(tmp_path / "gg" / "numba")
