@@ -19,12 +19,13 @@ from ggraph.types import GGMLType
 from .shared import codecs, codecs_k, elementwise, numeric, qdot
 
 NUMERIC = ("rint", "half_to_f32", "f32_to_half", "bf16_to_f32", "f32_to_bf16", "roundf", "silu",
-           "gelu", "sigmoid", "alibi_slope", "rope_cos_sin")
+           "gelu", "sigmoid", "alibi_slope", "rope_cos_sin", "norm_row")
 ELEMENTWISE = ("unary_value", "binary_value", "unary_row", "binary_row", "unflatten")
 CODEC_HELPERS = ("_half_at", "_put_half", "_finite_or_zero", "_trunc_u8", "_half_row", "_opaque",
                  "_u32_row", "_put_fives", "_k4_scale", "_k4_min", "_q3_scale", "_iq4_xs_scale",
                  "_best_iq4", "_f32_row", "_put_f32", "_isum_i8", "_sum_i8", "_isum_nib",
-                 "_isum_nib_h", "_isum_q4", "_isum_q5", "_isum_q4k", "_i16_row", "_f16_round")
+                 "_isum_nib_h", "_isum_q4", "_isum_q5", "_isum_q4k", "_i16_row", "_k4_min_sum",
+                 "_f16_round")
 CODEC_CONSTANTS = ("IQ4NL_VALUES",)  # module-level arrays the codecs read (compile-time constants)
 # the modules codec functions live in; a record names a function of either
 CODEC_MODULES = (codecs, codecs_k, qdot)

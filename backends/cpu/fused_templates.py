@@ -8,12 +8,11 @@ k_norm_chain runs, row by row, what up to four nodes compute one after the other
     d = m <post2> w2       (skipped when post2 < 0)
 
 Every value is rounded to float32 where the unfused kernels round it (binary_value of the
-shared element-wise math, the norm exactly as k_norm computes it in float64), so a fused run
+shared element-wise math, the norm by the same norm_row as k_norm, in float64), so a fused run
 is bit for bit the unfused one. Intermediates a later node or the caller reads are written
 (write_s / write_n / write_m); the others stay in a scratch row. All arrays are float32 4-D
 views in numpy order; b, w1 and w2 broadcast by modulo as in k_binary.
 """
-import math
 
 import numpy as np
 from numba import prange
@@ -33,18 +32,7 @@ def k_norm_chain(a, b, w1, w2, s, n, m, d, pre, eps, rms, post1, post2, write_s,
             if write_s:
                 for i in range(n0):
                     s[i3, i2, i1, i] = x[i]
-        mean = 0.0
-        if not rms:
-            for i in range(n0):
-                mean += x[i]
-            mean /= n0
-        ss = 0.0
-        for i in range(n0):
-            c = np.float64(x[i]) - mean
-            ss += c * c
-        sc = 1.0 / math.sqrt(ss / n0 + eps)
-        for i in range(n0):
-            x[i] = np.float32((np.float64(x[i]) - mean) * sc)
+        norm_row(x, eps, rms)  # noqa: F821
         if write_n:
             for i in range(n0):
                 n[i3, i2, i1, i] = x[i]

@@ -18,8 +18,8 @@ streamed from memory, as decode's are: the hardware prefetchers follow one strea
 than four interleaved ones.) row:
 one weight row's bytes; q: the activation row's bytes; ys: per 32-element activation block
 the f16-rounded d * sum(quants) (Q8_1's s, which Q4_1/Q5_1 need; `act_sums` fills it); nb:
-blocks in the row. The helpers `_half_row`, `_f32_row`, `_k4_scale`, `_k4_min`, `_i16_row`,
-`_sum_i8`, `_f16_round` are the shared codec helpers the CPU target binds (backends/jit.py).
+blocks in the row. The helpers `_half_row`, `_f32_row`, `_k4_scale`, `_k4_min_sum`, `_sum_i8`,
+`_f16_round` are the shared codec helpers the CPU target binds (backends/jit.py).
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ from typing import Callable
 import numpy as np
 
 from ggraph.types import GGMLType
-from .qvec import (add32, dot4, dot4_off, f8_fma, f8_sum, f8_zero, hbit, i32_zero, ld32,
+from .qvec import (add32, dot4, dot4_off, f8_fma, f8_sum, f8_zero, hplane, i32_zero, ld32,
                    madd_2s, madd_s, maddubs, maddubs_c, nib32, nib_hi, nib_lo, q5_bits,
-                   q6_lanes, signed_dot, sub16)
+                   signed_dot, sub16)
 
 # ---- one block of a row: (its integer lanes, their float scale, a float term to add) -------
 # (32-element blocks times Q8_0: 34 bytes, f16 d, 32 int8; K-quants times Q8_K: 292 bytes,
@@ -77,10 +77,7 @@ def blk_q4_k(row, b, q, ys):
                                   _k4_scale(row, o + 4, 2 * j)))  # noqa: F821
         isum = add32(isum, madd_s(maddubs(nib_hi(row, qo), ld32(q, eo + 32)),
                                   _k4_scale(row, o + 4, 2 * j + 1)))  # noqa: F821
-        summ += np.int64(_k4_min(row, o + 4, 2 * j)) * (  # noqa: F821
-            _i16_row(q, bo) + _i16_row(q, bo + 2)) + np.int64(  # noqa: F821
-            _k4_min(row, o + 4, 2 * j + 1)) * (_i16_row(q, bo + 4)  # noqa: F821
-                                               + _i16_row(q, bo + 6))  # noqa: F821
+        summ += _k4_min_sum(row, o + 4, q, bo, j)  # noqa: F821
     dq = _f32_row(q, p)  # noqa: F821
     return isum, dq * _half_row(row, o), -(dq * _half_row(row, o + 2) * np.float32(summ))  # noqa
 
@@ -93,15 +90,12 @@ def blk_q5_k(row, b, q, ys):
     summ = 0
     for j in range(4):
         qo, eo, bo = o + 48 + 32 * j, p + 4 + 64 * j, p + 260 + 8 * j
-        isum = add32(isum, madd_s(maddubs(hbit(nib_lo(row, qo), row, o + 16, 2 * j),
+        isum = add32(isum, madd_s(maddubs(hplane(nib_lo(row, qo), row, o + 16, 2 * j, 1),
                                           ld32(q, eo)), _k4_scale(row, o + 4, 2 * j)))  # noqa
-        isum = add32(isum, madd_s(maddubs(hbit(nib_hi(row, qo), row, o + 16, 2 * j + 1),
+        isum = add32(isum, madd_s(maddubs(hplane(nib_hi(row, qo), row, o + 16, 2 * j + 1, 1),
                                           ld32(q, eo + 32)),
                                   _k4_scale(row, o + 4, 2 * j + 1)))  # noqa: F821
-        summ += np.int64(_k4_min(row, o + 4, 2 * j)) * (  # noqa: F821
-            _i16_row(q, bo) + _i16_row(q, bo + 2)) + np.int64(  # noqa: F821
-            _k4_min(row, o + 4, 2 * j + 1)) * (_i16_row(q, bo + 4)  # noqa: F821
-                                               + _i16_row(q, bo + 6))  # noqa: F821
+        summ += _k4_min_sum(row, o + 4, q, bo, j)  # noqa: F821
     dq = _f32_row(q, p)  # noqa: F821
     return isum, dq * _half_row(row, o), -(dq * _half_row(row, o + 2) * np.float32(summ))  # noqa
 
@@ -115,7 +109,8 @@ def blk_q6_k(row, b, q, ys):
             # value j of quarter k: bits of byte j (or 32 + j) of the low plane, k's two
             # bits of byte j of the high plane; sub-blocks of 16 with their own scales
             y = ld32(q, eo + 32 * k)
-            x = q6_lanes(row, lo + 32 * (k % 2), 4 * (k // 2), ho, 2 * k)
+            a = lo + 32 * (k % 2)
+            x = hplane(nib_lo(row, a) if k < 2 else nib_hi(row, a), row, ho, 2 * k, 3)
             isum = add32(isum, madd_2s(sub16(maddubs(x, y), maddubs_c(32, y)),
                                        np.int8(row[so + 2 * k]), np.int8(row[so + 2 * k + 1])))
     return isum, _f32_row(q, p) * _half_row(row, o + 208), np.float32(0.0)  # noqa: F821

@@ -8,8 +8,8 @@ variable across loop iterations (an 8-lane float accumulator for a whole row, as
 __m256) and pass it between the intrinsics below, each a few LLVM vector instructions:
 
 - loads: `ld32` (32 bytes), `nib32` (16 packed bytes as 32 nibbles), `nib_lo`/`nib_hi`
-  (32 bytes' low or high nibbles), `q5_bits` (the fifth bits of Q5_x), `hbit` (a bit plane of
-  Q5_K's), `q6_lanes` (Q6_K's 6-bit values from its low-nibble and 2-bit planes);
+  (32 bytes' low or high nibbles), `q5_bits` (the fifth bits of Q5_x), `hplane` (the high
+  bits of Q5_K's and Q6_K's values from their bit planes);
 - integer products: `dot4`/`dot4_off`/`signed_dot` (bytes times bytes summed by 4 to i32,
   vpdpbusd with VNNI), `maddubs` (u8 x s8 pairs summed to i16, x86 vpmaddubsw),
   `madd1`/`madd_s`/`madd_2s` (i16 pairs times 1, one scale, or two scales summed to i32,
@@ -184,32 +184,17 @@ def q5_bits(typingctx, x, arr, off):
 
 
 @intrinsic
-def hbit(typingctx, x, arr, off, s):
-    """x | (((arr[off + j] >> s) & 1) << 4), j < 32: Q5_K's fifth bits, plane s."""
+def hplane(typingctx, x, arr, off, s, m):
+    """x | (((arr[off + j] >> s) & m) << 4), j < 32: the high bits above a nibble, from a bit
+    plane (Q5_K: m = 1) or a 2-bit plane (Q6_K: m = 3) of 32 bytes."""
     def codegen(context, builder, sig, args):
         h = _load(context, builder, sig, args, _V32, 1, 2)
         sv = _splat(context, builder, sig.args[3], args[3], _V32)
-        h = builder.shl(builder.and_(builder.lshr(h, sv), _const(_V32, [1] * 32)),
-                        _const(_V32, [4] * 32))
+        mv = _splat(context, builder, sig.args[4], args[4], _V32)
+        h = builder.shl(builder.and_(builder.lshr(h, sv), mv), _const(_V32, [4] * 32))
         return builder.or_(args[0], h)
 
-    return U8x32(x, arr, off, s), codegen
-
-
-@intrinsic
-def q6_lanes(typingctx, arr, lo, s, hi, hs):
-    """Q6_K's 32 values ((arr[lo+j] >> s) & 15) | (((arr[hi+j] >> hs) & 3) << 4), j < 32."""
-    def codegen(context, builder, sig, args):
-        a = _load(context, builder, sig, args, _V32, 0, 1)
-        h = _load(context, builder, sig, args, _V32, 0, 3)
-        sv = _splat(context, builder, sig.args[2], args[2], _V32)
-        hv = _splat(context, builder, sig.args[4], args[4], _V32)
-        a = builder.and_(builder.lshr(a, sv), _const(_V32, [15] * 32))
-        h = builder.shl(builder.and_(builder.lshr(h, hv), _const(_V32, [3] * 32)),
-                        _const(_V32, [4] * 32))
-        return builder.or_(a, h)
-
-    return U8x32(arr, lo, s, hi, hs), codegen
+    return U8x32(x, arr, off, s, m), codegen
 
 
 # ---- integer products ----------------------------------------------------------------------

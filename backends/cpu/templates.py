@@ -47,18 +47,7 @@ def k_norm(a, d, eps, rms):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
         x = np.empty(n0, np.float32)
         dec_a(a, i3, i2, i1, x, n0)  # noqa: F821
-        mean = 0.0
-        if not rms:
-            for i in range(n0):
-                mean += x[i]
-            mean /= n0
-        ss = 0.0
-        for i in range(n0):
-            c = np.float64(x[i]) - mean
-            ss += c * c
-        sc = 1.0 / math.sqrt(ss / n0 + eps)
-        for i in range(n0):
-            x[i] = np.float32((np.float64(x[i]) - mean) * sc)
+        norm_row(x, eps, rms)  # noqa: F821
         enc_d(x, d, i3, i2, i1, n0)  # noqa: F821
 
 

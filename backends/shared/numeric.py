@@ -1,5 +1,5 @@
 """Scalar math used inside kernels: f16/bf16 conversion without bit casts, C rounding,
-activations. Plain Python over numpy scalars so numba can compile it for any target.
+activations, a row's norm. Plain Python over numpy scalars so numba can compile it for any target.
 
 The conversions are arithmetic (exact in float64, frexp/ldexp) because numba has no float16
 type on the CPU and no scalar bit cast; they round to nearest even exactly like the hardware.
@@ -134,3 +134,21 @@ def rope_cos_sin(p, i, n_dims, freq_base, freq_scale, ext_factor, attn_factor, c
         theta = theta_interp * (1.0 - ramp) + theta_extrap * ramp
         mscale *= 1.0 + 0.1 * math.log(1.0 / freq_scale)
     return math.cos(theta) * mscale, math.sin(theta) * mscale
+
+
+def norm_row(x, eps, rms):
+    """x (float32 row) normalized in place as ggml's norm / rms_norm: mean (none for rms) and
+    mean square summed in float64, x = (x - mean) / sqrt(ms + eps) rounded to float32."""
+    n0 = x.shape[0]
+    mean = 0.0
+    if not rms:
+        for i in range(n0):
+            mean += x[i]
+        mean /= n0
+    ss = 0.0
+    for i in range(n0):
+        c = np.float64(x[i]) - mean
+        ss += c * c
+    sc = 1.0 / math.sqrt(ss / n0 + eps)
+    for i in range(n0):
+        x[i] = np.float32((np.float64(x[i]) - mean) * sc)

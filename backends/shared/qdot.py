@@ -85,6 +85,13 @@ def _isum_q4k(a, ao, sc1, sc2, b, bo):
     return np.int64(sc1) * t1 + np.int64(sc2) * t2
 
 
+def _k4_min_sum(row, so, q, bo, j):
+    """Q4_K/Q5_K sub-block pair j's mins (6-bit, packed at byte so of the weight row) times
+    the activations' sums: the Q8_K int16 sums of 16 at byte bo of q, two per sub-block."""
+    return np.int64(_k4_min(row, so, 2 * j)) * (_i16_row(q, bo) + _i16_row(q, bo + 2)) + \
+        np.int64(_k4_min(row, so, 2 * j + 1)) * (_i16_row(q, bo + 4) + _i16_row(q, bo + 6))  # noqa
+
+
 def _f16_round(x):
     """float32 x rounded to the nearest f16 and back (the CPU binds one vcvtps2ph/vcvtph2ps)."""
     return half_to_f32(f32_to_half(x))  # noqa: F821
@@ -202,10 +209,7 @@ def qdot_q4_k(x, i3, i2, i1, q, n):
             eo = p + 4 + 64 * j
             sumi += _isum_q4k(row, qo, np.int32(_k4_scale(row, o + 4, 2 * j)),  # noqa: F821
                               np.int32(_k4_scale(row, o + 4, 2 * j + 1)), q, eo)  # noqa: F821
-            bo = p + 260 + 8 * j
-            summ += np.int64(_k4_min(row, o + 4, 2 * j)) * (_i16_row(q, bo) + _i16_row(q, bo + 2)) \
-                + np.int64(_k4_min(row, o + 4, 2 * j + 1)) * (_i16_row(q, bo + 4)  # noqa: F821
-                                                              + _i16_row(q, bo + 6))
+            summ += _k4_min_sum(row, o + 4, q, p + 260 + 8 * j, j)
         dq = _f32_row(q, p)  # noqa: F821
         s += dq * _half_row(row, o) * np.float32(sumi) - \
             dq * _half_row(row, o + 2) * np.float32(summ)  # noqa: F821
@@ -226,10 +230,7 @@ def qdot_q5_k(x, i3, i2, i1, q, n):
             t2 = _isum_nib_h(row, qo, 4, 15, row, o + 16, 2 * j + 1, 1, 4, 0, q, eo + 32, 32)
             sumi += np.int64(_k4_scale(row, o + 4, 2 * j)) * t1 + \
                 np.int64(_k4_scale(row, o + 4, 2 * j + 1)) * t2  # noqa: F821
-            bo = p + 260 + 8 * j
-            summ += np.int64(_k4_min(row, o + 4, 2 * j)) * (_i16_row(q, bo) + _i16_row(q, bo + 2)) \
-                + np.int64(_k4_min(row, o + 4, 2 * j + 1)) * (_i16_row(q, bo + 4)  # noqa: F821
-                                                              + _i16_row(q, bo + 6))
+            summ += _k4_min_sum(row, o + 4, q, p + 260 + 8 * j, j)
         dq = _f32_row(q, p)  # noqa: F821
         s += dq * _half_row(row, o) * np.float32(sumi) - \
             dq * _half_row(row, o + 2) * np.float32(summ)  # noqa: F821
