@@ -148,6 +148,9 @@ class Session(ThreadGuard):
         self.name: str = getattr(allocator, "name", backend.name.upper())
         self.placement: dict[Tensor, int] = {}    # always device 0; kept for the interface
         self._reserved: list[ComputeBuffer] = []  # what the last reserve() returned
+        # work kernel binders share between the nodes of one bind_calls list (the CPU's
+        # quantized activations of a tensor several products read); reset by each list
+        self.bind_memo: dict[Any, Any] = {}
 
     # -- the runner interface (backends/runner.py) ----------------------------------------
     @property
@@ -348,6 +351,7 @@ class Session(ThreadGuard):
         call each (a split of a scheduled graph is bound unfused: a node's readers in other
         splits are not in `nodes`)."""
         kernels = self.backend.kernels
+        self.bind_memo = {}  # the calls run in `nodes` order: a binder may leave work to an earlier one
         fused = self.backend.fuse(nodes, self) if fuse else {}
         inside: set[Tensor] = set()
         calls, groups = [], []

@@ -106,9 +106,18 @@ def _tol(t, ref):
 
 @pytest.mark.parametrize("t", QDOT_TYPES, ids=str)
 @pytest.mark.parametrize("threads", [1, 2])
-def test_mul_mat_integer_path_matches_dequantized_product(t, threads):
+@pytest.mark.parametrize("N", [3, 21], ids=["decode", "gemm"])
+def test_mul_mat_integer_path_matches_dequantized_product(t, threads, N):
+    """3 columns take the row dots (qrows.py), 21 the integer GEMM (qgemm.py) where the type
+    has one: 81 rows and 21 columns leave partial tiles, and the row lengths end in a whole
+    group of 8 sub-blocks, a half one, or a zero-padded one."""
     rng = np.random.default_rng(int(t))
-    K, M, N = 512, 80, 3
+    M = 81
+    for K in ((512, 768) if t.block_size == 256 else (512, 544, 448)):
+        _check_product(t, threads, rng, K, M, N)
+
+
+def _check_product(t, threads, rng, K, M, N):
     ctx = Context()
     x = ctx.new_tensor(GGMLType.F32, (K, N), "x").set_input()
     w = ctx.new_tensor(t, (K, M), "w")
@@ -119,7 +128,36 @@ def test_mul_mat_integer_path_matches_dequantized_product(t, threads):
     sess.run(build_graph(out), {x: xv})
     got = sess.read(out).reshape(N, M)
     ref = _ref(t, w.data.reshape(M, -1), xv)
-    assert np.abs(got - ref).max() <= _tol(t, ref), f"{t}: max error {np.abs(got - ref).max()}"
+    assert np.abs(got - ref).max() <= _tol(t, ref), f"{t} K={K} N={N}: max error {np.abs(got - ref).max()}"
+
+
+def test_gemm_products_of_one_input_share_its_activations():
+    """Q, K and V read one normed input: the first GEMM (in run order) unpacks it, the others
+    (Q5_0 and Q8_0 weights: the same Q8_0 layout; Q6_K: its own) reuse or redo it; each
+    product equals its own reference, run after run with new inputs."""
+    from ggraph.backends.cpu import qgemm
+
+    rng = np.random.default_rng(5)
+    K, N = 512, 24
+    ctx = Context()
+    x = ctx.new_tensor(GGMLType.F32, (K, N), "x").set_input()
+    types = [GGMLType.Q5_0, GGMLType.Q6_K, GGMLType.Q4_0] + (
+        [GGMLType.Q8_0] if GGMLType.Q8_0 in qgemm.GEMMS else [])
+    ws = []
+    for i, t in enumerate(types):
+        w = ctx.new_tensor(t, (K, 40 + 8 * i), f"w{i}")
+        w.set_data(rng.standard_normal((40 + 8 * i, K)).astype(np.float32))
+        ws.append(w)
+    outs = [ops.mul_mat(w, x) for w in ws]
+    sess = get_backend("cpu", n_threads=2).session()
+    g = build_graph(*outs)
+    for _ in range(2):
+        xv = rng.standard_normal((N, K)).astype(np.float32)
+        sess.run(g, {x: xv})
+        for t, w, out in zip(types, ws, outs):
+            got = sess.read(out).reshape(N, -1)
+            ref = _ref(t, w.data.reshape(w.ne[1], -1), xv)
+            assert np.abs(got - ref).max() <= _tol(t, ref), t
 
 
 @pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_K], ids=str)

@@ -140,10 +140,18 @@ def _soft_max(node: Tensor, s: Session) -> None:
 
 def _rope(node: Tensor, s: Session) -> None:
     a, pos, ff = node.src
+    n_dims, neox, *angles = rope_args(node)
     k = _compiled(K.k_rope, _small(node), a=a.type, d=node.type)
-    return partial(k, s.arr(a), s.arr(pos),
-                   s.arr(ff).reshape(1, 1, 1, -1) if ff is not None else _DUMMY, s.arr(node),
-                   *rope_args(node), ff is not None)
+    key = ("rope", pos, ff, n_dims, *angles)  # the nodes sharing one angle table
+    if (table := s.bind_memo.get(key)) is not None:
+        return partial(k, s.arr(a), *table, s.arr(node), n_dims, neox)
+    table = s.bind_memo[key] = (np.empty((pos.ne[0], n_dims // 2)),
+                                np.empty((pos.ne[0], n_dims // 2)))
+    kt = TARGET.bind(K.k_rope_table, _SERIAL if _small(node) else _KERNEL,
+                     f"{'serial_' if _small(node) else ''}{SOURCE_HASH}")
+    return partial(_both, partial(kt, s.arr(pos), s.arr(ff).reshape(1, 1, 1, -1) if ff is not None
+                                  else _DUMMY, *table, n_dims, *angles, ff is not None),
+                   partial(k, s.arr(a), *table, s.arr(node), n_dims, neox))
 
 
 def _flash_attn(node: Tensor, s: Session):
@@ -193,7 +201,8 @@ VEC_DOT_TYPE = {t: r.vec_dot_type for t, r in TYPE_RECORDS.items()
 # sums (qsimd.py) in place of the shared loops; this runs before any codec is compiled.
 # At decode (a few columns) the types of qrows.ROW_DOTS take whole-row dots with vector
 # accumulators instead (qrows.py, qvec.py): the same integer sums, at memory bandwidth.
-from . import qrows, qsimd, qvec  # noqa: E402  (kept with the section that uses them)
+from . import qgemm, qrows, qsimd, qvec  # noqa: E402  (kept with the section that uses them)
+from .qgemm import GEMMS  # noqa: E402
 from .qrows import ROW_DOTS  # noqa: E402
 
 TARGET.replace_helpers(dict(qsimd.OVERRIDES, **({"_f16_round": TARGET.device(
@@ -252,6 +261,37 @@ def _row_dot_kernel(serial: bool, a: T, b: T):
                        act_sums=TARGET.bind(qrows.act_sums, TARGET.device, _R_HASH))
 
 
+_G_HASH = source_hash(K.__file__, fastmath.__file__, qsimd.__file__, qvec.__file__,
+                      qgemm.__file__)
+
+
+def _gemm(a: Tensor, b: Tensor, node: Tensor, s: Session):
+    """The prompt-size product by integer GEMM (backends/cpu/qgemm.py): b's columns encoded to
+    a's vec_dot_type and unpacked by one kernel, multiplied by a's rows by the next. Products
+    reading the same b in the same layout (Q, K and V; gate and up) share the first one's
+    unpacked activations: b cannot change before its last reader has run."""
+    g, vt, k = GEMMS[a.type], VEC_DOT_TYPE[a.type], b.ne[0]
+    nsub = k // g.sub
+    dev = TARGET.device
+    kg = TARGET.bind(qgemm.k_gemm, _KERNEL, f"a{a.type}_{_G_HASH}",
+                     unpack=TARGET.bind(g.unpack, dev, _G_HASH, k_nibbles=TARGET.bind(
+                         qgemm.k_nibbles, dev, _G_HASH)), SUB=g.sub)
+    key = (b, g.acts, g.sub, g.round_sums)
+    if (shared := s.bind_memo.get(key)) is not None:
+        return partial(kg, s.arr(a), *shared, s.arr(node), nsub)
+    D = s.arr(node)
+    aq = np.empty(D.shape[:3] + (qgemm.layout_width(nsub, g.sub),), np.uint8)
+    af = np.empty(D.shape[:3] + (16 * -(-nsub // 8),), np.float32)
+    s.bind_memo[key] = (aq, af)
+    tag = f"{g.acts.__name__}{'_r' if g.round_sums else ''}_{_G_HASH}"
+    ka = TARGET.bind(qgemm.k_gemm_acts, _KERNEL, f"b{b.type}_{tag}",
+                     dec_b=TARGET.codec(b.type).dec, enc_r=TARGET.codec(vt).enc,
+                     acts=TARGET.bind(g.acts, dev, tag, ROUND_SUMS=g.round_sums))
+    return partial(_both, partial(ka, s.arr(b), aq, af, k, nsub,
+                                  vt.type_size * k // vt.block_size, g.sub),
+                   partial(kg, s.arr(a), aq, af, D, nsub))
+
+
 def _activations(a: Tensor, b: Tensor, B: np.ndarray, node: Tensor):
     """b as the dot products of `a`'s type see it: a float32 array and the call that fills it
     (None when b is used as is)."""
@@ -292,6 +332,9 @@ def _mul_mat(node: Tensor, s: Session):
         rd = ROW_DOTS.get(a.type)
         return partial(_row_dot_kernel(_small(node), a.type, b.type), A, s.arr(b), Q, ys, D, k,
                        k // TYPE_RECORDS[a.type].block_size, rd is not None and rd.sums)
+    if a.type in GEMMS and _int_dot_type(a, b) is not None:
+        # a prompt's worth of columns: integer GEMM, each unpacked weight row used by all
+        return _gemm(a, b, node, s)
     B, prep = _activations(a, b, s.arr(b), node)
     if b.type == T.F32 and (a.type == T.F32 or n >= BLAS_MIN_N):
         run = partial(mul_mat_blas, A, B, D, None if a.type == T.F32 else TARGET.bind(

@@ -14,7 +14,9 @@ __m256) and pass it between the intrinsics below, each a few LLVM vector instruc
   vpdpbusd with VNNI), `maddubs` (u8 x s8 pairs summed to i16, x86 vpmaddubsw),
   `madd1`/`madd_s`/`madd_2s` (i16 pairs times 1, one scale, or two scales summed to i32,
   vpmaddwd), `sub16`, `add32`;
-- float accumulation: `f8_zero`, `f8_fma` (acc + float(ints) * s), `f8_sum`.
+- float accumulation: `f8_zero`, `f8_fma` (acc + float(ints) * s), `f8_sum`;
+- for the prompt GEMM (backends/cpu/qgemm.py): `dot4_acc` (acc + dot4), `ldf8` (8 floats),
+  `f8_blk` (acc + float(ints) * ws * as + wm * am, lane by lane).
 
 With AVX2 (and VNNI) the products are the x86 instructions themselves (llvm.x86.*, for the
 host numba compiles for); elsewhere the same sums in portable vector IR. Every value they see stays in
@@ -228,6 +230,20 @@ def dot4(typingctx, x, y):
 
 
 @intrinsic
+def dot4_acc(typingctx, acc, x, y):
+    """acc + dot4(x, y): one vpdpbusd with VNNI."""
+    def codegen(context, builder, sig, args):
+        acc, x, y = args
+        if VNNI:
+            v8 = ir.VectorType(_I32, 8)
+            return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [v8, v8, v8],
+                        [acc, builder.bitcast(x, v8), builder.bitcast(y, v8)])
+        return builder.add(acc, _dot4(builder, x, y))
+
+    return I32x8(acc, x, y), codegen
+
+
+@intrinsic
 def dot4_off(typingctx, x, y, off):
     """dot4 of (x - off) with y, x - off as signed values: dot4(x, y) - off * y's sums."""
     def codegen(context, builder, sig, args):
@@ -327,6 +343,29 @@ def f8_fma(typingctx, acc, v, s):
                                                             args[2], vt)))
 
     return F32x8(acc, v, s), codegen
+
+
+@intrinsic
+def ldf8(typingctx, arr, off):
+    """The 8 floats of the float32 array arr from element off."""
+    def codegen(context, builder, sig, args):
+        return _load(context, builder, sig, args, ir.VectorType(_F32, 8))
+
+    return F32x8(arr, off), codegen
+
+
+@intrinsic
+def f8_blk(typingctx, acc, v, ws, as_, wm, am):
+    """acc + float(v) * (ws * as_) + wm * am, lane by lane (v: <8 x i32>, the rest 8 floats):
+    a GEMM's 8 sub-block sums scaled by weight and activation scales, plus their offsets."""
+    def codegen(context, builder, sig, args):
+        acc, v, ws, as_, wm, am = args
+        f = builder.sitofp(v, ir.VectorType(_F32, 8))
+        c = ("contract",)  # fused multiply-adds: one rounding fewer, the same on every thread
+        acc = builder.fadd(acc, builder.fmul(f, builder.fmul(ws, as_, flags=c), flags=c), flags=c)
+        return builder.fadd(acc, builder.fmul(wm, am, flags=c), flags=c)
+
+    return F32x8(acc, v, ws, as_, wm, am), codegen
 
 
 @intrinsic

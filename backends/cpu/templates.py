@@ -86,27 +86,31 @@ def k_soft_max(a, m, sinks, d, scale, max_bias, h0, n_head, has_mask, has_sinks)
         enc_d(x, d, i3, i2, i1, n0)  # noqa: F821
 
 
-def k_rope(a, pos, ff, d, n_dims, neox, freq_base, freq_scale, ext_factor, attn_factor,
-           corr_lo, corr_hi, has_ff):
-    """a/d: (1?, T, n_head, head_dim) in numpy order; pos: (1, 1, 1, T) int32."""
+def k_rope_table(pos, ff, cs, sn, n_dims, freq_base, freq_scale, ext_factor, attn_factor,
+                 corr_lo, corr_hi, has_ff):
+    """cs/sn[t, i]: cos and sin of pair i at position pos[0, 0, 0, t] (rope_cos_sin). The
+    rope nodes of a graph with the same positions and parameters share one table (every
+    layer's Q and K): computed by the first, read by all."""
+    half = n_dims // 2
+    for t in prange(cs.shape[0]):
+        p = np.float64(pos[0, 0, 0, t])
+        for i in range(half):
+            cs[t, i], sn[t, i] = rope_cos_sin(p, i, n_dims, freq_base, freq_scale,  # noqa: F821
+                                              ext_factor, attn_factor, corr_lo, corr_hi,
+                                              np.float64(ff[0, 0, 0, i]) if has_ff else 1.0)
+
+
+def k_rope(a, cs, sn, d, n_dims, neox):
+    """a/d: (1?, T, n_head, head_dim) in numpy order, rotated by the table of k_rope_table."""
     n3, n2, n1, n0 = d.shape
     half = n_dims // 2
-    # one parallel item per (i3, position): its rotation angles are computed once for all
-    # of its n1 heads
     for r in prange(n3 * n2):
         i3, i2 = r // n2, r % n2
-        p = np.float64(pos[0, 0, 0, i2])
-        cs = np.empty(half)
-        sn = np.empty(half)
-        for i in range(half):
-            cs[i], sn[i] = rope_cos_sin(p, i, n_dims, freq_base, freq_scale,  # noqa: F821
-                                        ext_factor, attn_factor, corr_lo, corr_hi,
-                                        np.float64(ff[0, 0, 0, i]) if has_ff else 1.0)
         x = np.empty(n0, np.float32)
         for i1 in range(n1):
             dec_a(a, i3, i2, i1, x, n0)  # noqa: F821
             for i in range(half):
-                c, s = cs[i], sn[i]
+                c, s = cs[i2, i], sn[i2, i]
                 j0 = i if neox else 2 * i
                 j1 = i + half if neox else 2 * i + 1
                 x0 = x[j0]
