@@ -123,3 +123,55 @@ def test_engine_decode_is_unchanged_by_fusion(tmp_path):
         outs.append(logits)
     for a, b in zip(*outs):
         np.testing.assert_array_equal(a, b)
+
+
+def _attention(nt: int, nkv: int, max_bias: float, window: int = 0):
+    """A prompt's non-flash attention over F16 caches (V transposed and strided, as the cache
+    stores it; 4 query heads on 2 KV heads): K*Q, soft_max_ext with a causal F16 mask (a
+    sliding window where `window`; queries past nkv - nt see nothing), V*p."""
+    hd, nh, nkv_h, n_ctx = 32, 4, 2, nkv + 16
+    rng = np.random.default_rng(nt + nkv)
+    ctx = Context()
+    kc = ctx.new_tensor("f16", (hd, n_ctx, nkv_h), name="k_cache")
+    kc.set_data(rng.standard_normal((nkv_h, n_ctx, hd)).astype(np.float32))
+    vc = ctx.new_tensor("f16", (n_ctx, hd * nkv_h), name="v_cache")
+    vc.set_data(rng.standard_normal((hd * nkv_h, n_ctx)).astype(np.float32))
+    k = ops.view_3d(kc, hd, nkv, nkv_h, kc.nb[1], kc.nb[2], 0)
+    v = ops.view_3d(vc, nkv, hd, nkv_h, vc.nb[1], vc.nb[1] * hd, 0)
+    qin = ctx.new_tensor("f32", (hd, nh, nt), name="q").set_input()
+    q = ops.permute(qin, 0, 2, 1, 3)
+    mask = ctx.new_tensor("f16", (nkv, nt), name="mask").set_input()
+    kq = ops.mul_mat(k, q).set_name("kq")
+    p = ops.soft_max_ext(kq, mask, 1 / np.sqrt(hd), max_bias).set_name("p")
+    out = ops.mul_mat(v, p).set_name("kqv").set_output()
+    pos = np.arange(nt)[:, None] + (nkv - nt)           # query i sits at cell nkv - nt + i
+    cell = np.arange(nkv)[None, :]
+    seen = (cell <= pos) & ((cell > pos - window) if window else True)
+    seen[nt // 2: nt // 2 + 3] = False                    # a few queries that see nothing
+    m = np.where(seen, 0.0, -np.inf).astype(np.float32)
+    return build_graph(out), {qin: rng.standard_normal((nt, nh, hd)).astype(np.float32),
+                              mask: m}, dict(out=out)
+
+
+@pytest.mark.parametrize("nt,nkv,max_bias,window", [(40, 40, 0.0, 0), (130, 200, 8.0, 0),
+                                                    (100, 256, 0.0, 48)],
+                         ids=["prompt", "alibi_past", "window"])
+def test_attention_group_matches_the_unfused_nodes(nt, nkv, max_bias, window):
+    """The attention group (backends/cpu/attn_fusion.py) skips the cells the mask hides: its
+    output is the unfused nodes' up to the order of sums and F16 roundings of the weights,
+    queries that see no cell give the same NaN rows, and the group did run."""
+    g, inputs, read = _attention(nt, nkv, max_bias, window)
+    want, p0 = _run(False, g, inputs, read)
+    got, p1 = _run(True, g, inputs, read)
+    w, o = want["out"], got["out"]
+    np.testing.assert_array_equal(np.isnan(o), np.isnan(w))
+    ok = ~np.isnan(w)
+    assert np.isnan(w).any() and ok.any()
+    assert np.abs(o[ok] - w[ok]).max() <= 2e-4 * np.abs(w[ok]).max()
+    assert "mul_mat+soft_max+mul_mat" in p1.by_op and "mul_mat+soft_max+mul_mat" not in p0.by_op
+
+
+def test_attention_of_a_few_queries_is_not_fused():
+    g, inputs, read = _attention(4, 40, 0.0)
+    _, prof = _run(True, g, inputs, read)
+    assert "mul_mat+soft_max+mul_mat" not in prof.by_op

@@ -19,7 +19,7 @@ import numba  # noqa: E402
 from ggraph.tensor import Tensor  # noqa: E402
 from ..base import Backend, Session  # noqa: E402
 from . import fusion  # noqa: E402
-from .kernels import KERNELS, compiled_for  # noqa: E402
+from .kernels import KERNELS, compiled_for, compiled_nogil  # noqa: E402
 
 # GGRAPH_ADAPTIVE_THREADS=0: every run uses all the backend's threads (no governor)
 ADAPTIVE = os.environ.get("GGRAPH_ADAPTIVE_THREADS", "1") != "0"
@@ -55,7 +55,7 @@ class CPUBackend(Backend):
     def fuse(self, order: list[Tensor], session: Session) -> Mapping[Tensor, Any]:
         if not self.fusion:
             return {}
-        return fusion.fuse(order, session, compiled_for)
+        return fusion.fuse(order, session, compiled_for, compiled_nogil)
 
     def run_context(self, key: Hashable | None = None) -> Any:
         """The threads of a run: the governor's choice for graph `key` (all of them without

@@ -21,20 +21,23 @@ RUN_ROWS = 256  # weight rows per BLAS call: fixed, so results never depend on t
 
 
 @lru_cache(maxsize=1)
-def _pool() -> ThreadPoolExecutor:
+def pool() -> ThreadPoolExecutor:
+    """The thread pool of BLAS-backed work (here and backends/cpu/attn_fusion.py)."""
     return ThreadPoolExecutor(max_workers=numba.config.NUMBA_NUM_THREADS,
                               thread_name_prefix="ggraph-blas")
 
 
-def _rows(A: np.ndarray, bs: np.ndarray, ds: np.ndarray, j3: int, j2: int, m0: int, m1: int,
+def _unit(A: np.ndarray, B: np.ndarray, D: np.ndarray, i3: int, i2: int, m0: int, m1: int,
           deq: Callable | None) -> None:
-    """ds[..., m0:m1] = bs @ rows m0..m1 of A[j3, j2], transposed (dequantized by deq)."""
+    """D[i3, i2, :, m0:m1] = B[i3, i2] @ rows m0..m1 of A's slice for (i3, i2), transposed
+    (dequantized by deq)."""
+    j3, j2 = i3 // (D.shape[0] // A.shape[0]), i2 // (D.shape[1] // A.shape[1])
     if deq is None:
-        np.matmul(bs, A[j3, j2, m0:m1].T, out=ds[..., m0:m1])
+        np.matmul(B[i3, i2], A[j3, j2, m0:m1].T, out=D[i3, i2, :, m0:m1])
         return
-    scratch = np.empty((m1 - m0, bs.shape[-1]), np.float32)
+    scratch = np.empty((m1 - m0, B.shape[-1]), np.float32)
     deq(A, j3, j2, m0, scratch)
-    np.matmul(bs, scratch.T, out=ds[..., m0:m1])
+    np.matmul(B[i3, i2], scratch.T, out=D[i3, i2, :, m0:m1])
 
 
 def mul_mat_blas(A: np.ndarray, B: np.ndarray, D: np.ndarray, deq: Callable | None) -> None:
@@ -42,22 +45,17 @@ def mul_mat_blas(A: np.ndarray, B: np.ndarray, D: np.ndarray, deq: Callable | No
     quantized type's bytes, rows dequantized by deq(A, j3, j2, m0, out), which must release
     the GIL (numba nogil).
 
-    The weight rows go in runs of RUN_ROWS, one BLAS call each, whatever the thread count:
-    OpenBLAS sums a row's products in an order that depends on where the row falls in the
-    call (its microkernel tails), so a split by thread count would make the logits change
-    with -t or the thread governor's choice."""
-    r3, r2 = D.shape[0] // A.shape[0], D.shape[1] // A.shape[1]
+    The work is cut into units of one (i3, i2) slice of D (a head of attention's products:
+    K*Q and V*softmax have few rows, many heads) by a run of RUN_ROWS weight rows, one BLAS
+    call each, whatever the thread count: OpenBLAS sums a row's products in an order that
+    depends on where the row falls in the call (its microkernel tails), so a split by thread
+    count would make the logits change with -t or the thread governor's choice."""
     m = A.shape[2]
-    runs = [(m0, min(m, m0 + RUN_ROWS)) for m0 in range(0, m, RUN_ROWS)]
-    threads = min(numba.get_num_threads(), len(runs))
-    for j3 in range(A.shape[0]):
-        for j2 in range(A.shape[1]):
-            bs = B[j3 * r3:(j3 + 1) * r3, j2 * r2:(j2 + 1) * r2]
-            ds = D[j3 * r3:(j3 + 1) * r3, j2 * r2:(j2 + 1) * r2]
-            if threads == 1:
-                for m0, m1 in runs:
-                    _rows(A, bs, ds, j3, j2, m0, m1, deq)
-                continue
-            jobs = [_pool().submit(_rows, A, bs, ds, j3, j2, m0, m1, deq) for m0, m1 in runs]
-            for j in jobs:
-                j.result()
+    units = [(i3, i2, m0, min(m, m0 + RUN_ROWS)) for i3 in range(D.shape[0])
+             for i2 in range(D.shape[1]) for m0 in range(0, m, RUN_ROWS)]
+    if min(numba.get_num_threads(), len(units)) == 1:
+        for u in units:
+            _unit(A, B, D, *u, deq)
+        return
+    for j in [pool().submit(_unit, A, B, D, *u, deq) for u in units]:
+        j.result()

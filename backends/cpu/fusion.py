@@ -8,6 +8,8 @@ other nodes as before. The chain fused today is the norm block of every transfor
     [s = a + b]  ->  n = rms_norm(s) | norm(s)  ->  [m = n * w1]  ->  [d = m + w2]
 
 (residual add, norm, weight, bias; any two or more of them in this order, float32 rows).
+The other is a prompt's non-flash attention, K*Q -> softmax -> V*p, which skips the cells
+its mask hides (backends/cpu/attn_fusion.py).
 A group's intermediate is left unwritten only when nothing outside the group reads it, it is
 no output, and the plan freed its memory at the group (exactly when Session.read would refuse
 it); otherwise the fused kernel writes it as the unfused node would. A group is refused when
@@ -29,7 +31,7 @@ from ggraph.opkind import OpKind
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType as T
 from ..shared.elementwise import BINARY_CODE
-from . import fused_templates as F
+from . import attn_fusion, fused_templates as F
 
 ENABLED = os.environ.get("GGRAPH_FUSE", "1") != "0"
 NORM_OPS = (OpKind.RMS_NORM, OpKind.NORM)
@@ -142,11 +144,12 @@ def overlap_safe(reads: list[np.ndarray], writes: list[np.ndarray]) -> bool:
     return True
 
 
-def fuse(order: Sequence[Tensor], session: Any, kernel_for: Callable[[Callable, Tensor], Any]
-         ) -> dict[Tensor, Group]:
+def fuse(order: Sequence[Tensor], session: Any, kernel_for: Callable[[Callable, Tensor], Any],
+         nogil_for: Callable[[Callable], Any]) -> dict[Tensor, Group]:
     """Groups of `order` (a planned graph's nodes) keyed by their first node.
     `kernel_for(template, last_node)` compiles a fused template for the group's size (serial
-    when it is too small to fork threads for)."""
+    when it is too small to fork threads for); `nogil_for(template)` one of attn_fusion's, to
+    run in threads of our own."""
     seq = [n for n in order if not n.is_view]
     read_by = readers(seq)
     groups: dict[Tensor, Group] = {}
@@ -154,12 +157,28 @@ def fuse(order: Sequence[Tensor], session: Any, kernel_for: Callable[[Callable, 
     while i < len(seq):
         chain = match(seq, i)
         g = _bind(chain, session, read_by, kernel_for) if chain else None
+        if g is None and (chain := attn_fusion.match(seq, i)):
+            g = _bind_attention(chain, session, read_by, nogil_for)
         if g is None:
             i += 1
             continue
         groups[chain[0]] = g
         i += len(chain)
     return groups
+
+
+def _bind_attention(chain: list[Tensor], s: Any, read_by: dict[Tensor, set[Tensor]],
+                    nogil_for: Callable[[Callable], Any]) -> Group | None:
+    """The attention group (attn_fusion.py) where K*Q and the softmax are read by nothing
+    else; told whether its output overlaps an input (the plan may place it where q was
+    freed)."""
+    members = set(chain)
+    if not all(_dead(t, members, read_by, s.plan) for t in chain[:2]):
+        return None
+    kq, sm, kqv = chain
+    reads = [s.arr(t) for t in (*kq.src, kqv.src[0], sm.src[1]) if t is not None]
+    return Group(tuple(chain), attn_fusion.bind(chain, s, overlap_safe(reads, [s.arr(kqv)]),
+                                                nogil_for))
 
 
 def _bind(chain: list[Tensor], s: Any, read_by: dict[Tensor, set[Tensor]],

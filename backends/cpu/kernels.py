@@ -48,6 +48,7 @@ _KERNEL = numba.njit(cache=True, parallel=PARALLEL)
 _SERIAL = numba.njit(cache=True)
 _SERIAL_NOGIL = numba.njit(cache=True, nogil=True)  # run in threads of our own (blas.py)
 _FAST_FLAGS = {"reassoc", "contract", "nsz", "arcp"}
+_SERIAL_NOGIL_FAST = numba.njit(cache=True, nogil=True, fastmath=_FAST_FLAGS)
 _KERNEL_FAST = numba.njit(cache=True, parallel=PARALLEL, fastmath=_FAST_FLAGS)
 _SERIAL_FAST = numba.njit(cache=True, fastmath=_FAST_FLAGS)
 _INLINE_FAST = numba.njit(inline="always", fastmath=_FAST_FLAGS)
@@ -101,6 +102,14 @@ def compiled_for(template, node: Tensor):
     """`template` (no codecs: float32 arrays) compiled for `node`'s size: serial when the
     node is too small to fork threads for (the fused kernels of backends/cpu/fusion.py)."""
     return _compiled(template, _small(node))
+
+
+def compiled_nogil(template):
+    """`template` compiled serial and without the GIL, to run in threads of our own (the
+    attention group of backends/cpu/attn_fusion.py), with the float32 `expf` and F16
+    `round_half` bound."""
+    return TARGET.bind(template, _SERIAL_NOGIL_FAST, f"nogil_{SOURCE_HASH}", expf=_EXPF,
+                       round_half=_ROUND_HALF)
 
 
 # -- element-wise ---------------------------------------------------------------------------

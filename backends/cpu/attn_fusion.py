@@ -1,0 +1,187 @@
+"""The CPU fusion pass's attention group: the non-flash attention of a prompt ubatch,
+
+    kq = mul_mat(k, q)  ->  p = soft_max_ext(kq, mask, scale, max_bias)  ->  kqv = mul_mat(v, p)
+
+(three consecutive nodes of the planned graph, kq and p read by nothing else), run as one
+call that skips the key/value cells the mask hides. A causal mask hides half of a prompt's
+K*Q matrix; the unfused nodes multiply, exponentiate and sum every cell of it. Here queries go
+in blocks of Q_BLOCK, and each block multiplies only the cells [lo, hi) outside which the
+mask is -inf for every one of its queries: those cells' softmax weights are exactly 0, so
+leaving them out changes nothing but the summation order of the sums.
+
+The numbers are the unfused nodes': K*Q and V*p are products of F16 caches with activations
+rounded to F16 (the vec_dot_type ggml converts them to), the softmax is soft_max_ext's
+(x * scale + slope * mask, max, exp, sum in float64, times 1 / sum). Units of (sequence, head,
+query block) run on the BLAS thread pool (backends/cpu/blas.py: numpy releases the GIL in its
+products and exps), each a fixed piece whatever the thread count.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numba
+import numpy as np
+
+from ggraph.opkind import OpKind
+from ggraph.ops.attention import alibi_slopes
+from ggraph.tensor import Tensor
+from ggraph.types import GGMLType as T
+from ..shared.kernel_args import soft_max_args
+from .blas import pool
+
+Q_BLOCK = 64  # queries per unit: smaller skips more of a causal mask, larger calls BLAS less
+MIN_QUERIES = 16  # fewer (decode) keep the unfused nodes: their numba mat-vecs beat BLAS calls
+CACHE_TYPES = (T.F16, T.F32)
+
+
+def match(seq: list[Tensor], i: int) -> list[Tensor]:
+    """[kq, p, kqv] when seq[i:i + 3] is the attention chain over float caches, else []."""
+    if i + 2 >= len(seq):
+        return []
+    kq, sm, kqv = seq[i], seq[i + 1], seq[i + 2]
+    if kq.op != OpKind.MUL_MAT or sm.op != OpKind.SOFT_MAX or kqv.op != OpKind.MUL_MAT:
+        return []
+    k, q = kq.src
+    v = kqv.src[0]
+    _, mask, sinks = sm.src
+    if sm.src[0] is not kq or kqv.src[1] is not sm or sinks is not None or (
+            q.ne[1] < MIN_QUERIES):
+        return []
+    if k.type not in CACHE_TYPES or v.type not in CACHE_TYPES or q.type != T.F32:
+        return []
+    if any(t.type != T.F32 for t in (kq, sm, kqv)) or (
+            mask is not None and mask.type not in (T.F16, T.F32)):
+        return []
+    return [kq, sm, kqv]
+
+
+def _floats(arr: np.ndarray, t: Tensor) -> np.ndarray:
+    """A kernel view of an F16 or F32 tensor as float32."""
+    return arr.view(np.float16).astype(np.float32) if t.type == T.F16 else arr
+
+
+# ---- numba templates (round_half: F16C's round trip; expf: backends/cpu/fastmath.py) ------
+
+def k_round_half(x):
+    """x (2-D float32) rounded to F16 precision in place (ties to even)."""
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            x[i, j] = round_half(x[i, j])  # noqa: F821
+
+
+def k_soft_max_rows(x, m, slope, scale, has_mask, to_half):
+    """Rows of x replaced by soft_max_ext's: x * scale (+ slope * m), max, expf, the sum in
+    float64, times 1 / sum; rounded to F16 precision where to_half (V is F16)."""
+    for i in range(x.shape[0]):
+        mx = np.float32(-np.inf)
+        for j in range(x.shape[1]):
+            v = x[i, j] * scale + (slope * m[i, j] if has_mask else np.float32(0.0))
+            x[i, j] = v
+            mx = max(mx, v)
+        t = 0.0
+        for j in range(x.shape[1]):
+            e = expf(x[i, j] - mx)  # noqa: F821
+            x[i, j] = e
+            t += e
+        inv = 1.0 / t
+        for j in range(x.shape[1]):
+            p = np.float32(x[i, j] * inv)
+            x[i, j] = round_half(p) if to_half else p  # noqa: F821
+
+
+@dataclass
+class _Mask:
+    """A mask as the groups of one graph read it, computed by the first of them each run:
+    float32 values and each query block's range of visible cells."""
+    m: np.ndarray | None = None
+    ranges: dict = field(default_factory=dict)
+
+
+def bind(chain: list[Tensor], s: Any, apart: bool, nogil_for: Callable[[Callable], Any]
+         ) -> Callable[[], None]:
+    """The group's call: reads k, q, v and the mask where the run finds them, writes kqv.
+    Unless `apart` (kqv overlaps none of them), kqv is written to a scratch array first and
+    copied at the end: the plan may give kqv the memory of q, free once K*Q has read it,
+    which the unfused nodes finish reading before kqv is written and the units here do not.
+    `nogil_for(template)`: a template of this module compiled to run in the pool's threads."""
+    kq, sm, kqv = chain
+    k, q = kq.src
+    v, mask = kqv.src[0], sm.src[1]
+    D = s.arr(kqv)
+    if not apart:  # one scratch for the groups of a graph: they run one after another
+        D = s.bind_memo.setdefault(("attn scratch", D.shape), np.empty(D.shape, np.float32))
+    shared = first = None
+    if mask is not None:  # the layers share their mask: the first group of a run reads it
+        first = ("attn mask", mask) not in s.bind_memo
+        shared = s.bind_memo.setdefault(("attn mask", mask), _Mask())
+    K_, Q_, V_, M_, out = (s.arr(k), s.arr(q), s.arr(v),
+                           s.arr(mask) if mask is not None else None, s.arr(kqv))
+    scale, max_bias, h0, n_head = soft_max_args(sm)
+    work = _Work(np.float32(scale), alibi_slopes(kq.ne[2], max_bias, h0, n_head).astype(
+        np.float32), k.type == T.F16, v.type == T.F16, nogil_for(k_round_half),
+        nogil_for(k_soft_max_rows))
+
+    def call() -> None:
+        if first:
+            shared.m = _floats(M_, mask)
+            shared.ranges = _ranges(shared.m, Q_.shape[2], K_.shape[2])
+        run(_floats(K_, k), Q_, _floats(V_, v), shared, D, work)
+        if D is not out:
+            out[...] = D
+    return call
+
+
+@dataclass(frozen=True)
+class _Work:
+    scale: np.float32
+    slopes: np.ndarray
+    k16: bool                 # K is F16: ggml multiplies it by queries rounded to F16
+    v16: bool                 # V is F16: the same for the softmax's weights
+    round_half: Callable
+    soft_max: Callable
+
+
+def _ranges(M: np.ndarray, nt: int, nkv: int) -> dict[tuple[int, int, int], tuple[int, int]]:
+    """(mask slice i3, i2, query block) -> the [lo, hi) of cells some query of the block sees
+    (the whole row where none does: softmax then gives what the unfused node gives)."""
+    out = {}
+    for i3 in range(M.shape[0]):
+        for i2 in range(M.shape[1]):
+            seen = ~np.isneginf(M[i3, i2, :nt, :nkv])
+            for b in range(0, nt, Q_BLOCK):
+                cols = np.flatnonzero(seen[b:b + Q_BLOCK].any(axis=0))
+                out[i3, i2, b] = (int(cols[0]), int(cols[-1]) + 1) if cols.size else (0, nkv)
+    return out
+
+
+_NO_MASK = np.zeros((1, 1), np.float32)
+
+
+def run(K: np.ndarray, Q: np.ndarray, V: np.ndarray, mask: _Mask | None, D: np.ndarray,
+        w: _Work) -> None:
+    """K (S, Hkv, n_kv, Dk), Q (S, H, T, Dk), V (S, Hkv, Dv, n_kv) float32 (V transposed, as
+    the non-flash cache stores it); the mask's M (Sm, Hm, >=T, n_kv); D (S, H, T, Dv)."""
+    ns, nh, nt, _ = Q.shape
+    nkv = K.shape[2]
+    M = mask.m if mask is not None else None
+    units = [(i3, h, b) for i3 in range(ns) for h in range(nh) for b in range(0, nt, Q_BLOCK)]
+
+    def unit(i3: int, h: int, b: int) -> None:
+        j3, jh = i3 // (ns // K.shape[0]), h // (nh // K.shape[1])
+        b1 = min(nt, b + Q_BLOCK)
+        lo, hi = (0, nkv) if M is None else mask.ranges[i3 % M.shape[0], h % M.shape[1], b]
+        q = np.array(Q[i3, h, b:b1], np.float32, order="C")  # a copy: rounded in place
+        if w.k16:
+            w.round_half(q)
+        x = q @ K[j3, jh, lo:hi].T
+        m = M[i3 % M.shape[0], h % M.shape[1], b:b1, lo:hi] if M is not None else _NO_MASK
+        w.soft_max(x, m, w.slopes[h], w.scale, M is not None, w.v16)
+        np.matmul(x, V[j3, jh, :, lo:hi].T, out=D[i3, h, b:b1])
+
+    if min(numba.get_num_threads(), len(units)) == 1:
+        for u in units:
+            unit(*u)
+        return
+    for j in [pool().submit(unit, *u) for u in units]:
+        j.result()
