@@ -110,6 +110,11 @@ def _set_rows_cases() -> Iterator[Case]:
                 B.cache(t, 64, 12, 2), B.inp(T.F32, 64, 5, 2),
                 B.idx(it, 12, 5, 2, unique_rows=True)), 0.0, type=t, type_idx=it, n=5,
                 ne=[64, 12, 2])
+    for t in (T.F16, T.F32):  # rows of one element: a transposed V cache's cells
+        yield case(OpKind.SET_ROWS, lambda B, t=t: set_rows(
+            B.cache(t, 1, 300, 2), B.inp(T.F32, 1, 70, 2),
+            B.idx(T.I64, 300, 70, 2, unique_rows=True)), 0.0, type=t, type_idx=T.I64, n=70,
+            ne=[1, 300, 2])
 
 
 def _ggml_set_rows_source(t: Tensor) -> str | None:

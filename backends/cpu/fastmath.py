@@ -155,6 +155,15 @@ def round_half_soft(x):
     return half_to_f32(f32_to_half(x))  # noqa: F821
 
 
+def f32_to_half_soft(x):
+    """f32_to_half without F16C: the shared conversion (bound by the target's globals)."""
+    return f32_to_half(x)  # noqa: F821
+
+
+def f32_identity(x):
+    return np.float32(x)
+
+
 half_to_f32 = half_to_f32_f16c if F16C else half_to_f32_table
 # the CPU target's replacements of shared scalar math (backends/jit.py Target overrides)
 OVERRIDES = {"half_to_f32": half_to_f32, "silu": silu_expf, "sigmoid": sigmoid_expf,

@@ -420,9 +420,20 @@ _COPY_INT = TARGET.bind(K.k_copy_int, _SERIAL, SOURCE_HASH)
 
 def _set_rows(node: Tensor, s: Session):
     dst, src, idx = node.src
-    run = partial(_compiled(K.k_set_rows, _small(node), a=src.type, d=dst.type), s.arr(src),
-                  s.arr(idx), s.arr(node))
+    if src.ne[0] == 1 and src.type == T.F32 and dst.type in _ENC_ONE:
+        k = TARGET.bind(K.k_set_rows_1, _SERIAL if _small(node) else _KERNEL,
+                        f"{dst.type}{'_serial' if _small(node) else ''}_{SOURCE_HASH}",
+                        enc_one=_ENC_ONE[dst.type])
+    else:
+        k = _compiled(K.k_set_rows, _small(node), a=src.type, d=dst.type)
+    run = partial(k, s.arr(src), s.arr(idx), s.arr(node))
     return partial(_checked, node, s.arr(idx), dst.ne[1], "row", run)
+
+
+# one float32 as a destination type's element (k_set_rows_1)
+_ENC_ONE = {T.F16: TARGET.device(fastmath.f32_to_half_f16c) if fastmath.F16C else
+            TARGET.bind(fastmath.f32_to_half_soft, TARGET.device, ""),
+            T.F32: TARGET.device(fastmath.f32_identity)}
 
 
 def _copy_into(a: Tensor, d: Tensor, s: Session) -> None:

@@ -165,6 +165,18 @@ def k_set_rows(s, idx, d):
                 j3, j2 = i3 % c2, i2 % c1
 
 
+def k_set_rows_1(s, idx, d):
+    """k_set_rows for rows of one element from float32 (a transposed V cache: one cell of
+    one channel each): each value converted by enc_one, in runs of ROW_RUN."""
+    n3, n2, n1, _ = s.shape
+    c2, c1 = idx.shape[1], idx.shape[2]
+    nr = n3 * n2 * n1
+    for ch in prange((nr + ROW_RUN - 1) // ROW_RUN):
+        for r in range(ch * ROW_RUN, min(nr, (ch + 1) * ROW_RUN)):
+            i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+            d[i3, i2, idx[0, i3 % c2, i2 % c1, i1], 0] = enc_one(s[i3, i2, i1, 0])  # noqa: F821
+
+
 def k_copy(a, d, n0, m0):
     """Element-order copy with conversion; shapes may differ, element counts are equal.
     n0, m0: row lengths in elements (a quantized array's last axis counts bytes)."""

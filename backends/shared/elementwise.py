@@ -69,7 +69,7 @@ def unary_row(op, x, p0, p1):
     """x[i] = unary_value(op, x[i], p0, p1) over the row x. The transcendental ops get a loop
     of their own calling their formula directly, so it vectorizes where the formula does (the
     CPU's exp-based silu/gelu/sigmoid: unary_value, all ops in one, is too big to inline into
-    a loop); the others share one loop."""
+    a loop), and so does scale; the others share one loop."""
     n = x.shape[0]
     if op == U_GELU:
         for i in range(n):
@@ -80,6 +80,9 @@ def unary_row(op, x, p0, p1):
     elif op == U_SIGMOID:
         for i in range(n):
             x[i] = sigmoid(x[i])
+    elif op == U_SCALE:  # attention's query scaling: a loop that vectorizes
+        for i in range(n):
+            x[i] = x[i] * p0 + p1
     else:
         for i in range(n):
             x[i] = unary_value(op, x[i], p0, p1)
