@@ -5,10 +5,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..shared import numeric
+from .kernels import TARGET
 
-f2h = njit(cache=True)(numeric.f32_to_half)
-h2f = njit(cache=True)(numeric.half_to_f32)
+# The CPU target's f16 conversions (F16C where the host has it, as ggml's on x86; bit for bit
+# the shared ones): numba cannot compile the shared functions by themselves, their helpers
+# (rint) are bound per target, so a cold numba cache failed here
+f2h = TARGET.globals["f32_to_half"]
+h2f = TARGET.globals["half_to_f32"]
 
 
 @njit(cache=True)
