@@ -65,6 +65,27 @@ def test_bf16_both_ways():
     assert np.array_equal(_map(SHARED.fn("f32_to_bf16"), x, np.uint16), quants.f32_to_bf16_bits(x))
 
 
+def test_bit_level_conversions_equal_the_shared_ones():
+    """backends/half.py (the GPU's f16/bf16 conversions, and the CPU's F16C ones) against the
+    shared float64 versions, compiled for the CPU: every half and bf16 pattern, and floats
+    around every rounding tie of bf16, NaN, inf, subnormals and the largest values."""
+    from ggraph.backends import half
+
+    for name, fn in (("half_to_f32", half.half_to_f32_hw), ("bf16_to_f32", half.bf16_to_f32_hw)):
+        got, ref = _map(numba.njit(fn), ALL16, np.float32), _map(SHARED.fn(name), ALL16,
+                                                                 np.float32)
+        assert np.array_equal(got.view(np.uint32)[~np.isnan(ref)],
+                              ref.view(np.uint32)[~np.isnan(ref)]), name
+        assert np.isnan(got[np.isnan(ref)]).all(), name
+    hi = np.arange(65536, dtype=np.uint32) << 16
+    x = np.concatenate([_specials(), (hi | 0x8000).view(np.float32),
+                        (hi | 0x7FFF).view(np.float32), (hi | 0x8001).view(np.float32)])
+    for name, fn in (("f32_to_half", half.f32_to_half_hw), ("f32_to_bf16", half.f32_to_bf16_hw)):
+        with np.errstate(over="ignore", invalid="ignore"):
+            assert np.array_equal(_map(numba.njit(fn), x, np.uint16),
+                                  _map(SHARED.fn(name), x, np.uint16)), name
+
+
 # -- element-wise formulas, op codes, index walk, kernel arguments (shared/elementwise.py,
 #    shared/kernel_args.py) -----------------------------------------------------------------
 

@@ -14,18 +14,17 @@ an NVIDIA GPU:
 
 `--tiny` shrinks everything so the check also runs under numba's simulator
 (NUMBA_ENABLE_CUDASIM=1; a subset of cases, tiny perf shapes). `--ptx` needs no GPU: it
-compiles every kernel the cases launch to PTX with libNVVM (CUDA_HOME) and assembles it with
-ptxas when present, printing registers and spills.
+compiles every kernel variant the cases and graphs launch to PTX with libNVVM (CUDA_HOME),
+assembles each with ptxas -v and judges it (backends/cuda/ptx.py): no spills, registers x
+threads within 64K, static shared memory within 48 KB, float64 instructions within the
+kernel's budget; a table, and exit status 1 when any fails. The same as `ggraph gpu-check`.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -189,58 +188,32 @@ def time_node(backend: Any, out: Tensor, min_seconds: float, max_runs: int) -> f
 
 # -- PTX-only ---------------------------------------------------------------------------------
 
-def ptx_report(cc: tuple[int, int]) -> list[dict]:
-    """Every kernel compiled so far: ok or the compiler's error, plus ptxas -v when found."""
-    from ggraph.backends.cuda import runtime as R
+def ptx_rows(cc: tuple[int, int]) -> list[Any]:
+    """The PTX gate's verdict (backends/cuda/ptx.py) on every kernel variant compiled so far."""
+    from ggraph.backends.cuda import ptx as P, runtime as R
 
-    ptxas = shutil.which("ptxas") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"),
-                                                  "bin", "ptxas")
-    rows = []
-    for (name, sig), status in sorted(R.ptx_results().items(), key=lambda kv: kv[0][0]):
-        row = {"kernel": name, "signature": str(sig), "status": status}
-        if status == "ok" and os.path.exists(ptxas):
-            row["ptxas"] = _ptxas(ptxas, name, sig, cc)
-        rows.append(row)
-    return rows
-
-
-def _ptxas(ptxas: str, name: str, sig: tuple, cc: tuple[int, int]) -> str:
-    from numba import cuda
-    from ggraph.backends.cuda import kernels as KK
-
-    fn = _find_kernel(KK, name)
-    if fn is None:
-        return "kernel object not found"
-    ptx, _ = cuda.compile_ptx(fn.py_func, sig, cc=cc)
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ptx)
-    try:
-        p = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", f.name, "-o", os.devnull],
-                           capture_output=True, text=True, timeout=120)
-    finally:
-        os.unlink(f.name)
-    if p.returncode != 0:
-        return "ptxas FAILED: " + p.stderr.strip().splitlines()[-1][:300]
-    used = [ln.split(":", 1)[-1].strip() for ln in p.stderr.splitlines() if "Used" in ln]
-    spill = [ln.split(":", 1)[-1].strip() for ln in p.stderr.splitlines() if "spill" in ln]
-    return "; ".join(used + spill)
-
-
-def _find_kernel(KK: Any, qualname: str) -> Any:
-    for k in KK.TARGET.bound_kernels():
-        if getattr(k, "py_func", None) is not None and k.py_func.__qualname__ == qualname:
-            return k
-    from ggraph.backends.cuda import templates as K
-    for v in vars(K).values():
-        if getattr(v, "py_func", None) is not None and v.py_func.__qualname__ == qualname:
-            return v
-    return None
+    ptxas = P.find_ptxas()
+    return [P.judge(v.kernel, str(v.signature), v.threads, v.ptx, v.error, ptxas, cc)
+            for v in sorted(R.ptx_results(), key=lambda v: (v.kernel, str(v.signature)))]
 
 
 # -- main -------------------------------------------------------------------------------------
 
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gpu-check", help="check the CUDA backend on a GPU, or compile every "
+                       "kernel to PTX and judge it without one (--ptx)", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--json", metavar="PATH", help="write all results as JSON")
     ap.add_argument("--tiny", action="store_true", help="simulator-sized: case subset, tiny perf")
     ap.add_argument("--ops", default="", help="comma-separated ops to check (default: all)")
@@ -249,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ptx", action="store_true", help="no GPU: compile every kernel to PTX")
     ap.add_argument("--cc", default="90", help="compute capability for --ptx (default 90)")
     ap.add_argument("--min-seconds", type=float, default=1.0, help="time per perf case")
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
 
     from ggraph.backends.cuda import runtime as R
     cc = (int(args.cc[:-1]), int(args.cc[-1]))
@@ -320,13 +295,15 @@ def main(argv: list[str] | None = None) -> int:
 
     failed = summary.failed + sum(r["status"] != "OK" for r in graph_rows)
     if args.ptx:
-        rows = ptx_report(cc)
-        bad = [r for r in rows if r["status"] != "ok" or "FAILED" in r.get("ptxas", "")]
-        for r in rows:
-            print(f"  {r['kernel']}: {'OK' if r not in bad else 'FAIL'} "
-                  f"{r['status'] if r['status'] != 'ok' else r.get('ptxas', '')}")
-        print(f"ptx: {len(rows) - len(bad)}/{len(rows)} kernels compiled for sm_{args.cc}")
-        report["ptx"] = rows
+        from ggraph.backends.cuda.ptx import table
+
+        rows = ptx_rows(cc)
+        print("\n".join(table(rows)))
+        bad = [r for r in rows if not r.ok]
+        print(f"ptx: {len(rows) - len(bad)}/{len(rows)} kernel variants pass the gate for "
+              f"sm_{args.cc} (no spills, registers x threads <= 64K, shared <= 48 KB, float64 "
+              f"within budget)")
+        report["ptx"] = [dataclasses.asdict(r) for r in rows]
         failed = len(bad)
     else:
         n_tests = summary.tested + len(graph_rows)

@@ -14,6 +14,9 @@ from numba import types
 from numba import njit
 from numba.extending import intrinsic
 
+from ..half import f32_to_half_hw as f32_to_half_f16c, fpext_half, fptrunc_half  # noqa: F401
+from ..half import half_to_f32_hw as half_to_f32_f16c  # noqa: F401
+
 HALF_TABLE = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 
@@ -105,49 +108,9 @@ def half_to_f32_table(h):
     return HALF_TABLE[np.int64(h) & 0xFFFF]
 
 
-@intrinsic
-def _fpext_half(typingctx, h):
-    """IEEE half bits in the low 16 bits of an integer -> float32 (exact; NaN stays NaN)."""
-    if not isinstance(h, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        v = args[0]
-        w = v.type.width
-        i16 = builder.trunc(v, ir.IntType(16)) if w > 16 else (
-            builder.zext(v, ir.IntType(16)) if w < 16 else v)
-        return builder.fpext(builder.bitcast(i16, ir.HalfType()), ir.FloatType())
-
-    return types.float32(h), codegen
-
-
-@intrinsic
-def _fptrunc_half(typingctx, x):
-    """float32 -> IEEE half bits (uint16), round to nearest even, inf on overflow."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
-
-    return types.uint16(types.float32), codegen
-
-
-def half_to_f32_f16c(h):
-    return _fpext_half(h)
-
-
-def f32_to_half_f16c(x):
-    """The shared f32_to_half (round to nearest even, inf on overflow, NaN as 0x7E00) in one
-    vcvtps2ph: the hardware keeps a NaN's sign and payload, so NaN is canonicalized first."""
-    if x != x:
-        return np.uint16(0x7E00)
-    return _fptrunc_half(np.float32(x))
-
-
 def round_half_f16c(x):
     """float32 x rounded to the nearest half (ties to even) and back, as float32."""
-    return _fpext_half(_fptrunc_half(np.float32(x)))
+    return fpext_half(fptrunc_half(np.float32(x)))
 
 
 def round_half_soft(x):

@@ -119,8 +119,9 @@ def _binary(node: Tensor, s: Session) -> Launch:
 
 def _norm(node: Tensor, s: Session) -> Launch:
     a = node.src[0]
+    eps, rms = norm_args(node)
     return _per_row(_compiled(K.k_norm, a=a.type, d=node.type), _rows(node), K.ROW_NT,
-                    s.arr(a), s.arr(node), *norm_args(node))
+                    s.arr(a), s.arr(node), np.float32(eps), rms)
 
 
 # -- softmax, rope, attention ---------------------------------------------------------------
@@ -132,7 +133,13 @@ def _soft_max(node: Tensor, s: Session) -> Launch:
     return _per_row(k, _rows(node), K.ROW_NT, s.arr(a),
                     s.arr(mask) if mask is not None else R.dummy(np.float32),
                     s.arr(sinks) if sinks is not None else R.dummy(np.float32), s.arr(node),
-                    *soft_max_args(node), mask is not None, sinks is not None)
+                    *_f32_floats(soft_max_args(node)), mask is not None, sinks is not None)
+
+
+def _f32_floats(args: tuple) -> tuple:
+    """Kernel arguments with Python floats as float32: a Python float is a float64 parameter,
+    which drags the arithmetic it touches into float64."""
+    return tuple(np.float32(x) if isinstance(x, float) else x for x in args)
 
 
 def _rope(node: Tensor, s: Session) -> Launch:

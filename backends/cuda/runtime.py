@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import types
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -23,6 +24,7 @@ from numba import cuda
 from ggraph import buffers
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType
+from ..half import bf16_to_f32_hw, f32_to_bf16_hw, f32_to_half_hw, half_to_f32_hw
 from ..jit import Target
 
 try:
@@ -37,7 +39,20 @@ MODE = "sim" if SIM else "device"
 # GGRAPH_CUDASIM_GEOMETRY=gpu runs the simulator with the GPU's sizes (slow; for checking them).
 SMALL = SIM and os.environ.get("GGRAPH_CUDASIM_GEOMETRY", "small") != "gpu"
 _PTX_CC: tuple[int, int] = (9, 0)
-_PTX_DONE: dict[tuple, str] = {}   # (kernel, signature) -> "ok" or the error text
+
+
+@dataclass
+class PtxVariant:
+    """A kernel variant the PTX-only mode compiled: its PTX or the compiler's error, and the
+    largest block it was launched with (backends/cuda/ptx.py judges them)."""
+    kernel: str
+    signature: tuple
+    ptx: str = ""
+    error: str = ""
+    threads: int = 0
+
+
+_PTX_DONE: dict[tuple, PtxVariant] = {}   # (kernel, signature) -> its variant
 
 
 # -- the shared math, compiled for CUDA --------------------------------------------------------
@@ -58,7 +73,13 @@ def make_target() -> Target:
     The shared code reaches numpy as the global `np`; for CUDA that name is bound to a copy of
     the numpy module whose `rint` is a device function, because numba-cuda cannot lower the
     np.rint ufunc (found by compiling to PTX). Everything else is numpy itself."""
-    target = Target("cuda", cuda.jit(device=True))
+    # on a GPU the f16 conversions are one instruction each (cvt.f32.f16, cvt.rn.f16.f32) and
+    # bf16's integer operations on the float's bits, bit for bit the shared ones, instead of
+    # float64 arithmetic; the simulator runs Python, which has no LLVM instructions, and keeps
+    # the shared versions
+    target = Target("cuda", cuda.jit(device=True), overrides=None if SIM else {
+        "half_to_f32": half_to_f32_hw, "f32_to_half": f32_to_half_hw,
+        "bf16_to_f32": bf16_to_f32_hw, "f32_to_bf16": f32_to_bf16_hw})
     shim = types.ModuleType("numpy_for_cuda")
     shim.__dict__.update(np.__dict__)
     shim.rint = cuda.jit(device=True)(_rint)
@@ -112,22 +133,23 @@ def enable_ptx_check(cc: tuple[int, int] = (9, 0), libdevice: str | None = None)
     dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=cc)
 
 
-def ptx_results() -> dict[tuple, str]:
-    return dict(_PTX_DONE)
+def ptx_results() -> list[PtxVariant]:
+    return list(_PTX_DONE.values())
 
 
-def _compile_only(kernel: Any, args: tuple) -> None:
+def _compile_only(kernel: Any, args: tuple, block: Any) -> None:
     from numba import typeof
 
     sig = tuple(typeof(a) for a in args)
     key = (kernel.py_func.__qualname__, sig)
-    if key in _PTX_DONE:
-        return
-    try:
-        cuda.compile_ptx(kernel.py_func, sig, cc=_PTX_CC)
-        _PTX_DONE[key] = "ok"
-    except Exception as e:  # keep going: the check reports every kernel that fails
-        _PTX_DONE[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    v = _PTX_DONE.get(key)
+    if v is None:
+        v = _PTX_DONE[key] = PtxVariant(*key)
+        try:
+            v.ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=_PTX_CC)
+        except Exception as e:  # keep going: the check reports every kernel that fails
+            v.error = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    v.threads = max(v.threads, math.prod(block) if isinstance(block, tuple) else int(block))
 
 
 # -- launches --------------------------------------------------------------------------------
@@ -149,7 +171,7 @@ def bound(kernel: Any, grid: Any, block: int, *args: Any) -> Callable[[], None] 
     if any(g <= 0 for g in dims):
         return None
     if MODE == "ptx":
-        return lambda: _compile_only(kernel, args)
+        return lambda: _compile_only(kernel, args, block)
     return lambda: kernel[grid, block](*args)
 
 
@@ -159,7 +181,7 @@ def launch(kernel: Any, grid: Any, block: int, *args: Any) -> None:
     if any(g <= 0 for g in dims):
         return
     if MODE == "ptx":
-        _compile_only(kernel, args)
+        _compile_only(kernel, args, block)
         return
     kernel[grid, block](*args)
 

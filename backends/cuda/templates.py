@@ -19,7 +19,7 @@ writing it from the same thread, with a barrier between a row's reads and its wr
 import math
 
 import numpy as np
-from numba import cuda, float32, float64, int32
+from numba import cuda, float32, int32
 
 from .runtime import SMALL, TARGET
 
@@ -156,74 +156,89 @@ def k_binary(a, b, d, op):
 # ---- rows reduced by one thread block each ------------------------------------------------
 
 def k_norm(a, d, eps, rms):
-    red = cuda.shared.array(ROW_NT, float64)
+    """Per row, in float32 as ggml's CUDA norm / rms_norm (eps: float32): mean, mean square."""
+    red = cuda.shared.array(ROW_NT, float32)
     tid = cuda.threadIdx.x
     n3, n2, n1, n0 = d.shape
     for r in range(cuda.blockIdx.x, n3 * n2 * n1, cuda.gridDim.x):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
-        mean = 0.0
+        mean = np.float32(0.0)
         if not rms:
-            s = 0.0
+            s = np.float32(0.0)
             for i in range(tid, n0, ROW_NT):
                 s += ld_a(a, i3, i2, i1, i)  # noqa: F821
-            mean = block_sum(red, tid, s) / n0
-        ss = 0.0
+            mean = block_sum(red, tid, s) / np.float32(n0)
+        ss = np.float32(0.0)
         for i in range(tid, n0, ROW_NT):
-            c = np.float64(ld_a(a, i3, i2, i1, i)) - mean  # noqa: F821
+            c = ld_a(a, i3, i2, i1, i) - mean  # noqa: F821
             ss += c * c
         ss = block_sum(red, tid, ss)
-        sc = 1.0 / math.sqrt(ss / n0 + eps)
+        sc = np.float32(1.0) / math.sqrt(ss / np.float32(n0) + eps)
         for i in range(tid, n0, ROW_NT):
-            x = np.float64(ld_a(a, i3, i2, i1, i))  # noqa: F821
-            st_d(d, i3, i2, i1, i, np.float32((x - mean) * sc))  # noqa: F821
+            st_d(d, i3, i2, i1, i, (ld_a(a, i3, i2, i1, i) - mean) * sc)  # noqa: F821
 
 
 def k_soft_max(a, m, sinks, d, scale, max_bias, h0, n_head, has_mask, has_sinks):
-    """Per row: w = a*scale + slope*mask (rounded to f32 as the CPU), max, sum in f64, write."""
-    red = cuda.shared.array(ROW_NT, float64)
+    """Per row, in float32 as ggml's CUDA soft_max (scale, max_bias: float32): w = a*scale +
+    slope*mask, max, expf, sum, write."""
+    red = cuda.shared.array(ROW_NT, float32)
     tid = cuda.threadIdx.x
     n3, n2, n1, n0 = d.shape
     m3, m2 = m.shape[0], m.shape[1]
     for r in range(cuda.blockIdx.x, n3 * n2 * n1, cuda.gridDim.x):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
-        slope = alibi_slope(h0 + i2, n_head, max_bias)  # noqa: F821
-        mx = -np.inf
+        slope = alibi_slope_f32(h0 + i2, n_head, max_bias)
+        mx = np.float32(-np.inf)
         for i in range(tid, n0, ROW_NT):
             w = ld_a(a, i3, i2, i1, i) * scale  # noqa: F821
             if has_mask:
                 w += slope * ld_m(m, i3 % m3, i2 % m2, i1, i)  # noqa: F821
-            mx = max(mx, np.float64(np.float32(w)))
+            mx = max(mx, w)
         mx = block_max(red, tid, mx)
-        sink = 0.0
+        sink = np.float32(0.0)
         if has_sinks:
-            sink = np.float64(flat_at(sinks, i2))
+            sink = flat_at(sinks, i2)
             mx = max(mx, sink)
-        s = 0.0
+        s = np.float32(0.0)
         for i in range(tid, n0, ROW_NT):
             w = ld_a(a, i3, i2, i1, i) * scale  # noqa: F821
             if has_mask:
                 w += slope * ld_m(m, i3 % m3, i2 % m2, i1, i)  # noqa: F821
-            s += math.exp(np.float64(np.float32(w)) - mx)
+            s += math.exp(w - mx)
         s = block_sum(red, tid, s)
         if has_sinks:
             s += math.exp(sink - mx)
-        inv = 1.0 / s
+        inv = np.float32(1.0) / s
         for i in range(tid, n0, ROW_NT):
             w = ld_a(a, i3, i2, i1, i) * scale  # noqa: F821
             if has_mask:
                 w += slope * ld_m(m, i3 % m3, i2 % m2, i1, i)  # noqa: F821
-            st_d(d, i3, i2, i1, i,  # noqa: F821
-                 np.float32(math.exp(np.float64(np.float32(w)) - mx) * inv))
+            st_d(d, i3, i2, i1, i, math.exp(w - mx) * inv)  # noqa: F821
+
+
+@cuda.jit(device=True)
+def alibi_slope_f32(h, n_head, max_bias):
+    """ALiBi's slope of head h (the shared alibi_slope) in float32, as ggml's CUDA kernels."""
+    if max_bias <= np.float32(0.0):
+        return np.float32(1.0)
+    n_log2 = 1
+    while n_log2 * 2 <= n_head:
+        n_log2 *= 2
+    if h < n_log2:
+        m0 = math.pow(np.float32(2.0), -max_bias / np.float32(n_log2))
+        return math.pow(m0, np.float32(h + 1))
+    m1 = math.pow(np.float32(2.0), -(max_bias / np.float32(2.0)) / np.float32(n_log2))
+    return math.pow(m1, np.float32(2 * (h - n_log2) + 1))
 
 
 def k_sum_rows(a, d, n0):
-    """n0: elements per row (a quantized row's last axis counts bytes)."""
-    red = cuda.shared.array(ROW_NT, float64)
+    """n0: elements per row (a quantized row's last axis counts bytes); summed in float32."""
+    red = cuda.shared.array(ROW_NT, float32)
     tid = cuda.threadIdx.x
     n3, n2, n1 = a.shape[0], a.shape[1], a.shape[2]
     for r in range(cuda.blockIdx.x, n3 * n2 * n1, cuda.gridDim.x):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
-        s = 0.0
+        s = np.float32(0.0)
         for i in range(tid, n0, ROW_NT):
             s += ld_a(a, i3, i2, i1, i)  # noqa: F821
         s = block_sum(red, tid, s)
