@@ -148,7 +148,7 @@ def _rope(node: Tensor, s: Session) -> Launch:
     work = _rows(node) * (n_dims // 2 + node.ne[0] - n_dims)
     return _ew(_compiled(K.k_rope, a=a.type, d=node.type), work, s.arr(a), s.arr(pos),
                s.arr(ff) if ff is not None else R.dummy(np.float32), s.arr(node),
-               *rope_args(node), ff is not None)
+               *_f32_floats(rope_args(node)), ff is not None)
 
 
 def _flash_attn(node: Tensor, s: Session) -> Launch:
@@ -157,7 +157,7 @@ def _flash_attn(node: Tensor, s: Session) -> Launch:
                      m=mask.type if mask is not None else T.F32)
     return _per_row(kern, q.ne[1] * q.ne[2] * q.ne[3], KM.FA_NT, s.arr(q), s.arr(k),
                     s.arr(v), s.arr(mask) if mask is not None else R.dummy(np.float32),
-                    s.arr(node), *flash_attn_args(node), mask is not None)
+                    s.arr(node), *_f32_floats(flash_attn_args(node)), mask is not None)
 
 
 def _fa_fits(n: Tensor) -> bool:

@@ -303,16 +303,32 @@ def k_rope(a, pos, ff, d, n_dims, neox, freq_base, freq_scale, ext_factor, attn_
             st_d(d, i3, i2, i1, j, ld_a(a, i3, i2, i1, j))  # noqa: F821
             continue
         i = it
-        p = np.float64(pos[0, 0, 0, i2])
-        c, s = rope_cos_sin(p, i, n_dims, freq_base, freq_scale, ext_factor,  # noqa: F821
-                            attn_factor, corr_lo, corr_hi,
-                            np.float64(flat_at(ff, i)) if has_ff else 1.0)  # noqa: F821
+        c, s = rope_cos_sin_f32(np.float32(pos[0, 0, 0, i2]), i, n_dims, freq_base, freq_scale,
+                                ext_factor, attn_factor, corr_lo, corr_hi,
+                                flat_at(ff, i) if has_ff else np.float32(1.0))
         j0 = i if neox else 2 * i
         j1 = i + half if neox else 2 * i + 1
         x0 = ld_a(a, i3, i2, i1, j0)  # noqa: F821
         x1 = ld_a(a, i3, i2, i1, j1)  # noqa: F821
-        st_d(d, i3, i2, i1, j0, np.float32(x0 * c - x1 * s))  # noqa: F821
-        st_d(d, i3, i2, i1, j1, np.float32(x0 * s + x1 * c))  # noqa: F821
+        st_d(d, i3, i2, i1, j0, x0 * c - x1 * s)  # noqa: F821
+        st_d(d, i3, i2, i1, j1, x0 * s + x1 * c)  # noqa: F821
+
+
+@cuda.jit(device=True)
+def rope_cos_sin_f32(p, i, n_dims, freq_base, freq_scale, ext_factor, attn_factor, corr_lo,
+                     corr_hi, ff):
+    """The shared rope_cos_sin in float32, as ggml's CUDA rope (all parameters float32):
+    theta = p * base^(-2i/n_dims) / ff, YaRN's ramp and magnitude correction, cosf/sinf."""
+    theta_extrap = p * math.pow(freq_base, np.float32(-2.0) * np.float32(i) / np.float32(n_dims)) / ff
+    theta_interp = freq_scale * theta_extrap
+    theta = theta_interp
+    mscale = attn_factor
+    if ext_factor != np.float32(0.0):
+        y = (np.float32(i) - corr_lo) / max(np.float32(0.001), corr_hi - corr_lo)
+        ramp = (np.float32(1.0) - min(np.float32(1.0), max(np.float32(0.0), y))) * ext_factor
+        theta = theta_interp * (np.float32(1.0) - ramp) + theta_extrap * ramp
+        mscale *= np.float32(1.0) + np.float32(0.1) * math.log(np.float32(1.0) / freq_scale)
+    return math.cos(theta) * mscale, math.sin(theta) * mscale
 
 
 # ---- rows and copies ------------------------------------------------------------------------

@@ -12,7 +12,10 @@ import numpy as np
 from numba import cuda, float32
 
 from .runtime import SMALL
-from .templates import CH
+from .templates import CH, alibi_slope_f32
+
+ZERO, NEG_INF = np.float32(0.0), np.float32(-np.inf)  # float32 constants: a float64 literal
+#                                                        would turn the arithmetic float64
 
 # tiled mul_mat: a block computes a TM x TN tile of d; each of its (TM/RM)*(TN/RN) threads
 # RM x RN outputs; K advances TK (= one quant block) at a time through shared memory
@@ -173,7 +176,8 @@ def k_flash_attn(q, k, v, m, d, scale, max_bias, softcap, h0, n_head, has_mask):
     whole-row dot through the shared codec, -inf mask entries skipped), the block takes the
     tile max into the running max and rescales (online softmax), then thread (c, g) adds the
     weighted V rows g, g+G, ... of its CH-chunk c of the output (a V block decoded by the
-    shared decoder). Partial sums over g are added at the end."""
+    shared decoder). Partial sums over g are added at the end. Float32 throughout, as ggml's
+    CUDA flash attention (scale, max_bias, softcap arrive as float32)."""
     qs = cuda.shared.array(FA_DMAX, float32)
     ss = cuda.shared.array(FA_NT, float32)
     pp = cuda.shared.array(FA_NT, float32)
@@ -195,33 +199,33 @@ def k_flash_attn(q, k, v, m, d, scale, max_bias, softcap, h0, n_head, has_mask):
         for i in range(tid, dk, FA_NT):
             qs[i] = q[s, h, t, i]
         for e in range(CH):
-            acc[e] = 0.0
-        slope = alibi_slope(h0 + h, n_head, max_bias)  # noqa: F821
-        mx = -np.inf
-        ssum = 0.0
+            acc[e] = ZERO
+        slope = alibi_slope_f32(h0 + h, n_head, max_bias)
+        mx = NEG_INF
+        ssum = ZERO
         cuda.syncthreads()
         for j0 in range(0, nkv, FA_NT):
             j = j0 + tid
-            sc = -np.inf
+            sc = NEG_INF
             if j < nkv:
-                mv = np.float32(0.0)
+                mv = ZERO
                 if has_mask:
                     mv = ld_m(m, s % m3, h % m2, t, j)  # noqa: F821
-                if mv != -np.inf:
+                if mv != NEG_INF:
                     x = dot_k(k, ks, kh, j, qs, dk) * scale  # noqa: F821
-                    if softcap != 0.0:
+                    if softcap != ZERO:
                         x = softcap * math.tanh(x)
-                    sc = np.float64(np.float32(x + slope * mv))
+                    sc = x + slope * mv
             ss[tid] = sc
             cuda.syncthreads()
-            tmax = -np.inf
+            tmax = NEG_INF
             for jj in range(FA_NT):
-                tmax = max(tmax, np.float64(ss[jj]))
+                tmax = max(tmax, ss[jj])
             mnew = max(mx, tmax)
-            corr = math.exp(mx - mnew) if mx != -np.inf else 0.0
-            pp[tid] = math.exp(sc - mnew) if sc != -np.inf else 0.0
+            corr = math.exp(mx - mnew) if mx != NEG_INF else ZERO
+            pp[tid] = math.exp(sc - mnew) if sc != NEG_INF else ZERO
             cuda.syncthreads()
-            tsum = 0.0
+            tsum = ZERO
             for jj in range(FA_NT):
                 tsum += pp[jj]
             ssum = ssum * corr + tsum
@@ -231,7 +235,7 @@ def k_flash_attn(q, k, v, m, d, scale, max_bias, softcap, h0, n_head, has_mask):
                     acc[e] *= corr
                 for jj in range(g, FA_NT, G):
                     w = pp[jj]
-                    if w > 0.0:
+                    if w > ZERO:
                         cdec_v(v, ks, kh, j0 + jj, c * CH, cn, vals)  # noqa: F821
                         for e in range(cn):
                             acc[e] += w * vals[e]
@@ -239,7 +243,7 @@ def k_flash_attn(q, k, v, m, d, scale, max_bias, softcap, h0, n_head, has_mask):
             for e in range(CH):
                 red[tid * CH + e] = acc[e]
         cuda.syncthreads()
-        inv = 1.0 / ssum if ssum > 0.0 else 0.0
+        inv = np.float32(1.0) / ssum if ssum > ZERO else ZERO
         for i in range(tid, dv, FA_NT):
             tot = np.float32(0.0)
             for gg in range(G):
