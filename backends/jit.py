@@ -18,8 +18,8 @@ from ggraph.type_records import TYPE_RECORDS
 from ggraph.types import GGMLType
 from .shared import codecs, codecs_k, elementwise, numeric, qdot
 
-NUMERIC = ("rint", "half_to_f32", "f32_to_half", "bf16_to_f32", "f32_to_bf16", "roundf", "silu",
-           "gelu", "sigmoid", "alibi_slope", "rope_cos_sin", "norm_row")
+NUMERIC = ("rint", "half_to_f32", "f32_to_half", "bf16_to_f32", "f32_to_bf16", "roundf", "mul_rn",
+           "silu", "gelu", "sigmoid", "alibi_slope", "rope_cos_sin", "norm_row")
 ELEMENTWISE = ("unary_value", "binary_value", "unary_row", "binary_row", "unflatten")
 CODEC_HELPERS = ("_half_at", "_put_half", "_finite_or_zero", "_trunc_u8", "_half_row", "_opaque",
                  "_u32_row", "_put_fives", "_k4_scale", "_k4_min", "_q3_scale", "_iq4_xs_scale",

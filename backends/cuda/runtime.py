@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 from numba import cuda
+from numba.cuda import libdevice
 
 from ggraph import buffers
 from ggraph.tensor import Tensor
@@ -67,6 +68,17 @@ def _rint(x):
     return f
 
 
+def _mul_rn_gpu(a, b):
+    """The shared mul_rn on a GPU: NVVM contracts a * b + c into one fma unless the product is
+    libdevice's round-to-nearest multiply (__fmul_rn), which it never fuses."""
+    return libdevice.fmul_rn(np.float32(a), np.float32(b))
+
+
+def _roundf_gpu(x):
+    """The shared roundf (C's, half away from zero) as libdevice's, in float32."""
+    return libdevice.roundf(np.float32(x))
+
+
 def make_target() -> Target:
     """The shared math (backends/shared) compiled with cuda.jit(device=True).
 
@@ -79,7 +91,8 @@ def make_target() -> Target:
     # the shared versions
     target = Target("cuda", cuda.jit(device=True), overrides=None if SIM else {
         "half_to_f32": half_to_f32_hw, "f32_to_half": f32_to_half_hw,
-        "bf16_to_f32": bf16_to_f32_hw, "f32_to_bf16": f32_to_bf16_hw})
+        "bf16_to_f32": bf16_to_f32_hw, "f32_to_bf16": f32_to_bf16_hw,
+        "mul_rn": _mul_rn_gpu, "roundf": _roundf_gpu})
     shim = types.ModuleType("numpy_for_cuda")
     shim.__dict__.update(np.__dict__)
     shim.rint = cuda.jit(device=True)(_rint)

@@ -132,8 +132,8 @@ def enc_q4_0(v, x, i3, i2, i1, n):
         o = b * 18
         _put_half(x, i3, i2, i1, o, d)
         for j in range(16):
-            x0 = np.float32(v[b * 32 + j] * idd) + np.float32(8.5)
-            x1 = np.float32(v[b * 32 + j + 16] * idd) + np.float32(8.5)
+            x0 = mul_rn(v[b * 32 + j], idd) + np.float32(8.5)  # noqa: F821
+            x1 = mul_rn(v[b * 32 + j + 16], idd) + np.float32(8.5)  # noqa: F821
             q0 = min(15, _trunc_u8(x0))
             q1 = min(15, _trunc_u8(x1))
             x[i3, i2, i1, o + 2 + j] = np.uint8(q0 | (q1 << 4))
@@ -155,8 +155,8 @@ def enc_q4_1(v, x, i3, i2, i1, n):
         _put_half(x, i3, i2, i1, o, d)
         _put_half(x, i3, i2, i1, o + 2, mn)
         for j in range(16):
-            x0 = np.float32(np.float32(v[b * 32 + j] - mn) * idd) + np.float32(0.5)
-            x1 = np.float32(np.float32(v[b * 32 + j + 16] - mn) * idd) + np.float32(0.5)
+            x0 = mul_rn(np.float32(v[b * 32 + j] - mn), idd) + np.float32(0.5)  # noqa: F821
+            x1 = mul_rn(np.float32(v[b * 32 + j + 16] - mn), idd) + np.float32(0.5)  # noqa: F821
             q0 = min(15, _trunc_u8(x0))
             q1 = min(15, _trunc_u8(x1))
             x[i3, i2, i1, o + 4 + j] = np.uint8(q0 | (q1 << 4))
@@ -227,8 +227,8 @@ def _put_fives(x, i3, i2, i1, o, v, b, idd, mn, off):
     minimum first; v - 0 is v) at byte o: the 32-bit qh of fifth bits, then the nibbles."""
     qh = np.int64(0)
     for j in range(16):
-        q0 = min(31, _trunc_u8(np.float32(np.float32(v[b * 32 + j] - mn) * idd) + off))
-        q1 = min(31, _trunc_u8(np.float32(np.float32(v[b * 32 + j + 16] - mn) * idd) + off))
+        q0 = min(31, _trunc_u8(mul_rn(np.float32(v[b * 32 + j] - mn), idd) + off))  # noqa: F821
+        q1 = min(31, _trunc_u8(mul_rn(np.float32(v[b * 32 + j + 16] - mn), idd) + off))  # noqa
         qh |= np.int64((q0 >> 4) & 1) << j
         qh |= np.int64((q1 >> 4) & 1) << (j + 16)
         x[i3, i2, i1, o + 4 + j] = np.uint8((q0 & 15) | ((q1 & 15) << 4))

@@ -85,6 +85,13 @@ def rint(x):
     return f
 
 
+def mul_rn(a, b):
+    """a * b rounded to float32 by itself: never fused with the add that follows it (the
+    quantizers' x * id + 8.5 must round twice, as ggml's C does, to give gguf.quants' bytes).
+    The CPU compiles kernels without contraction; the GPU target binds an unfusable multiply."""
+    return np.float32(a * b)
+
+
 def roundf(x):
     """C roundf on float32: half away from zero (exact: no x + 0.5 rounding)."""
     a = abs(x)
