@@ -279,7 +279,9 @@ def new_view(kind: OpKind, a: Tensor, ne: Sequence[int], nb: Sequence[int] | Non
     stride would let a kernel walk into a neighbour's memory), a VIEW keeps its source's nb0
     (ggml's rule), and [offset, offset + nbytes) lies within the root. With strides >= 0 the
     lowest addressed byte is the view's start and the highest is start + nbytes - 1, so a
-    permute or transpose of a legal view (same strides, reordered) stays legal."""
+    permute or transpose of a legal view (same strides, reordered) stays legal. The start and
+    the strides nb1..nb3 are whole elements (whole blocks for a quantized type): a GPU cannot
+    load a misaligned element."""
     op = str(kind)
     what = f"view {name!r}" if name else "a view"
     _require_blocks(kind, a.type, ne, a=a)
@@ -295,6 +297,12 @@ def new_view(kind: OpKind, a: Tensor, ne: Sequence[int], nb: Sequence[int] | Non
                view_src=a, view_offs=offset, name=name)
     root = a.owner
     end = t.view_offs + t.nbytes
+    unit = a.type.type_size  # an element's bytes, or a quantized block's
+    if t.view_offs % unit or any(x % unit for x in t.nb[1:]):
+        # a GPU faults on a misaligned element (a sticky error); numpy on the host does not
+        raise op_error(op, f"{what} at offset {offset} (byte {t.view_offs} of its root) with "
+                       f"nb={list(t.nb)} is not aligned to {a.type.name}'s {unit}-byte "
+                       f"{'element' if a.type.block_size == 1 else 'block'}", a=a)
     if t.view_offs < 0:
         raise op_error(op, f"{what} at offset {offset} starts {-t.view_offs} bytes before its "
                        f"root tensor {root.label}", a=a)

@@ -297,6 +297,23 @@ def test_views_must_stay_inside_their_root():
         new_view(OpKind.VIEW, a, (2, 1, 1, 1), (8, 16, 16, 16), 0, name="v")
 
 
+def test_views_are_aligned_to_their_elements_and_blocks():
+    """A GPU cannot load a misaligned element (a sticky fault; numpy on the host reads it
+    anyway): a view starts and steps by whole elements, or whole blocks of a quantized type."""
+    ctx = Context()
+    a = ctx.new_tensor("f32", (8, 4), name="a")
+    with pytest.raises(ValueError, match=r"view: a view at offset 6 \(byte 6 of its root\) "
+                                         r"with nb=\[4, 32, 128, 128\] is not aligned to "
+                                         r"F32's 4-byte element"):
+        ops.view_2d(a, 4, 4, 32, 6)
+    with pytest.raises(ValueError, match="not aligned"):
+        ops.view_2d(a, 2, 4, 30, 0)                      # rows 30 bytes apart
+    q = ctx.new_tensor("q4_0", (64, 4), name="q")        # rows of 2 blocks of 18 bytes
+    assert ops.view_2d(q, 32, 4, q.nb[1], 18).nbytes > 0  # the second block of each row
+    with pytest.raises(ValueError, match="Q4_0's 18-byte block"):
+        ops.view_2d(q, 32, 4, q.nb[1], 9)
+
+
 def test_permutes_of_legal_views_stay_legal():
     ctx = Context()
     a = ctx.new_tensor("f32", (8, 6), name="a").set_input()
