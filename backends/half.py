@@ -61,8 +61,6 @@ def f32_to_half_hw(x):
     return fptrunc_half(np.float32(x))
 
 
-
-
 @intrinsic
 def f32_bits(typingctx, x):
     """The IEEE bits of a float32 as uint32."""

@@ -40,12 +40,12 @@ QDOT_CODECS = {t: r.qdot for t, r in TYPE_RECORDS.items() if r.qdot}
 
 def source_hash(*files: str | Path) -> str:
     """A hash of everything a target's kernels are compiled from: the shared math a Target
-    compiles (numeric, codecs, elementwise), this file, and a backend's own `files` (its
-    templates). numba's on-disk cache checks only a kernel's own file, not the functions it
+    compiles (numeric, codecs, elementwise), this file, the bit-level conversions both targets
+    bind (half.py), and a backend's own `files` (its templates). numba's on-disk cache checks only a kernel's own file, not the functions it
     inlines, so the tag of every binding carries this hash: editing the shared math compiles
     afresh instead of reusing stale code."""
     paths = [Path(m.__file__) for m in (numeric, codecs, codecs_k, qdot, elementwise)] + \
-        [Path(__file__)] + \
+        [Path(__file__), Path(__file__).with_name("half.py")] + \
         [Path(f) for f in files]
     return hashlib.sha1(b"".join(p.read_bytes() for p in paths)).hexdigest()[:10]
 

@@ -118,11 +118,6 @@ def round_half_soft(x):
     return half_to_f32(f32_to_half(x))  # noqa: F821
 
 
-def f32_to_half_soft(x):
-    """f32_to_half without F16C: the shared conversion (bound by the target's globals)."""
-    return f32_to_half(x)  # noqa: F821
-
-
 def f32_identity(x):
     return np.float32(x)
 

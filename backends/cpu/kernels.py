@@ -430,10 +430,9 @@ def _set_rows(node: Tensor, s: Session):
     return partial(_checked, node, s.arr(idx), dst.ne[1], "row", run)
 
 
-# one float32 as a destination type's element (k_set_rows_1)
-_ENC_ONE = {T.F16: TARGET.device(fastmath.f32_to_half_f16c) if fastmath.F16C else
-            TARGET.bind(fastmath.f32_to_half_soft, TARGET.device, ""),
-            T.F32: TARGET.device(fastmath.f32_identity)}
+# one float32 as a destination type's element (k_set_rows_1): the target's own f32_to_half
+# (F16C's where the host has it)
+_ENC_ONE = {T.F16: TARGET.fn("f32_to_half"), T.F32: TARGET.device(fastmath.f32_identity)}
 
 
 def _copy_into(a: Tensor, d: Tensor, s: Session) -> None:

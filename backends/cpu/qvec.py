@@ -119,13 +119,16 @@ def _madd(builder, p, w):
     return _pairs(builder, builder.mul(builder.sext(p, w32), builder.sext(w, w32)), 16)
 
 
-def _dot4(builder, x, y):
-    """<8 x i32>: sums of 4 adjacent products of x (unsigned bytes) and y (signed bytes)."""
+def _dot4(builder, x, y, acc=None):
+    """<8 x i32>: sums of 4 adjacent products of x (unsigned bytes) and y (signed bytes),
+    added to acc (<8 x i32>) where given."""
+    v8 = ir.VectorType(_I32, 8)
     if VNNI:
-        v8 = ir.VectorType(_I32, 8)
         return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [v8, v8, v8],
-                    [_const(v8, [0] * 8), builder.bitcast(x, v8), builder.bitcast(y, v8)])
-    return _madd(builder, _maddubs(builder, x, y), _const(_V16, [1] * 16))
+                    [_const(v8, [0] * 8) if acc is None else acc, builder.bitcast(x, v8),
+                     builder.bitcast(y, v8)])
+    d = _madd(builder, _maddubs(builder, x, y), _const(_V16, [1] * 16))
+    return d if acc is None else builder.add(acc, d)
 
 
 # ---- loads -------------------------------------------------------------------------------
@@ -233,12 +236,7 @@ def dot4(typingctx, x, y):
 def dot4_acc(typingctx, acc, x, y):
     """acc + dot4(x, y): one vpdpbusd with VNNI."""
     def codegen(context, builder, sig, args):
-        acc, x, y = args
-        if VNNI:
-            v8 = ir.VectorType(_I32, 8)
-            return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [v8, v8, v8],
-                        [acc, builder.bitcast(x, v8), builder.bitcast(y, v8)])
-        return builder.add(acc, _dot4(builder, x, y))
+        return _dot4(builder, args[1], args[2], args[0])
 
     return I32x8(acc, x, y), codegen
 

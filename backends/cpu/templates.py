@@ -146,7 +146,7 @@ def k_set_rows(s, idx, d):
     n3, n2, n1, n0 = s.shape
     c2, c1 = idx.shape[1], idx.shape[2]
     nr = n3 * n2 * n1
-    per = max(1, ROW_RUN // max(n0, 1))  # noqa: F821
+    per = max(1, ROW_RUN // max(n0, 1))
     for ch in prange((nr + per - 1) // per):
         x = np.empty(n0, np.float32)
         r0 = ch * per
