@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numba
 import numpy as np
 
 from ggraph.opkind import OpKind
@@ -28,7 +27,7 @@ from ggraph.ops.attention import alibi_slopes
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType as T
 from ..shared.kernel_args import soft_max_args
-from .blas import pool
+from .blas import run_units
 
 Q_BLOCK = 64  # queries per unit: smaller skips more of a causal mask, larger calls BLAS less
 MIN_QUERIES = 16  # fewer (decode) keep the unfused nodes: their numba mat-vecs beat BLAS calls
@@ -113,8 +112,9 @@ def bind(chain: list[Tensor], s: Any, apart: bool, nogil_for: Callable[[Callable
         D = s.bind_memo.setdefault(("attn scratch", D.shape), np.empty(D.shape, np.float32))
     shared = first = None
     if mask is not None:  # the layers share their mask: the first group of a run reads it
-        first = ("attn mask", mask) not in s.bind_memo
-        shared = s.bind_memo.setdefault(("attn mask", mask), _Mask())
+        key = ("attn mask", mask, q.ne[1], k.ne[1])  # its ranges are for these query/cell counts
+        first = key not in s.bind_memo
+        shared = s.bind_memo.setdefault(key, _Mask())
     K_, Q_, V_, M_, out = (s.arr(k), s.arr(q), s.arr(v),
                            s.arr(mask) if mask is not None else None, s.arr(kqv))
     scale, max_bias, h0, n_head = soft_max_args(sm)
@@ -179,9 +179,4 @@ def run(K: np.ndarray, Q: np.ndarray, V: np.ndarray, mask: _Mask | None, D: np.n
         w.soft_max(x, m, w.slopes[h], w.scale, M is not None, w.v16)
         np.matmul(x, V[j3, jh, :, lo:hi].T, out=D[i3, h, b:b1])
 
-    if min(numba.get_num_threads(), len(units)) == 1:
-        for u in units:
-            unit(*u)
-        return
-    for j in [pool().submit(unit, *u) for u in units]:
-        j.result()
+    run_units(unit, units)

@@ -22,7 +22,7 @@ RUN_ROWS = 256  # weight rows per BLAS call: fixed, so results never depend on t
 
 @lru_cache(maxsize=1)
 def pool() -> ThreadPoolExecutor:
-    """The thread pool of BLAS-backed work (here and backends/cpu/attn_fusion.py)."""
+    """The thread pool of BLAS-backed work (run_units: here and backends/cpu/attn_fusion.py)."""
     return ThreadPoolExecutor(max_workers=numba.config.NUMBA_NUM_THREADS,
                               thread_name_prefix="ggraph-blas")
 
@@ -51,11 +51,17 @@ def mul_mat_blas(A: np.ndarray, B: np.ndarray, D: np.ndarray, deq: Callable | No
     depends on where the row falls in the call (its microkernel tails), so a split by thread
     count would make the logits change with -t or the thread governor's choice."""
     m = A.shape[2]
-    units = [(i3, i2, m0, min(m, m0 + RUN_ROWS)) for i3 in range(D.shape[0])
-             for i2 in range(D.shape[1]) for m0 in range(0, m, RUN_ROWS)]
+    run_units(lambda *u: _unit(A, B, D, *u, deq),
+              [(i3, i2, m0, min(m, m0 + RUN_ROWS)) for i3 in range(D.shape[0])
+               for i2 in range(D.shape[1]) for m0 in range(0, m, RUN_ROWS)])
+
+
+def run_units(fn: Callable, units: list[tuple]) -> None:
+    """fn(*unit) for every unit: on the pool when the run has threads to spare (as many at
+    once as it has), else in this thread."""
     if min(numba.get_num_threads(), len(units)) == 1:
         for u in units:
-            _unit(A, B, D, *u, deq)
+            fn(*u)
         return
-    for j in [pool().submit(_unit, A, B, D, *u, deq) for u in units]:
+    for j in [pool().submit(fn, *u) for u in units]:
         j.result()
