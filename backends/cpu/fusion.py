@@ -7,7 +7,8 @@ other nodes as before. The chain fused today is the norm block of every transfor
 
     [s = a + b]  ->  n = rms_norm(s) | norm(s)  ->  [m = n * w1]  ->  [d = m + w2]
 
-(residual add, norm, weight, bias; any two or more of them in this order, float32 rows).
+(residual add, norm, weight, bias; any two or more of them in this order, float32 rows;
+the matching rules, shared with CUDA: backends/fusion_rules.py).
 The other is a prompt's non-flash attention, K*Q -> softmax -> V*p, which skips the cells
 its mask hides (backends/cpu/attn_fusion.py).
 A group's intermediate is left unwritten only when nothing outside the group reads it, it is
@@ -21,7 +22,6 @@ GGRAPH_FUSE=0 turns the pass off (CPUBackend(fuse=False) for one backend).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Sequence
 
@@ -29,87 +29,12 @@ import numpy as np
 
 from ggraph.opkind import OpKind
 from ggraph.tensor import Tensor
-from ggraph.types import GGMLType as T
+from ..fusion_rules import PRE_OPS, Group, dead, match, readers
 from ..shared.elementwise import BINARY_CODE
 from . import attn_fusion, fused_templates as F
 
 ENABLED = os.environ.get("GGRAPH_FUSE", "1") != "0"
-NORM_OPS = (OpKind.RMS_NORM, OpKind.NORM)
-PRE_OPS = (OpKind.ADD, OpKind.MUL)
-POST_OPS = (OpKind.MUL, OpKind.ADD)
 _DUMMY = np.zeros((1, 1, 1, 1), np.float32)
-
-
-@dataclass(frozen=True)
-class Group:
-    """Nodes run by one call, in order; `call` computes all of them."""
-    nodes: tuple[Tensor, ...]
-    call: Callable[[], None]
-
-
-def readers(nodes: Sequence[Tensor]) -> dict[Tensor, set[Tensor]]:
-    """owner tensor -> the computing nodes that read it (directly or through any view)."""
-    out: dict[Tensor, set[Tensor]] = {}
-    for node in nodes:
-        if node.is_view:
-            continue
-        for s in node.src:
-            if s is not None:
-                out.setdefault(s.owner, set()).add(node)
-    return out
-
-
-def _f32_rows(t: Tensor) -> bool:
-    return t.type == T.F32 and t.rows_contiguous()
-
-
-def _broadcasts(w: Tensor, onto: Tensor) -> bool:
-    """w repeats onto `onto` by modulo (ggml's can_repeat), float32."""
-    return w.type == T.F32 and all(o % x == 0 for o, x in zip(onto.ne, w.ne) if x)
-
-
-def _other(node: Tensor, x: Tensor) -> Tensor | None:
-    """node's operand besides x when node is `x op w` (x first: ggml's broadcast side)."""
-    a, b = node.src[0], node.src[1]
-    return b if a is x else None
-
-
-def match(seq: list[Tensor], i: int) -> list[Tensor]:
-    """The longest norm chain starting at seq[i] (computing nodes only, in order)."""
-    group: list[Tensor] = []
-    j = i
-    node = seq[j]
-    if node.op in PRE_OPS and j + 1 < len(seq) and seq[j + 1].op in NORM_OPS \
-            and seq[j + 1].src[0] is node and _f32_rows(node) \
-            and _f32_rows(node.src[0]) and node.src[0].ne == node.ne \
-            and _broadcasts(node.src[1], node):
-        group.append(node)
-        j += 1
-        node = seq[j]
-    if node.op not in NORM_OPS or not (_f32_rows(node) and _f32_rows(node.src[0])) \
-            or node.src[0].ne != node.ne:
-        return []
-    group.append(node)
-    for _ in range(2):
-        if j + 1 >= len(seq):
-            break
-        nxt = seq[j + 1]
-        w = _other(nxt, group[-1]) if nxt.op in POST_OPS else None
-        if w is None or not _f32_rows(nxt) or nxt.ne != node.ne or not _broadcasts(w, nxt):
-            break
-        group.append(nxt)
-        j += 1
-    return group if len(group) >= 2 else []
-
-
-def _dead(t: Tensor, group: set[Tensor], read_by: dict[Tensor, set[Tensor]], plan: Any) -> bool:
-    """Nothing after the group may read t: no output, no reader outside, freed by the plan."""
-    if t.is_view or t.is_output or t.is_preallocated or not read_by.get(t, set()) <= group:
-        return False
-    placement = getattr(plan, "placement", None)
-    if placement is None or t not in plan:
-        return False
-    return bool(placement(t).freed)
 
 
 def _base_range(arr: np.ndarray) -> tuple[int, int]:
@@ -173,7 +98,7 @@ def _bind_attention(chain: list[Tensor], s: Any, read_by: dict[Tensor, set[Tenso
     else; told whether its output overlaps an input (the plan may place it where q was
     freed)."""
     members = set(chain)
-    if not all(_dead(t, members, read_by, s.plan) for t in chain[:2]):
+    if not all(dead(t, members, read_by, s.plan) for t in chain[:2]):
         return None
     kq, sm, kqv = chain
     reads = [s.arr(t) for t in (*kq.src, kqv.src[0], sm.src[1]) if t is not None]
@@ -188,7 +113,7 @@ def _bind(chain: list[Tensor], s: Any, read_by: dict[Tensor, set[Tensor]],
     norm = chain[1] if pre is not None else chain[0]
     posts = chain[chain.index(norm) + 1:]
     last = chain[-1]
-    write = {t: t is not last and not _dead(t, members, read_by, s.plan) for t in chain}
+    write = {t: t is not last and not dead(t, members, read_by, s.plan) for t in chain}
     x = pre.src[0] if pre is not None else norm.src[0]
     arrays = {t: s.arr(t) for t in chain}
     a = s.arr(x)

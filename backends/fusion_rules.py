@@ -1,0 +1,91 @@
+"""Which consecutive nodes of a planned graph a backend may run as one call, whatever the
+backend: the norm chain of every transformer layer and the liveness rule for the values a
+group leaves unwritten. The CPU's fusion pass (backends/cpu/fusion.py) and CUDA's
+(backends/cuda/fusion.py) bind the groups these rules find to their own kernels.
+
+    [s = a + b]  ->  n = rms_norm(s) | norm(s)  ->  [m = n * w1]  ->  [d = m + w2]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ggraph.opkind import OpKind
+from ggraph.tensor import Tensor
+from ggraph.types import GGMLType as T
+
+NORM_OPS = (OpKind.RMS_NORM, OpKind.NORM)
+PRE_OPS = (OpKind.ADD, OpKind.MUL)
+POST_OPS = (OpKind.MUL, OpKind.ADD)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Nodes run by one call, in order; `call` computes all of them."""
+    nodes: tuple[Tensor, ...]
+    call: Callable[[], None]
+
+
+def readers(nodes: Sequence[Tensor]) -> dict[Tensor, set[Tensor]]:
+    """owner tensor -> the computing nodes that read it (directly or through any view)."""
+    out: dict[Tensor, set[Tensor]] = {}
+    for node in nodes:
+        if node.is_view:
+            continue
+        for s in node.src:
+            if s is not None:
+                out.setdefault(s.owner, set()).add(node)
+    return out
+
+
+def f32_rows(t: Tensor) -> bool:
+    return t.type == T.F32 and t.rows_contiguous()
+
+
+def broadcasts(w: Tensor, onto: Tensor) -> bool:
+    """w repeats onto `onto` by modulo (ggml's can_repeat), float32."""
+    return w.type == T.F32 and all(o % x == 0 for o, x in zip(onto.ne, w.ne) if x)
+
+
+def other(node: Tensor, x: Tensor) -> Tensor | None:
+    """node's operand besides x when node is `x op w` (x first: ggml's broadcast side)."""
+    a, b = node.src[0], node.src[1]
+    return b if a is x else None
+
+
+def match(seq: list[Tensor], i: int) -> list[Tensor]:
+    """The longest norm chain starting at seq[i] (computing nodes only, in order)."""
+    group: list[Tensor] = []
+    j = i
+    node = seq[j]
+    if node.op in PRE_OPS and j + 1 < len(seq) and seq[j + 1].op in NORM_OPS \
+            and seq[j + 1].src[0] is node and f32_rows(node) \
+            and f32_rows(node.src[0]) and node.src[0].ne == node.ne \
+            and broadcasts(node.src[1], node):
+        group.append(node)
+        j += 1
+        node = seq[j]
+    if node.op not in NORM_OPS or not (f32_rows(node) and f32_rows(node.src[0])) \
+            or node.src[0].ne != node.ne:
+        return []
+    group.append(node)
+    for _ in range(2):
+        if j + 1 >= len(seq):
+            break
+        nxt = seq[j + 1]
+        w = other(nxt, group[-1]) if nxt.op in POST_OPS else None
+        if w is None or not f32_rows(nxt) or nxt.ne != node.ne or not broadcasts(w, nxt):
+            break
+        group.append(nxt)
+        j += 1
+    return group if len(group) >= 2 else []
+
+
+def dead(t: Tensor, group: set[Tensor], read_by: dict[Tensor, set[Tensor]], plan: Any) -> bool:
+    """Nothing after the group may read t: no output, no reader outside, freed by the plan."""
+    if t.is_view or t.is_output or t.is_preallocated or not read_by.get(t, set()) <= group:
+        return False
+    placement = getattr(plan, "placement", None)
+    if placement is None or t not in plan:
+        return False
+    return bool(placement(t).freed)
