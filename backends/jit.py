@@ -105,7 +105,7 @@ class Target:
         # a target may replace a scalar function by a faster equivalent (tested equal); the
         # shared version stays the definition every other target compiles
         for n, f in (overrides or {}).items():
-            if n not in NUMERIC:
+            if n not in NUMERIC and n not in ELEMENTWISE:
                 raise ValueError(f"override of unknown shared function {n!r}")
             # IEEE division (no zero check, which would keep a loop of it from vectorizing)
             glb[n] = device_ieee(f)

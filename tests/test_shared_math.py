@@ -174,6 +174,21 @@ def test_unflatten_is_numpy_order():
         assert [E.unflatten(k, *shape[1:]) for k in range(total)] == [tuple(r) for r in ref]
 
 
+def test_unflatten_i32_equals_unflatten():
+    """The GPU's 32-bit walk (a compiled override) gives the shared walk's indices, at the
+    edges of the 32-bit range and past it (where it takes the 64-bit path)."""
+    fast, ref = numba.njit(E.unflatten_i32), numba.njit(E.unflatten)
+    big = 2 ** 31
+    for n2, n1, n0 in ((3, 4, 5), (1, 1, 7), (2, 3, big // 6 + 1), (big + 3, 1, 2),
+                       (5, 7, 3 * big)):
+        total = (n2 * n1 * n0) * 2
+        for k in {0, 1, n0 - 1, n0, big - 2, big - 1, big, big + 1, total - 1,
+                  total // 3}:
+            if 0 <= k < total:
+                assert fast(k, n2, n1, n0) == ref(k, n2, n1, n0) == E.unflatten(k, n2, n1,
+                                                                                    n0), k
+
+
 def test_kernel_args_from_params():
     ctx = Context()
     a = ctx.new_tensor("f32", (8, 3, 2))

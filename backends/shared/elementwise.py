@@ -112,3 +112,26 @@ def unflatten(k, n2, n1, n0):
     i1 = r % n1
     r //= n1
     return r // n2, r % n2, i1, i0
+
+
+I32_MAX = 0x7FFFFFFF
+
+
+def unflatten_i32(k, n2, n1, n0):
+    """`unflatten` (a GPU's override, backends/cuda/runtime.py) with 32-bit divisions whenever
+    the index and sizes fit (every tensor under 2**31 elements): a GPU divides 64-bit integers
+    in software, several times the instructions of a 32-bit division, and element-wise kernels
+    divide three times per element. Larger ones take the 64-bit path; the results are the
+    same."""
+    if k <= I32_MAX and n0 <= I32_MAX and n1 <= I32_MAX and n2 <= I32_MAX:
+        k32, m2, m1, m0 = np.int32(k), np.int32(n2), np.int32(n1), np.int32(n0)
+        i0 = k32 % m0
+        r = k32 // m0
+        i1 = r % m1
+        r = r // m1
+        return np.int64(r // m2), np.int64(r % m2), np.int64(i1), np.int64(i0)
+    i0 = k % n0
+    r = k // n0
+    i1 = r % n1
+    r //= n1
+    return r // n2, r % n2, i1, i0
