@@ -74,6 +74,11 @@ class Backend:
         """The kernel's view of `t` at `offset` in `buf` (F16 as uint16 bits)."""
         return buffers.raw_view(buf, offset, t, half_bits=True)
 
+    def run_calls(self, calls: list[Callable[[], None]]) -> None:
+        """Run a bound graph's calls in order (CUDA may replay them as one captured graph)."""
+        for call in calls:
+            call()
+
     def run_context(self, key: Any = None) -> Any:
         """Entered around each graph run (the CPU backend quiets BLAS threads and picks its
         thread count there); `key` names the graph when the same one runs again."""
@@ -318,8 +323,7 @@ class Session(ThreadGuard):
             profile = profile if profile is not None else self.profile
             with self.running(), self.backend.run_context(graph):
                 if profile is None:
-                    for call in self._calls:
-                        call()
+                    self.backend.run_calls(self._calls)
                 else:
                     profile.time_calls(self._calls, self._groups, self.backend.synchronize)
             return self

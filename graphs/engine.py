@@ -122,7 +122,9 @@ def new_runner(cfg: EngineConfig, n_layer: int, host_kw: dict[str, Any]
         raise ValueError(f"--devices {cfg.devices!r}: running needs backends (cuda, cpu); "
                          f"sizes such as 24GiB describe virtual devices for `ggraph plan`")
     layers = layer_map(n_layer, len(devs), cfg.n_gpu_layers, cfg.tensor_split)
-    backends = [get_backend(d.kind) for d in devs] + [get_backend("cpu", **host_kw)]
+    # each GPU its own backend: its context, stream and memory on device d.index
+    backends = [get_backend(d.kind, **({"device": d.index} if d.kind == "cuda" else {}))
+                for d in devs] + [get_backend("cpu", **host_kw)]
     names = [d.name for d in devs] + ["CPU"]
     return MultiSession(backends, names=names, strategy=cfg.strategy), layers
 

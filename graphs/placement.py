@@ -28,6 +28,7 @@ class Device:
     name: str            # CUDA0, CUDA1, ... or CPU
     kind: str            # "cuda", "cpu" or "virtual"
     memory: int | None   # bytes, None = not limited / unknown
+    index: int = 0       # the CUDA ordinal the backend opens (cuda:1 -> 1); 0 otherwise
 
 
 def parse_size(text: str) -> int:
@@ -46,9 +47,12 @@ def parse_size(text: str) -> int:
 
 def parse_devices(spec: str) -> list[Device]:
     """Virtual devices: '15x24GiB', '2x24GiB,1x80GiB', '24GiB,24GiB'; or backends:
-    'cuda', 'cuda,cuda', 'cpu' (a second CPU backend standing in for a device)."""
+    'cuda', 'cuda,cuda' (GPUs 0 and 1, in order), 'cuda:1' (GPU 1), 'cpu' (a second CPU
+    backend standing in for a device). A GPU listed twice is refused: its two backends
+    would share one device's memory while the planner counted it twice."""
     out: list[Device] = []
     counts: dict[str, int] = {}
+    used: set[int] = set()
     for part in (p.strip() for p in spec.split(",")):
         if not part:
             raise ValueError(f"empty entry in the device list {spec!r}")
@@ -57,20 +61,34 @@ def parse_devices(spec: str) -> list[Device]:
         if n <= 0:
             raise ValueError(f"device count must be positive in {part!r}")
         kind = what.strip().lower()
-        mem = None
+        mem, ordinal = None, None
+        mo = re.fullmatch(r"cuda\s*:\s*(\d+)", kind)
+        if mo:
+            if n != 1:
+                raise ValueError(f"device list entry {part!r}: cuda:N names one GPU; list "
+                                 f"several as cuda:0,cuda:1")
+            kind, ordinal = "cuda", int(mo.group(1))
         if kind not in ("cuda", "cpu"):
             try:
                 mem, kind = parse_size(what), "virtual"
             except ValueError as e:
                 raise ValueError(f"device list entry {part!r}: {e}; a device is a size "
-                                 f"(24GiB), a count and a size (15x24GiB), cuda or cpu") from None
+                                 f"(24GiB), a count and a size (15x24GiB), cuda, cuda:N or "
+                                 f"cpu") from None
             if mem <= 0:
                 raise ValueError(f"device memory must be positive in {part!r}")
         for _ in range(n):
             prefix = "CPU" if kind == "cpu" else "CUDA"
             i = counts.get(prefix, 0)
             counts[prefix] = i + 1
-            out.append(Device(f"{prefix}{i + (1 if kind == 'cpu' else 0)}", kind, mem))
+            index = 0
+            if kind == "cuda":  # plain `cuda` takes the lowest GPU not yet listed
+                index = ordinal if ordinal is not None else min(set(range(len(used) + 1)) - used)
+                if index in used:
+                    raise ValueError(f"device list {spec!r} names GPU {index} twice")
+                used.add(index)
+            name = f"CUDA{index}" if kind == "cuda" else f"{prefix}{i + (1 if kind == 'cpu' else 0)}"
+            out.append(Device(name, kind, mem, index))
     return out
 
 

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,28 +17,56 @@ import pytest
 os.environ.setdefault("GGRAPH_CHECK_TENSORS", "1")
 
 CUDASIM_TEST = "test_cudasim_suite.py::test_cuda_backend_under_simulator"
+HERE = Path(__file__).parent
+
+
+def cudasim_files() -> list[str]:
+    """The modules the simulator's process runs: the CUDA backend's and gpu_check's."""
+    return sorted(str(p) for p in (*HERE.glob("test_cuda_*.py"), *HERE.glob("test_gpu_*.py")))
 
 
 class CudasimRun:
-    """The simulator suite's process, its output in a temporary file."""
+    """The simulator suite's processes, one after the other in a thread, their output in a
+    temporary file: the CUDA modules at the simulator's small geometry, then a subset of
+    conformance cases and attention graphs at the GPU's block and tile sizes
+    (GGRAPH_CUDASIM_GEOMETRY=gpu; all of them: scripts/cudasim_gpu_geometry.sh)."""
 
     def __init__(self) -> None:
         self.out = tempfile.TemporaryFile(mode="w+")
         env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cudasim",
-             str(Path(__file__).parent / "test_cuda_sim.py")],
-            env=env, stdout=self.out, stderr=subprocess.STDOUT, text=True)
+        pytest_ = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
+                   "cudasim"]
+        self.runs = [
+            (pytest_ + cudasim_files(), env),
+            (pytest_ + [str(HERE / "test_cuda_sim.py"), "-k",
+                        "conformance_case or attention_graph"],
+             dict(env, GGRAPH_CUDASIM_GEOMETRY="gpu", GGRAPH_CUDASIM_SUBSET="geometry")),
+        ]
+        self.proc: subprocess.Popen | None = None
+        self.rc = 0
+        self.thread = threading.Thread(target=self._run_all, daemon=True)
+        self.thread.start()
+
+    def _run_all(self) -> None:
+        for cmd, env in self.runs:
+            self.out.write(f"$ {' '.join(cmd[3:])}  ({env.get('GGRAPH_CUDASIM_GEOMETRY', 'small')}"
+                           f" geometry)\n")
+            self.out.flush()
+            self.proc = subprocess.Popen(cmd, env=env, stdout=self.out,
+                                         stderr=subprocess.STDOUT, text=True)
+            self.rc = self.proc.wait() or self.rc
 
     def result(self, timeout: float) -> tuple[int, str]:
-        """(exit status, output) once the process ends; killed after `timeout` seconds."""
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
+        """(exit status, output) once the processes end; killed after `timeout` seconds."""
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            self.runs.clear()
+            if self.proc is not None:
+                self.proc.kill()
+            self.thread.join()
+            self.rc = self.rc or -9
         self.out.seek(0)
-        return rc, self.out.read()
+        return self.rc, self.out.read()
 
 
 _RUN = pytest.StashKey[CudasimRun]()

@@ -5,4 +5,5 @@
 # conformance case of the heavy ops instead of one per type combination.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-NUMBA_ENABLE_CUDASIM=1 python -m pytest -q -m cudasim tests/test_cuda_sim.py "$@"
+shopt -s nullglob
+NUMBA_ENABLE_CUDASIM=1 python -m pytest -q -m cudasim tests/test_cuda_*.py tests/test_gpu_*.py "$@"

@@ -1,7 +1,8 @@
 """The CUDA kernel table: one entry per OpKind with the CPU table's `accepts` rules, each a
 binder that takes the node's device arrays from the Session once, picks the launch geometry and
-returns the launch of a template (templates.py, templates_mm.py) compiled for the node's types;
-a session replays the bound launches when the same graph runs again (decode steps).
+returns the launch of a template (templates.py, templates_mm.py, templates_attn.py) compiled for
+the node's types; a session replays the bound launches when the same graph runs again (decode
+steps; replay.py). fusion.py binds groups of nodes through `norm_chain` and `mat_vec`.
 
 Per-type device helpers (`_helpers`) are built once per type from the shared codecs compiled
 for CUDA: element load/store, chunk decode/encode/dot (a chunk is CH elements of a row: one
@@ -26,20 +27,25 @@ from ..shared.kernel_args import (argsort_args, binary_args, flash_attn_args, no
                                   raw_copy, rope_args, soft_max_args, unary_args)
 from . import runtime as R
 from . import templates as K
+from . import templates_attn as KA
 from . import templates_mm as KM
+from . import tc_gemm
 
 TARGET = R.TARGET
 _KERNEL = R.kernel_decorator()
 _DEVICE = R.device_decorator()
 Launch = Callable[[], None] | None
-MV_MAX_N = 8  # columns of b up to which mul_mat runs the mat-vec kernel (else tiled)
+# the PTX-only mode compiles every path a node may take on a GPU (the gate); counting the
+# launches a GPU would make (benchmarks/cuda_launches.py) turns that off
+PTX_ALL_PATHS = True
+MV_MAX_N = KM.MV_NMAX  # columns of b up to which mul_mat runs the mat-vec kernel
 
 ROLE_FNS = ("ld", "st", "cdec", "cenc", "cdot", "dot")
 
 # numba's on-disk cache keys a kernel by its file and qualified name, not by the device
 # functions it calls: the tag of every binding carries a hash of the sources it compiles from,
 # so editing the shared math (or these templates) compiles afresh instead of reusing stale code
-_SRC = source_hash(K.__file__, KM.__file__, R.__file__)
+_SRC = source_hash(K.__file__, KM.__file__, KA.__file__, R.__file__)
 _NO_STORE = _DEVICE(K.no_store)
 _HELPERS: dict[T, dict[str, Any]] = {}
 
@@ -120,8 +126,16 @@ def _binary(node: Tensor, s: Session) -> Launch:
 def _norm(node: Tensor, s: Session) -> Launch:
     a = node.src[0]
     eps, rms = norm_args(node)
-    return _per_row(_compiled(K.k_norm, a=a.type, d=node.type), _rows(node), K.ROW_NT,
-                    s.arr(a), s.arr(node), np.float32(eps), rms)
+    D, W = s.arr(node), R.dummy(np.float32)
+    return norm_chain(node, s.arr(a), W, W, D, D, D, np.float32(eps), rms, -1, -1, False,
+                      False)
+
+
+def norm_chain(node: Tensor, *args: Any) -> Launch:
+    """k_norm's launch for norm `node` and the arguments of the fused chain it may lead
+    (templates.k_norm; backends/cuda/fusion.py)."""
+    a = node.src[0]
+    return _per_row(_compiled(K.k_norm, a=a.type, d=node.type), _rows(node), K.ROW_NT, *args)
 
 
 # -- softmax, rope, attention ---------------------------------------------------------------
@@ -152,17 +166,53 @@ def _rope(node: Tensor, s: Session) -> Launch:
 
 
 def _flash_attn(node: Tensor, s: Session) -> Launch:
+    """Flash attention (templates_attn.py): few query rows (decode) split the KV positions over
+    blocks and a second kernel combines the chunks; many take FA_QT rows per block (fa_plan).
+    The PTX gate's tiny shapes reach one of those paths; a GPU's may reach any, so the PTX-only
+    mode compiles all of them for the node's types."""
     q, k, v, mask = node.src
-    kern = _compiled(KM.k_flash_attn, k=k.type, v=v.type,
-                     m=mask.type if mask is not None else T.F32)
-    return _per_row(kern, q.ne[1] * q.ne[2] * q.ne[3], KM.FA_NT, s.arr(q), s.arr(k),
-                    s.arr(v), s.arr(mask) if mask is not None else R.dummy(np.float32),
-                    s.arr(node), *_f32_floats(flash_attn_args(node)), mask is not None)
+    roles = dict(k=k.type, v=v.type, m=mask.type if mask is not None else T.F32)
+    nt, rows, nkv = q.ne[1], _rows(q), k.ne[1]
+    if rows == 0 or v.ne[0] == 0:
+        return None
+    d = s.arr(node)
+    args = (s.arr(q), s.arr(k), s.arr(v),
+            s.arr(mask) if mask is not None else R.dummy(np.float32), d)
+    tail = (*_f32_floats(flash_attn_args(node)), mask is not None)
+
+    def launch(qt: int, splits: int, chunk: int) -> Launch:
+        if qt > 1:
+            items = rows // nt * -(-nt // qt)
+            return R.bound(_compiled(KA.k_flash_attn_tile, **roles), (R.blocks_for(items, 1), 1),
+                           KA.FA_NT, *args, R.dummy(np.float32), *tail, chunk)
+        kern = _compiled(KA.k_flash_attn_split, **roles)
+        if splits == 1:
+            return R.bound(kern, (R.blocks_for(rows, 1), 1), KA.FA_NT, *args,
+                           R.dummy(np.float32), *tail, chunk)
+        buf, part = KA.fa_scratch(rows, splits, v.ne[0])  # once per binding, kept by the launch
+        run = R.bound(kern, (R.blocks_for(rows, 1), splits), KA.FA_NT, *args, part, *tail,
+                      chunk)
+        merge = R.bound(_compiled(KA.k_flash_attn_combine), R.blocks_for(rows, 1), KA.FA_NT,
+                        part, d)
+
+        def both(buf: Any = buf) -> None:  # both on the binding's stream, in order
+            run()
+            merge()
+        return both
+
+    if R.MODE == "ptx" and PTX_ALL_PATHS:
+        every = [launch(KA.FA_QT, 1, nkv), launch(1, 1, nkv), launch(1, 2, KA.FA_NT)]
+
+        def compile_all() -> None:
+            for f in every:
+                f()
+        return compile_all
+    return launch(*KA.fa_plan(rows, nt, nkv))
 
 
 def _fa_fits(n: Tensor) -> bool:
     q, k, v, _ = n.src
-    return q.ne[0] <= KM.FA_DMAX and v.ne[0] <= KM.FA_DV_MAX
+    return q.ne[0] <= KA.FA_DMAX and v.ne[0] <= KA.FA_DV_MAX
 
 
 # -- matrix products ------------------------------------------------------------------------
@@ -180,10 +230,22 @@ def _mul_mat(node: Tensor, s: Session) -> Launch:
     m, n = node.ne[0], node.ne[1]
     z = node.ne[2] * node.ne[3]
     if n <= MV_MAX_N:
-        return R.bound(_compiled(KM.k_mul_mat_vec, a=a.type, b=b.type),
-                       R.blocks_for(-(-m // KM.MV_WARPS) * n * z, 1), KM.MV_NT, A, B, D)
+        return mat_vec(a, b, A, A, B, D, D, -1, -(-m // KM.MV_WARPS) * z)
+    if tc_gemm.torch_cuda() is not None and tc_gemm.accepts(a, b, node):
+        return tc_gemm.bind(node, s, lambda A_, W16: _ew(
+            _compiled(K.k_copy_chunks, a=a.type, d=T.F16), a.nelements // K.CH, A_, W16,
+            a.ne[0], a.ne[0]))
     return R.bound(_compiled(KM.k_mul_mat_tiled, a=a.type, b=b.type),
                    (-(-m // KM.MM_TM), -(-n // KM.MM_TN), _grid_z(node, z)), KM.MM_NT, A, B, D)
+
+
+def mat_vec(a: Tensor, b: Tensor, A: Any, A2: Any, B: Any, C: Any, D: Any, op: int,
+            items: int) -> Launch:
+    """The mat-vec launch of d = a . b, with the fused node after it by `op` (-1, B_ADD with
+    C, B_SWIGLU with A2 of a's type; templates_mm.k_mul_mat_vec), `items` = row groups x
+    batch slices."""
+    return R.bound(_compiled(KM.k_mul_mat_vec, a=a.type, b=b.type), R.blocks_for(items, 1),
+                   KM.MV_NT, A, A2, B, C, D, op)
 
 
 def _mul_mat_id(node: Tensor, s: Session) -> Launch:
@@ -261,7 +323,7 @@ def _view(node: Tensor, s: Session) -> Launch:
 
 
 _SORT_WHY = f"rows longer than {K.SORT_MAX} elements (the sort runs in shared memory)"
-_FA_WHY = (f"K heads above {KM.FA_DMAX} or V heads above {KM.FA_DV_MAX} elements (q row and "
+_FA_WHY = (f"K heads above {KA.FA_DMAX} or V heads above {KA.FA_DV_MAX} elements (q rows and "
            f"per-thread output chunks live in shared memory), or types the CPU refuses")
 
 KERNELS: dict[OpKind, Kernel] = {

@@ -12,10 +12,12 @@ Three modes, one code path for kernels:
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import threading
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -25,8 +27,10 @@ from numba.cuda import libdevice
 from ggraph import buffers
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType
+from ..shared.elementwise import unflatten_i32
 from ..half import bf16_to_f32_hw, f32_to_bf16_hw, f32_to_half_hw, half_to_f32_hw
 from ..jit import Target
+from .replay import PreparedLaunch
 
 try:
     from numba.cuda.core import config as _config
@@ -92,7 +96,8 @@ def make_target() -> Target:
     target = Target("cuda", cuda.jit(device=True), overrides=None if SIM else {
         "half_to_f32": half_to_f32_hw, "f32_to_half": f32_to_half_hw,
         "bf16_to_f32": bf16_to_f32_hw, "f32_to_bf16": f32_to_bf16_hw,
-        "mul_rn": _mul_rn_gpu, "roundf": _roundf_gpu})
+        "mul_rn": _mul_rn_gpu, "roundf": _roundf_gpu,
+        "unflatten": unflatten_i32})  # 32-bit divisions where they fit
     shim = types.ModuleType("numpy_for_cuda")
     shim.__dict__.update(np.__dict__)
     shim.rint = cuda.jit(device=True)(_rint)
@@ -165,6 +170,68 @@ def _compile_only(kernel: Any, args: tuple, block: Any) -> None:
     v.threads = max(v.threads, math.prod(block) if isinstance(block, tuple) else int(block))
 
 
+# -- devices ---------------------------------------------------------------------------------
+
+def device_list() -> Any:
+    """numba's list of GPUs (one fake GPU in the simulator; tests put a fake driver's here)."""
+    return cuda.gpus
+
+
+_ACTIVE = threading.local()  # .device: the CudaDevice this thread's launches and copies use
+
+
+@dataclass(eq=False)
+class CudaDevice:
+    """One GPU as a backend holds it: its ordinal, the stream its launches and copies queue
+    on, and its stand-ins for absent sources. CUDA's current device is per thread: `active()`
+    makes this one current for a block of work, so two backends on GPUs 0 and 1 (or two
+    threads) never launch on each other's device."""
+    index: int
+    stream: Any = None
+    dummies: dict[str, Any] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def active(self) -> Any:
+        was = getattr(_ACTIVE, "device", None)
+        if was is self:
+            yield self
+            return
+        if MODE == "ptx":  # no driver: nothing to make current
+            ctx = contextlib.nullcontext()
+        else:
+            ctx = device_list()[self.index]
+        with ctx:
+            _ACTIVE.device = self
+            try:
+                yield self
+            finally:
+                _ACTIVE.device = was
+
+
+def open_device(index: int) -> CudaDevice:
+    """GPU `index` with a stream of its own; ValueError in one line for an ordinal this
+    machine does not have."""
+    if MODE != "ptx":
+        n = len(device_list())
+        if not 0 <= index < n:
+            raise ValueError(f"CUDA device {index} requested, but this machine has {n} "
+                             f"(ordinals 0..{n - 1})")
+    dev = CudaDevice(index)
+    if MODE != "ptx":
+        with dev.active():
+            dev.stream = cuda.stream()
+    return dev
+
+
+def current_device() -> CudaDevice | None:
+    return getattr(_ACTIVE, "device", None)
+
+
+def _stream() -> Any:
+    dev = current_device()
+    return dev.stream if dev is not None else 0
+
+
 # -- launches --------------------------------------------------------------------------------
 
 # Grid caps: kernels loop grid-stride, so any cap is correct. The simulator starts one Python
@@ -185,7 +252,10 @@ def bound(kernel: Any, grid: Any, block: int, *args: Any) -> Callable[[], None] 
         return None
     if MODE == "ptx":
         return lambda: _compile_only(kernel, args, block)
-    return lambda: kernel[grid, block](*args)
+    stream = _stream()  # the stream of the device active while binding (its backend's)
+    if MODE == "device":  # numba's dispatch done once (replay.py)
+        return PreparedLaunch(kernel, grid, block, stream, args, fast=True)
+    return lambda: kernel[grid, block, stream](*args)
 
 
 def launch(kernel: Any, grid: Any, block: int, *args: Any) -> None:
@@ -196,7 +266,7 @@ def launch(kernel: Any, grid: Any, block: int, *args: Any) -> None:
     if MODE == "ptx":
         _compile_only(kernel, args, block)
         return
-    kernel[grid, block](*args)
+    kernel[grid, block, _stream()](*args)
 
 
 # -- memory ----------------------------------------------------------------------------------
@@ -211,14 +281,18 @@ def upload_bytes(host: np.ndarray) -> Any:
     host = np.ascontiguousarray(host).view(np.uint8).reshape(-1)
     if MODE == "ptx":
         return host.copy()
-    return cuda.to_device(host)
+    return cuda.to_device(host, stream=_stream())
 
 
 def to_host(buf: Any, start: int = 0, stop: int | None = None) -> np.ndarray:
     stop = buf.nbytes if stop is None else stop
     if MODE == "ptx":
         return np.array(buf[start:stop])
-    return buf[start:stop].copy_to_host()
+    stream = _stream()
+    out = buf[start:stop].copy_to_host(stream=stream)
+    if stream:  # queued behind the stream's kernels: wait for the copy itself
+        stream.synchronize()
+    return out
 
 
 def from_host(buf: Any, start: int, host: np.ndarray) -> None:
@@ -227,24 +301,35 @@ def from_host(buf: Any, start: int, host: np.ndarray) -> None:
     if MODE == "ptx":
         buf[start:start + host.nbytes] = host
         return
-    buf[start:start + host.nbytes].copy_to_device(np.ascontiguousarray(host))
+    # queued on the stream: pageable host memory is staged before the call returns, so the
+    # caller may reuse `host` at once, and the kernels queued after it see the new bytes
+    buf[start:start + host.nbytes].copy_to_device(np.ascontiguousarray(host), stream=_stream())
 
 
-_DUMMIES: dict[str, Any] = {}
+_HOST_DUMMIES: dict[str, Any] = {}  # PTX mode's (no device to hold them)
 
 
 def dummy(dtype: Any) -> Any:
-    """A (1, 1, 1, 1) array standing in for an absent optional source (mask, sinks, ...)."""
+    """A (1, 1, 1, 1) array standing in for an absent optional source (mask, sinks, ...),
+    in the memory of the active device (device memory is not shared between GPUs)."""
+    dev = current_device()
     key = f"{MODE}:{np.dtype(dtype).str}"
-    arr = _DUMMIES.get(key)
+    memo = dev.dummies if dev is not None and MODE != "ptx" else _HOST_DUMMIES
+    arr = memo.get(key)
     if arr is None:
         host = np.zeros((1, 1, 1, 1), dtype)
-        arr = _DUMMIES[key] = host if MODE == "ptx" else cuda.to_device(host)
+        arr = memo[key] = host if MODE == "ptx" else cuda.to_device(host)
     return arr
 
 
 def synchronize() -> None:
-    if MODE != "ptx":
+    """Wait for the active device's stream (every device's work without one)."""
+    if MODE == "ptx":
+        return
+    stream = _stream()
+    if stream:
+        stream.synchronize()
+    else:
         cuda.synchronize()
 
 

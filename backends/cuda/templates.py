@@ -155,11 +155,18 @@ def k_binary(a, b, d, op):
 
 # ---- rows reduced by one thread block each ------------------------------------------------
 
-def k_norm(a, d, eps, rms):
-    """Per row, in float32 as ggml's CUDA norm / rms_norm (eps: float32): mean, mean square."""
+def k_norm(a, w1, w2, d, dn, dm, eps, rms, op1, op2, wn, wm):
+    """Per row, in float32 as ggml's CUDA norm / rms_norm (eps: float32): mean, mean square.
+    Then the fused chain of backends/cuda/fusion.py: with op1 >= 0 (a B_* code) the result
+    is combined with float32 w1 broadcast by modulo, then with op2 >= 0 with w2 (a weight
+    and a bias); the norm's value goes to dn with wn, op1's to dm with wm (someone reads
+    them). Unfused: op1 = op2 = -1. Each thread reads an element of a before it writes the
+    same element, so d (or dn, dm) may be a itself."""
     red = cuda.shared.array(ROW_NT, float32)
     tid = cuda.threadIdx.x
     n3, n2, n1, n0 = d.shape
+    u3, u2, u1, u0 = w1.shape
+    v3, v2, v1, v0 = w2.shape
     for r in range(cuda.blockIdx.x, n3 * n2 * n1, cuda.gridDim.x):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
         mean = np.float32(0.0)
@@ -175,7 +182,18 @@ def k_norm(a, d, eps, rms):
         ss = block_sum(red, tid, ss)
         sc = np.float32(1.0) / math.sqrt(ss / np.float32(n0) + eps)
         for i in range(tid, n0, ROW_NT):
-            st_d(d, i3, i2, i1, i, (ld_a(a, i3, i2, i1, i) - mean) * sc)  # noqa: F821
+            y = (ld_a(a, i3, i2, i1, i) - mean) * sc  # noqa: F821
+            if op1 >= 0:
+                if wn:
+                    dn[i3, i2, i1, i] = y
+                y = np.float32(binary_value(op1, y, w1[i3 % u3, i2 % u2, i1 % u1,  # noqa: F821
+                                                       i % u0]))
+                if op2 >= 0:
+                    if wm:
+                        dm[i3, i2, i1, i] = y
+                    y = np.float32(binary_value(op2, y, w2[i3 % v3, i2 % v2,  # noqa: F821
+                                                           i1 % v1, i % v0]))
+            st_d(d, i3, i2, i1, i, y)  # noqa: F821
 
 
 def k_soft_max(a, m, sinks, d, scale, max_bias, h0, n_head, has_mask, has_sinks):

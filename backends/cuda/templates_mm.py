@@ -1,21 +1,17 @@
-"""CUDA kernel templates for matrix products and attention: a shared-memory tiled mul_mat
-(dequantizing quantized weights block by block into the tile), a warp-per-row mat-vec that
-dots stored blocks directly, mul_mat_id (experts) the same way, and flash attention with an
-online softmax reading F32/F16/BF16/Q8_0/Q4_0/Q4_1 K and V through the shared codecs.
+"""CUDA kernel templates for matrix products: a shared-memory tiled mul_mat (dequantizing
+quantized weights block by block into the tile), a warp-per-row mat-vec that dots stored
+blocks directly, and mul_mat_id (experts) the same way. Flash attention: templates_attn.py.
 
 Bound names as in templates.py (ld_/cdec_/cdot_/dot_ per role, Q_a). Arrays in numpy order:
 mul_mat a (A3, A2, M, K), b (B3, B2, N, K), d (B3, B2, N, M), block-repeat broadcast.
 """
-import math
-
 import numpy as np
 from numba import cuda, float32
 
-from .runtime import SMALL
-from .templates import CH, alibi_slope_f32
+from .runtime import SIM, SMALL
+from .templates import CH
 
-ZERO, NEG_INF = np.float32(0.0), np.float32(-np.inf)  # float32 constants: a float64 literal
-#                                                        would turn the arithmetic float64
+ZERO = np.float32(0.0)  # float32: a float64 literal would turn the arithmetic float64
 
 # tiled mul_mat: a block computes a TM x TN tile of d; each of its (TM/RM)*(TN/RN) threads
 # RM x RN outputs; K advances TK (= one quant block) at a time through shared memory
@@ -30,15 +26,15 @@ MM_NT = MM_TX * MM_TY
 MM_AS = (MM_TK, MM_TM + 1)   # shared tile shapes (+1 column against bank conflicts)
 MM_BS = (MM_TK, MM_TN + 1)
 MM_ACC = (MM_RM, MM_RN)
-# mat-vec: MV_LANES threads (a warp on a GPU) per output row, MV_WARPS rows per block
+# mat-vec: MV_LANES threads (a warp on a GPU) per output row, MV_WARPS rows per block, up to
+# MV_NMAX columns of b per launch (more take the tiled kernel)
 MV_LANES = 8 if SMALL else 32
 MV_WARPS = 1 if SMALL else 4
 MV_NT = MV_LANES * MV_WARPS
-# flash attention: one block of FA_NT threads per query row; q staged in shared memory
-FA_NT = 16 if SMALL else 128
-FA_DMAX = 1024                 # longest K head (q row in shared memory)
-FA_DV_MAX = CH * FA_NT         # longest V head: one CH-chunk of the output per thread
-FA_RED = FA_NT * CH            # partial outputs of every thread, summed at the end
+MV_NMAX = 8
+MV_ACC = 2 * MV_NMAX  # the sums of both weights of a fused GLU or pair
+MV_PAIR = -2           # k_mul_mat_vec's op for two products of one input
+FULL_MASK = 0xFFFFFFFF
 
 
 def k_mul_mat_tiled(a, b, d):
@@ -96,49 +92,91 @@ def k_mul_mat_tiled(a, b, d):
                 d[i3, i2, n, m] = acc[i, j]
 
 
-@cuda.jit(device=True)
-def lane_sum(red, tid, lane, s):
-    """Sum of s over the MV_LANES lanes of each row group, valid in lane 0 (every thread of
-    the block calls: it holds two barriers)."""
-    red[tid] = s
-    cuda.syncthreads()
-    total = s
-    if lane == 0:
-        for i in range(1, MV_LANES):
-            total += red[tid + i]
-    cuda.syncthreads()  # all reads done before the next item's partial sums overwrite red
-    return total
+if SIM:
+    @cuda.jit(device=True)
+    def warp_sum(red, tid, lane, s):
+        """The simulator has no warp shuffles: the same sum through shared memory, valid in
+        lane 0 (every thread of the block calls: it holds two barriers)."""
+        red[tid] = s
+        cuda.syncthreads()
+        total = s
+        if lane == 0:
+            for i in range(1, MV_LANES):
+                total += red[tid + i]
+        cuda.syncthreads()  # all reads done before the next sum overwrites red
+        return total
+else:
+    @cuda.jit(device=True)
+    def warp_sum(red, tid, lane, s):
+        """Sum of s over the warp's lanes by shuffles (no shared memory, no barrier), valid in
+        lane 0; every lane of the warp calls."""
+        off = MV_LANES // 2
+        while off > 0:
+            s += cuda.shfl_down_sync(FULL_MASK, s, off)
+            off //= 2
+        return s
 
 
-def k_mul_mat_vec(a, b, d):
-    """Warp w of a block computes d[i3, i2, n, m] for m = MV_WARPS*blk + w; its lanes take the
-    row's CH-chunks in turn and dot them (stored blocks read directly). Blocks walk the
-    (row group, n, slice) items grid-stride."""
+def k_mul_mat_vec(a, a2, b, c, d, op):
+    """d[i3, i2, n, m] = row m of a . b[i3, i2, n, :] for every column n of b (at most
+    MV_NMAX), with the node after it fused (backends/cuda/fusion.py) by `op`, a B_* code:
+    B_ADD adds c[i3, i2, n, m] (the residual), B_SWIGLU gives silu(row m of a . b) * (row m
+    of a2 . b) (the FFN's gate and up products and their GLU); MV_PAIR stores row m of
+    a2 . b into c as well (the gate and up products, each to its own tensor); -1 none.
+
+    Warp w of a block takes row m = MV_WARPS*item + w and reads it once for all columns.
+    Float weights: lanes read consecutive elements (coalesced loads of a and b); quantized:
+    lanes take consecutive blocks, each decoded once (the shared decoder) and dotted with
+    every column. Lanes' partial sums are added by warp shuffles. Blocks walk the (row
+    group, slice) items grid-stride."""
     red = cuda.shared.array(MV_NT, float32)
-    vb = cuda.local.array(CH, float32)
+    acc = cuda.local.array(MV_ACC, float32)
+    vals = cuda.local.array(CH, float32)
     n3, n2, nn, nm = d.shape
     kk = b.shape[3]
     r3, r2 = n3 // a.shape[0], n2 // a.shape[1]
+    glu = op == B_SWIGLU  # noqa: F821
+    two = glu or op == MV_PAIR
+    nw = 2 if two else 1
     tid = cuda.threadIdx.x
     lane = tid % MV_LANES
     groups = (nm + MV_WARPS - 1) // MV_WARPS
-    for o in range(cuda.blockIdx.x, groups * nn * n3 * n2, cuda.gridDim.x):
-        # not `unflatten`: that walk costs this kernel ~20 more registers (ptxas, sm_90)
+    for o in range(cuda.blockIdx.x, groups * n3 * n2, cuda.gridDim.x):
         m = (o % groups) * MV_WARPS + tid // MV_LANES
-        n = (o // groups) % nn
-        z = o // (groups * nn)
+        z = o // groups
         i3, i2 = z // n2, z % n2
-        s = np.float32(0.0)
+        j3, j2 = i3 // r3, i2 // r2
+        for j in range(MV_ACC):
+            acc[j] = ZERO
         if m < nm:
-            for c in range(lane, (kk + CH - 1) // CH, MV_LANES):
-                k0 = c * CH
-                cn = min(CH, kk - k0)
-                for e in range(cn):
-                    vb[e] = ld_b(b, i3, i2, n, k0 + e)  # noqa: F821
-                s += cdot_a(a, i3 // r3, i2 // r2, m, k0, cn, vb)  # noqa: F821
-        s = lane_sum(red, tid, lane, s)
-        if lane == 0 and m < nm:
-            d[i3, i2, n, m] = s
+            for w in range(nw):
+                x = a if w == 0 else a2
+                if Q_a:  # noqa: F821
+                    for ch in range(lane, (kk + CH - 1) // CH, MV_LANES):
+                        k0 = ch * CH
+                        cn = min(CH, kk - k0)
+                        cdec_a(x, j3, j2, m, k0, cn, vals)  # noqa: F821
+                        for j in range(nn):
+                            s = ZERO
+                            for e in range(cn):
+                                s += vals[e] * ld_b(b, i3, i2, j, k0 + e)  # noqa: F821
+                            acc[w * MV_NMAX + j] += s
+                else:
+                    for k in range(lane, kk, MV_LANES):
+                        v = ld_a(x, j3, j2, m, k)  # noqa: F821
+                        for j in range(nn):
+                            acc[w * MV_NMAX + j] += v * ld_b(b, i3, i2, j, k)  # noqa: F821
+        for j in range(nn):
+            s = warp_sum(red, tid, lane, acc[j])
+            u = warp_sum(red, tid, lane, acc[MV_NMAX + j]) if two else ZERO
+            if lane == 0 and m < nm:
+                if op == B_ADD:  # noqa: F821
+                    s += c[i3, i2, j, m]
+                elif glu:
+                    s = np.float32(binary_value(op, s, u))  # noqa: F821
+                elif two:
+                    c[i3, i2, j, m] = u
+                d[i3, i2, j, m] = s
 
 
 def k_mul_mat_id(a, b, ids, d):
@@ -164,89 +202,6 @@ def k_mul_mat_id(a, b, ids, d):
                 for q in range(cn):
                     vb[q] = ld_b(b, 0, t, e % nb, k0 + q)  # noqa: F821
                 s += cdot_a(a, 0, ex, m, k0, cn, vb)  # noqa: F821
-        s = lane_sum(red, tid, lane, s)
+        s = warp_sum(red, tid, lane, s)
         if lane == 0 and m < nm:
             d[0, t, e, m] = s
-
-
-def k_flash_attn(q, k, v, m, d, scale, max_bias, softcap, h0, n_head, has_mask):
-    """q (S, H, T, Dk) F32; k (Sk, Hkv, n_kv, Dk); v (Sk, Hkv, n_kv, Dv); d (S, T, H, Dv).
-
-    One block per query row, KV in tiles of FA_NT positions: thread j scores position j (a
-    whole-row dot through the shared codec, -inf mask entries skipped), the block takes the
-    tile max into the running max and rescales (online softmax), then thread (c, g) adds the
-    weighted V rows g, g+G, ... of its CH-chunk c of the output (a V block decoded by the
-    shared decoder). Partial sums over g are added at the end. Float32 throughout, as ggml's
-    CUDA flash attention (scale, max_bias, softcap arrive as float32)."""
-    qs = cuda.shared.array(FA_DMAX, float32)
-    ss = cuda.shared.array(FA_NT, float32)
-    pp = cuda.shared.array(FA_NT, float32)
-    red = cuda.shared.array(FA_RED, float32)
-    acc = cuda.local.array(CH, float32)
-    vals = cuda.local.array(CH, float32)
-    ns, nh, nt, dk = q.shape
-    hkv, nkv, dv = k.shape[1], k.shape[2], d.shape[3]
-    rk2, rk3 = nh // hkv, ns // k.shape[0]
-    m3, m2 = m.shape[0], m.shape[1]
-    tid = cuda.threadIdx.x
-    nch = (dv + CH - 1) // CH
-    G = FA_NT // nch
-    c, g = tid % nch, tid // nch
-    cn = min(CH, dv - c * CH)
-    for row in range(cuda.blockIdx.x, ns * nh * nt, cuda.gridDim.x):
-        s, h, t = row // (nh * nt), (row // nt) % nh, row % nt
-        ks, kh = s // rk3, h // rk2
-        for i in range(tid, dk, FA_NT):
-            qs[i] = q[s, h, t, i]
-        for e in range(CH):
-            acc[e] = ZERO
-        slope = alibi_slope_f32(h0 + h, n_head, max_bias)
-        mx = NEG_INF
-        ssum = ZERO
-        cuda.syncthreads()
-        for j0 in range(0, nkv, FA_NT):
-            j = j0 + tid
-            sc = NEG_INF
-            if j < nkv:
-                mv = ZERO
-                if has_mask:
-                    mv = ld_m(m, s % m3, h % m2, t, j)  # noqa: F821
-                if mv != NEG_INF:
-                    x = dot_k(k, ks, kh, j, qs, dk) * scale  # noqa: F821
-                    if softcap != ZERO:
-                        x = softcap * math.tanh(x)
-                    sc = x + slope * mv
-            ss[tid] = sc
-            cuda.syncthreads()
-            tmax = NEG_INF
-            for jj in range(FA_NT):
-                tmax = max(tmax, ss[jj])
-            mnew = max(mx, tmax)
-            corr = math.exp(mx - mnew) if mx != NEG_INF else ZERO
-            pp[tid] = math.exp(sc - mnew) if sc != NEG_INF else ZERO
-            cuda.syncthreads()
-            tsum = ZERO
-            for jj in range(FA_NT):
-                tsum += pp[jj]
-            ssum = ssum * corr + tsum
-            mx = mnew
-            if g < G:
-                for e in range(CH):
-                    acc[e] *= corr
-                for jj in range(g, FA_NT, G):
-                    w = pp[jj]
-                    if w > ZERO:
-                        cdec_v(v, ks, kh, j0 + jj, c * CH, cn, vals)  # noqa: F821
-                        for e in range(cn):
-                            acc[e] += w * vals[e]
-        if g < G:
-            for e in range(CH):
-                red[tid * CH + e] = acc[e]
-        cuda.syncthreads()
-        inv = np.float32(1.0) / ssum if ssum > ZERO else ZERO
-        for i in range(tid, dv, FA_NT):
-            tot = np.float32(0.0)
-            for gg in range(G):
-                tot += red[(gg * nch + i // CH) * CH + i % CH]
-            d[s, t, h, i] = tot * inv
-        cuda.syncthreads()
