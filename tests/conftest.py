@@ -28,7 +28,7 @@ def cudasim_files() -> list[str]:
 class CudasimRun:
     """The simulator suite's processes, one after the other in a thread, their output in a
     temporary file: the CUDA modules at the simulator's small geometry, then a subset of
-    conformance cases and attention graphs at the GPU's block and tile sizes
+    conformance cases (every op, float and quantized) at the GPU's block and tile sizes
     (GGRAPH_CUDASIM_GEOMETRY=gpu; all of them: scripts/cudasim_gpu_geometry.sh)."""
 
     def __init__(self) -> None:
@@ -38,8 +38,7 @@ class CudasimRun:
                    "cudasim"]
         self.runs = [
             (pytest_ + cudasim_files(), env),
-            (pytest_ + [str(HERE / "test_cuda_sim.py"), "-k",
-                        "conformance_case or attention_graph"],
+            (pytest_ + [str(HERE / "test_cuda_sim.py"), "-k", "conformance_case"],
              dict(env, GGRAPH_CUDASIM_GEOMETRY="gpu", GGRAPH_CUDASIM_SUBSET="geometry")),
         ]
         self.proc: subprocess.Popen | None = None

@@ -208,8 +208,6 @@ def test_get_rows_and_rms_norm_of_strided_views():
 ATTENTION = [g for g in gpu_check.attention_cases(tiny=True) if g[0] in (
     "attention(kv=q4_0,flash)", "attention(kv=q8_0,flash)", "attention(kv=bf16,flash)",
     "attention(k=q8_0,v=f16,plain)", "attention(k=q8_0,split)")]
-if os.environ.get("GGRAPH_CUDASIM_SUBSET") == "geometry":  # 15-40 s each at GPU geometry
-    ATTENTION = ATTENTION[:1]
 
 
 @pytest.mark.parametrize("gc", ATTENTION, ids=lambda g: g[0])
