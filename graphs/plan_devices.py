@@ -81,6 +81,7 @@ class DeploymentPlan:
     build_s: float
     plan_s: float
     schedule: Schedule = field(repr=False)
+    schedule_token: Schedule | None = field(default=None, repr=False)  # of a decode step
 
     @property
     def host(self) -> DevicePlan:
@@ -164,7 +165,7 @@ def plan_devices(model: Any, source: str, devices: Sequence[Device], n_ctx: int,
                         n_gpu_layers, list(tensor_split) if tensor_split else None, lm, out,
                         sch.n_splits, sch_tg.n_splits, mg.graph.n_nodes, n_copies, [], t1 - t0,
                         t2 - t1,
-                        sch)
+                        sch, sch_tg)
     dp.advice = advice(dp, w_layer, kv_layer, io)
     return dp
 

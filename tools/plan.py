@@ -62,6 +62,15 @@ def register(subparsers: Any) -> None:
     d.add_argument("--host-memory", metavar="SIZE", help="host RAM to check the host "
                    "buffers against, e.g. 256GiB")
     d.add_argument("--png", metavar="PATH", help="draw each device's memory as a bar")
+    h = p.add_argument_group("several hosts (graphs/plan_hosts.py)")
+    h.add_argument("--hosts", metavar="SPEC",
+                   help="hosts of virtual devices, e.g. 2x(8x24GiB) or (8x80GiB),(4x24GiB): "
+                        "the --devices plan per host, and the bytes and time on host links")
+    h.add_argument("--link", default="100Gbit/s", metavar="RATE",
+                   help="bandwidth of each host link, e.g. 25GB/s or 100Gbit/s (default "
+                        "100Gbit/s)")
+    h.add_argument("--link-latency", default="20us", metavar="TIME",
+                   help="latency of one transfer on a host link (default 20us)")
     p.add_argument("--json", nargs="?", const="-", metavar="PATH",
                    help="write JSON (to stdout with no PATH)")
     p.set_defaults(func=main)
@@ -92,7 +101,9 @@ def main(args: argparse.Namespace) -> int:
         path = resolve_model(args.model)
         model, wbytes = header_model(path)
         source = args.model
-    if args.devices:
+    if args.devices and args.hosts:
+        raise ValueError("give --devices (one host) or --hosts (several), not both")
+    if args.devices or args.hosts:
         return _plan_devices(args, model, source, amb)
     if args.tensor_split or args.n_gpu_layers != -1 or args.pipeline_copies is not None or \
             args.png:
@@ -127,25 +138,34 @@ def check_options(args: argparse.Namespace) -> None:
 
 
 def _plan_devices(args: argparse.Namespace, model: Any, source: str, amb: int) -> int:
-    from ggraph.graphs import plan_devices as P
+    from ggraph.graphs import plan_devices as P, plan_hosts as H
     from ggraph.graphs.placement import parse_devices, parse_split
 
-    devices = parse_devices(args.devices)
-    if any(d.kind != "virtual" for d in devices):
-        raise ValueError(f"--devices {args.devices!r}: give sizes for planning, e.g. 2x24GiB")
-    dp = P.plan_devices(model, source, devices, args.ctx_size, args.ubatch_size, amb,
-                        args.cache_type_k, args.fa, args.path, args.strategy,
-                        args.n_gpu_layers, parse_split(args.tensor_split),
-                        _host_memory(args.host_memory),
-                        args.pipeline_copies)
+    kw = dict(n_ubatch=args.ubatch_size, amb_mib=amb, type_k=args.cache_type_k, flash=args.fa,
+              path=args.path, strategy=args.strategy, n_gpu_layers=args.n_gpu_layers,
+              tensor_split=parse_split(args.tensor_split),
+              host_memory=_host_memory(args.host_memory), n_copies=args.pipeline_copies)
+    hp = None
+    if args.hosts:
+        hp = H.plan_hosts(model, source, H.parse_hosts(args.hosts), H.parse_rate(args.link),
+                          H.parse_time(args.link_latency), args.ctx_size, **kw)
+        dp = hp.dp
+    else:
+        devices = parse_devices(args.devices)
+        if any(d.kind != "virtual" for d in devices):
+            raise ValueError(f"--devices {args.devices!r}: give sizes for planning, e.g. "
+                             f"2x24GiB")
+        dp = P.plan_devices(model, source, devices, args.ctx_size, **kw)
     if args.json:
-        text = json.dumps(P.to_json(dp), indent=1)
+        data = P.to_json(dp) if hp is None else H.to_json(hp, P.to_json(dp))
+        text = json.dumps(data, indent=1)
         if args.json == "-":
             print(text)
             return 0
         with open(args.json, "w") as f:
             f.write(text + "\n")
-    print("\n".join(P.format_lines(dp)))
+    lines = P.format_lines(dp)
+    print("\n".join(lines if hp is None else H.format_lines(hp, lines)))
     if args.png:
         P.render_png(dp, args.png)
         print(f"wrote {args.png}")
