@@ -120,19 +120,7 @@ class MultiSession(ThreadGuard):
     def run(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None = None
             ) -> "MultiSession":
         with self._lock:
-            if graph is not self._bound_graph or self._bound is None:
-                self._bound = self._bound_graph = None
-                sch = self._prepare(graph)
-            else:
-                sch = self._bound.sch
-            buffers.feed_inputs(graph, inputs or {}, self.write)
-            if self._bound is None or any(s._own_changed for s in self.sessions):
-                # the feed may have copied leaf data on write (Session.write): bind that copy
-                self._bound = self._bind(sch)
-                self._bound_graph = graph
-                for s in self.sessions:
-                    s._own_changed = False
-            self.mark_run()
+            self._ready(graph, inputs)
             with contextlib.ExitStack() as running:
                 for s in self.sessions:      # kernels may read their sources (Session.running)
                     running.enter_context(s.running())
@@ -146,6 +134,22 @@ class MultiSession(ThreadGuard):
             for s in self.sessions:
                 s.synchronize()
             return self
+
+    def _ready(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None) -> None:
+        """Schedule, plan and bind `graph` (unless it is the one bound), feed its inputs."""
+        if graph is not self._bound_graph or self._bound is None:
+            self._bound = self._bound_graph = None
+            sch = self._prepare(graph)
+        else:
+            sch = self._bound.sch
+        buffers.feed_inputs(graph, inputs or {}, self.write)
+        if self._bound is None or any(s._own_changed for s in self.sessions):
+            # the feed may have copied leaf data on write (Session.write): bind that copy
+            self._bound = self._bind(sch)
+            self._bound_graph = graph
+            for s in self.sessions:
+                s._own_changed = False
+        self.mark_run()
 
     def _copy(self, src: Session, t: Tensor, dst: Session, c: Tensor) -> None:
         sbuf, soff = src.storage(t)

@@ -79,6 +79,12 @@ class EngineConfig:
     # GGRAPH_CHECK_TENSORS=1 (the test suite)
     check_tensors: bool = field(
         default_factory=lambda: os.environ.get("GGRAPH_CHECK_TENSORS", "") == "1")
+    # remote stages (devices "ray:cpu", backends/ray_stages.py): seconds to wait on a stage
+    # before calling it lost, whether a prompt's ubatches overlap across stages, and whether
+    # to send weights through Ray's object store even to stages that have the GGUF file
+    stage_timeout: float = 60.0
+    pipeline: bool = True
+    ship_weights: bool = False
     # run a short prompt and a decode step at load, then clear the cache (llama.cpp's warmup):
     # numba compiles the kernels there on the first run, so load time carries the compilation
     # and the prompt and generation timings do not
@@ -100,8 +106,8 @@ class Timings:
                 f"({tg:.2f} tokens/s)")
 
 
-def new_runner(cfg: EngineConfig, n_layer: int, host_kw: dict[str, Any]
-               ) -> tuple[Runner, LayerMap]:
+def new_runner(cfg: EngineConfig, n_layer: int, host_kw: dict[str, Any],
+               file: Any = None) -> tuple[Runner, LayerMap]:
     """The runner for `cfg` and where the model's layers go: a Session on one backend, or,
     with devices, a MultiSession over the devices and the host CPU (the host last). The one
     place that tells the two apart; everything after talks to the Runner interface."""
@@ -122,10 +128,20 @@ def new_runner(cfg: EngineConfig, n_layer: int, host_kw: dict[str, Any]
         raise ValueError(f"--devices {cfg.devices!r}: running needs backends (cuda, cpu); "
                          f"sizes such as 24GiB describe virtual devices for `ggraph plan`")
     layers = layer_map(n_layer, len(devs), cfg.n_gpu_layers, cfg.tensor_split)
+    names = [d.name for d in devs] + ["CPU"]
+    if any(d.kind.startswith("ray:") for d in devs):
+        # remote stages: Ray is imported only here (pip install ggraph[distributed])
+        from ggraph.backends.ray_stages import RayMultiSession, RemoteBackend
+
+        stage_backends = [RemoteBackend(d.kind[4:], d.node) if d.kind.startswith("ray:")
+                          else get_backend(d.kind) for d in devs]
+        return RayMultiSession(stage_backends + [get_backend("cpu", **host_kw)], names,
+                               file.path, set(file.tensors.values()), cfg.strategy,
+                               cfg.stage_timeout, cfg.pipeline, cfg.ship_weights,
+                               host_kw.get("n_threads")), layers
     # each GPU its own backend: its context, stream and memory on device d.index
     backends = [get_backend(d.kind, **({"device": d.index} if d.kind == "cuda" else {}))
                 for d in devs] + [get_backend("cpu", **host_kw)]
-    names = [d.name for d in devs] + ["CPU"]
     return MultiSession(backends, names=names, strategy=cfg.strategy), layers
 
 
@@ -172,7 +188,7 @@ class Engine:
                 raise ValueError("ggml_exact reproduces ggml's CPU arithmetic: CPU backend only")
             kw["ggml_exact"] = True
         # one runner, one device or many: the rest of the Engine never asks which
-        self.runner, self.layers = new_runner(cfg, hp.n_layer, kw)
+        self.runner, self.layers = new_runner(cfg, hp.n_layer, kw, self.file)
         self.timings = Timings()
         self._graphs: dict[tuple[int, int, int], ModelGraph] = {}
         # the worst case's compute buffer per device (the host last)
@@ -290,9 +306,9 @@ class Engine:
                 self.runner.run(mg.graph, self.model.batch_inputs(mg, self.cache, chunk,
                                                                   n_past_now, rows))
                 self.cache.n_used += n
-                logits = self.runner.read(mg.logits).reshape(len(rows), -1)
-                if all_logits or last:
-                    out.append(logits)
+                if all_logits or last:  # an earlier ubatch's logits are never used: a runner
+                    # with remote stages overlaps the next ubatch with this one's last stages
+                    out.append(self.runner.read(mg.logits).reshape(len(rows), -1))
             return np.concatenate(out) if all_logits else out[-1][-1]
 
     def warmup(self) -> float:

@@ -26,9 +26,10 @@ _UNITS = {"gib": GIB, "gb": 10**9, "mib": MIB, "mb": 10**6, "kib": 1024, "b": 1}
 @dataclass(frozen=True)
 class Device:
     name: str            # CUDA0, CUDA1, ... or CPU
-    kind: str            # "cuda", "cpu" or "virtual"
+    kind: str            # "cuda", "cpu", "virtual", or a remote stage "ray:cpu" / "ray:cuda"
     memory: int | None   # bytes, None = not limited / unknown
     index: int = 0       # the CUDA ordinal the backend opens (cuda:1 -> 1); 0 otherwise
+    node: str | None = None  # a remote stage's node address (ray:cpu@10.0.0.2)
 
 
 def parse_size(text: str) -> int:
@@ -62,6 +63,13 @@ def parse_devices(spec: str) -> list[Device]:
             raise ValueError(f"device count must be positive in {part!r}")
         kind = what.strip().lower()
         mem, ordinal = None, None
+        mr = re.fullmatch(r"ray\s*:\s*(cpu|cuda)\s*(?:@\s*([\w.:-]+))?", kind)
+        if mr:  # remote stages (backends/ray_stages.py), any number of them
+            for _ in range(n):
+                i = counts.get("STAGE", 0)
+                counts["STAGE"] = i + 1
+                out.append(Device(f"STAGE{i}", f"ray:{mr.group(1)}", None, 0, mr.group(2)))
+            continue
         mo = re.fullmatch(r"cuda\s*:\s*(\d+)", kind)
         if mo:
             if n != 1:
@@ -73,8 +81,8 @@ def parse_devices(spec: str) -> list[Device]:
                 mem, kind = parse_size(what), "virtual"
             except ValueError as e:
                 raise ValueError(f"device list entry {part!r}: {e}; a device is a size "
-                                 f"(24GiB), a count and a size (15x24GiB), cuda, cuda:N or "
-                                 f"cpu") from None
+                                 f"(24GiB), a count and a size (15x24GiB), cuda, cuda:N, "
+                                 f"cpu, or a remote stage ray:cpu, ray:cuda@NODE") from None
             if mem <= 0:
                 raise ValueError(f"device memory must be positive in {part!r}")
         for _ in range(n):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs ggraph and what its tests and demo need on a fresh machine (idempotent).
 #   scripts/setup.sh          the library and the demo's needs
-#   scripts/setup.sh --test   plus pytest, hypothesis, torch (CPU) and Debian's graphviz
+#   scripts/setup.sh --test   plus pytest, hypothesis, torch (CPU), Ray and Debian's graphviz
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=""
