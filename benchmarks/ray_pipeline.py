@@ -34,6 +34,7 @@ def main() -> int:
     ap.add_argument("-p", type=int, default=256, help="prompt tokens")
     ap.add_argument("-ub", type=int, default=32, help="ubatch size")
     ap.add_argument("-r", type=int, default=3, help="repetitions (median)")
+    ap.add_argument("-n", type=int, default=16, help="tokens generated (decode speed)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
 
@@ -67,8 +68,13 @@ def main() -> int:
             if hasattr(eng.runner, "stage_busy"):
                 busy.append(eng.runner.stage_busy())
         wall = float(np.median(walls))
+        eng.reset()
+        t0 = time.perf_counter()
+        toks = list(eng.generate(prompt[:8], args.n, stop_at_eos=False))
+        gen_s = time.perf_counter() - t0
         row = {"run": name, "prompt_tokens": args.p, "ubatch": args.ub, "seconds": wall,
-               "tokens_per_s": args.p / wall}
+               "tokens_per_s": args.p / wall, "generated": toks,
+               "decode_tokens_per_s": args.n / gen_s}
         if busy:
             row["stage_kernel_s"] = float(np.median(busy))
             row["overlap"] = row["stage_kernel_s"] / wall
@@ -78,22 +84,27 @@ def main() -> int:
         rows.append(row)
         if hasattr(eng.runner, "shutdown"):
             eng.runner.shutdown()
-        print(f"{name}: {row['tokens_per_s']:.1f} tok/s"
+        print(f"{name}: prompt {row['tokens_per_s']:.1f} tok/s, decode "
+              f"{row['decode_tokens_per_s']:.1f} tok/s"
               + (f", stages busy {row['stage_kernel_s']:.2f} s of {wall:.2f} s "
                  f"(overlap {row['overlap']:.2f})" if busy else ""), flush=True)
     cpu = cpu_name()
     print(f"\nSmolLM2-135M Q4_1, prompt {args.p} tokens, ubatch {args.ub}, one thread per "
           f"stage; CPU: {cpu}")
-    print("| run | tokens/s | stage kernel s / wall s | overlap |\n|---|---|---|---|")
+    print("| run | prompt tokens/s | stage kernel s / wall s | overlap | decode tokens/s |\n"
+          "|---|---|---|---|---|")
     for r in rows:
         ov = (f"{r['stage_kernel_s']:.2f} / {r['seconds']:.2f} | {r['overlap']:.2f}"
               if "overlap" in r else f"- / {r['seconds']:.2f} | -")
-        print(f"| {r['run']} | {r['tokens_per_s']:.1f} | {ov} |")
+        print(f"| {r['run']} | {r['tokens_per_s']:.1f} | {ov} | "
+              f"{r['decode_tokens_per_s']:.1f} |")
+    same = len({tuple(r["generated"]) for r in rows}) == 1
+    print(f"greedy tokens {'equal' if same else 'DIFFER'} across the runs")
     if args.json:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True).stdout.strip()
-        Path(args.json).write_text(json.dumps({"commit": rev, "cpu": cpu, "rows": rows},
-                                              indent=1))
+        Path(args.json).write_text(json.dumps({"commit": rev, "cpu": cpu, "rows": rows,
+                                               "greedy_equal": same}, indent=1))
     ray.shutdown()
     return 0
 
