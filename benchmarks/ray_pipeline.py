@@ -57,7 +57,8 @@ def main() -> int:
     rows, ref = [], None
     for name, kw in runs:
         eng = Engine(path, EngineConfig(**cfg, **kw))
-        eng.eval(prompt[:args.ub * 2], n_past=0)  # compile and ship the graphs
+        eng.eval(prompt[:args.ub * 2], n_past=0)  # compile and ship the graphs: a prompt's
+        eng.eval(prompt[:1])                      # and a decode step's
         walls, busy = [], []
         for _ in range(args.r):
             if hasattr(eng.runner, "stage_busy"):
