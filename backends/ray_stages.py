@@ -180,7 +180,9 @@ class RayMultiSession(MultiSession):
         ray = _ray()
         self.timeout, self.pipeline = timeout, pipeline
         self.broken: str | None = None
-        self._busy_refs: list[tuple[RemoteStage, Any]] = []
+        # the stages' kernel seconds, collected once stage_busy() is first called (benchmarks);
+        # None otherwise: a long generation must not pile up references to them
+        self._busy_refs: list[tuple[RemoteStage, Any]] | None = None
         self._effects: list[bool] = []
         self._pending: Callable[[], None] | None = None
         self._pending_effects = False
@@ -286,7 +288,8 @@ class RayMultiSession(MultiSession):
                     st.key, st.k, spec, outs, *args)
                 for j, t in enumerate(st.outputs):
                     produced[(d, t)] = (ref[0], j, st.stage)
-                self._busy_refs.append((st.stage, ref[1]))
+                if self._busy_refs is not None:
+                    self._busy_refs.append((st.stage, ref[1]))
                 if not self.pipeline:
                     st.stage.get(ref[1], f"split {k}")
                 continue
@@ -351,8 +354,9 @@ class RayMultiSession(MultiSession):
             s.synchronize()
 
     def stage_busy(self) -> float:
-        """Seconds of kernels the stages reported since the last call (waits for them)."""
-        refs, self._busy_refs = self._busy_refs, []
+        """Seconds of kernels the stages reported since the last call (waits for them); the
+        first call starts the collection and returns 0."""
+        refs, self._busy_refs = self._busy_refs or [], []
         return sum(stage.get(r, "reporting its time") for stage, r in refs)
 
     def shutdown(self) -> None:
