@@ -26,6 +26,27 @@ class Group:
     call: Callable[[], None]
 
 
+Try = Callable[[list[Tensor], int, dict[Tensor, set[Tensor]]], Group | None]
+
+
+def scan(order: Sequence[Tensor], tries: Sequence[Try]) -> dict[Tensor, Group]:
+    """A backend's groups of `order` (a planned graph's nodes, views left out) keyed by their
+    first node: at each node, each of `tries(seq, i, read_by)` in turn may bind a group
+    starting there; a group's nodes are then skipped."""
+    seq = [n for n in order if not n.is_view]
+    read_by = readers(seq)
+    groups: dict[Tensor, Group] = {}
+    i = 0
+    while i < len(seq):
+        g = next((g for t in tries if (g := t(seq, i, read_by)) is not None), None)
+        if g is None:
+            i += 1
+            continue
+        groups[g.nodes[0]] = g
+        i += len(g.nodes)
+    return groups
+
+
 def readers(nodes: Sequence[Tensor]) -> dict[Tensor, set[Tensor]]:
     """owner tensor -> the computing nodes that read it (directly or through any view)."""
     out: dict[Tensor, set[Tensor]] = {}

@@ -152,9 +152,17 @@ class MultiSession(ThreadGuard):
         self.mark_run()
 
     def _copy(self, src: Session, t: Tensor, dst: Session, c: Tensor) -> None:
+        self._put(dst, c, self._bytes_of(src, t))
+
+    @staticmethod
+    def _bytes_of(src: Session, t: Tensor) -> np.ndarray:
+        """t's bytes on the host, once src's queued work is done."""
         sbuf, soff = src.storage(t)
         src.synchronize()
-        data = src.backend.read_bytes(sbuf, soff, t.nbytes)
+        return src.backend.read_bytes(sbuf, soff, t.nbytes)
+
+    @staticmethod
+    def _put(dst: Session, c: Tensor, data: np.ndarray) -> None:
         dbuf, doff = dst.storage(c)
         dst.backend.write_bytes(dbuf, doff, data)
 

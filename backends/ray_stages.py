@@ -278,11 +278,8 @@ class RayMultiSession(MultiSession):
                         spec.append((shipped.index[copy_t], len(args), item))
                         args.append(ref)
                     else:
-                        src = self.sessions[sd]
-                        buf, off = src.storage(src_t)
-                        src.synchronize()
                         spec.append((shipped.index[copy_t], len(args), -1))
-                        args.append(src.backend.read_bytes(buf, off, src_t.nbytes))
+                        args.append(self._bytes_of(self.sessions[sd], src_t))
                 outs = [shipped.index[t] for t in st.outputs]
                 ref = st.stage.actor.run_split.options(num_returns=2).remote(
                     st.key, st.k, spec, outs, *args)
@@ -314,14 +311,9 @@ class RayMultiSession(MultiSession):
                     vals = cache.get(ref)
                     if vals is None:
                         vals = cache[ref] = stage.get(ref, "sending activations")
-                    data = vals[item]
+                    self._put(dst, copy_t, np.asarray(vals[item]))
                 else:
-                    src = self.sessions[sd]
-                    buf, off = src.storage(src_t)
-                    src.synchronize()
-                    data = src.backend.read_bytes(buf, off, src_t.nbytes)
-                dbuf, doff = dst.storage(copy_t)
-                dst.backend.write_bytes(dbuf, doff, np.asarray(data))
+                    self._copy(self.sessions[sd], src_t, dst, copy_t)
             with dst.running(), dst.backend.run_context():
                 for call in calls:
                     call()

@@ -109,7 +109,7 @@ def test_prepared_launch_keeps_the_dispatcher_where_it_cannot_prepare():
         def __getitem__(self, cfg):
             return lambda *a: ran.append(a)
 
-    p = replay.PreparedLaunch(Kernel(), 1, 32, object(), (1, 2), fast=True)
+    p = replay.PreparedLaunch(Kernel(), 1, 32, object(), (1, 2))
     for _ in range(3):
         p()
     assert ran == [(1, 2)] * 3 and p.fast is None and p.calls == -1

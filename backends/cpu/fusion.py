@@ -29,7 +29,7 @@ import numpy as np
 
 from ggraph.opkind import OpKind
 from ggraph.tensor import Tensor
-from ..fusion_rules import PRE_OPS, Group, dead, match, readers
+from ..fusion_rules import PRE_OPS, Group, dead, match, scan
 from ..shared.elementwise import BINARY_CODE
 from . import attn_fusion, fused_templates as F
 
@@ -75,21 +75,10 @@ def fuse(order: Sequence[Tensor], session: Any, kernel_for: Callable[[Callable, 
     `kernel_for(template, last_node)` compiles a fused template for the group's size (serial
     when it is too small to fork threads for); `nogil_for(template)` one of attn_fusion's, to
     run in threads of our own."""
-    seq = [n for n in order if not n.is_view]
-    read_by = readers(seq)
-    groups: dict[Tensor, Group] = {}
-    i = 0
-    while i < len(seq):
-        chain = match(seq, i)
-        g = _bind(chain, session, read_by, kernel_for) if chain else None
-        if g is None and (chain := attn_fusion.match(seq, i)):
-            g = _bind_attention(chain, session, read_by, nogil_for)
-        if g is None:
-            i += 1
-            continue
-        groups[chain[0]] = g
-        i += len(chain)
-    return groups
+    return scan(order, [
+        lambda seq, i, rb: _bind(c, session, rb, kernel_for) if (c := match(seq, i)) else None,
+        lambda seq, i, rb: _bind_attention(c, session, rb, nogil_for)
+        if (c := attn_fusion.match(seq, i)) else None])
 
 
 def _bind_attention(chain: list[Tensor], s: Any, read_by: dict[Tensor, set[Tensor]],

@@ -103,15 +103,12 @@ class CUDABackend(Backend):
 
     def write(self, buf: Any, offset: int, t: Tensor, values: np.ndarray) -> None:
         with self.device.active():
-            if t.is_contiguous():
-                # a packed tensor's span is all its own: one copy queued on the stream, no
-                # read back (a decode step's token ids and positions, every token)
-                host = np.empty(t.nbytes, np.uint8)
-                buffers.write(host, 0, t, values)
-            else:
-                # read-modify-write: bytes between a strided view's elements stay
-                host = R.to_host(buf, offset, offset + t.nbytes)
-                buffers.write(host, 0, t, values)
+            # a packed tensor's span is all its own: one copy queued on the stream, no read
+            # back (a decode step's token ids and positions, every token); a strided view's
+            # is read, modified and written, keeping the bytes between its elements
+            host = np.empty(t.nbytes, np.uint8) if t.is_contiguous() else \
+                R.to_host(buf, offset, offset + t.nbytes)
+            buffers.write(host, 0, t, values)
             R.from_host(buf, offset, host)
 
     def read_bytes(self, buf: Any, offset: int, n: int) -> np.ndarray:

@@ -28,12 +28,12 @@ import numpy as np
 from ggraph.opkind import OpKind
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType as T
-from ..fusion_rules import PRE_OPS, Group, dead, match, readers
+from ..fusion_rules import PRE_OPS, Group, dead, match, scan
 from ..shared.elementwise import BINARY_CODE
 from ..shared.kernel_args import norm_args
 from . import runtime as R
 from .kernels import MV_MAX_N, mat_vec, norm_chain
-from .templates_mm import MV_PAIR, MV_WARPS
+from .templates_mm import MV_PAIR
 
 ENABLED = os.environ.get("GGRAPH_FUSE", "1") != "0"
 
@@ -42,27 +42,18 @@ def fuse(order: Sequence[Tensor], session: Any) -> dict[Tensor, Group]:
     """Groups of `order` (a planned graph's nodes) keyed by their first node."""
     if not ENABLED:
         return {}
-    seq = [n for n in order if not n.is_view]
-    read_by = readers(seq)
-    groups: dict[Tensor, Group] = {}
-    i = 0
-    while i < len(seq):
+
+    def norm(seq: list[Tensor], i: int, rb: dict[Tensor, set[Tensor]]) -> Group | None:
         chain = match(seq, i)
-        if chain and chain[0].op in PRE_OPS:
-            chain = []  # the residual add stays a launch of its own; its norm matches next
-        g = _bind_norm(chain, session, read_by) if chain else None
-        if g is None:
-            chain = _match_mat_vec_add(seq, i)
-            g = _bind_mat_vec_add(chain, session, read_by) if chain else None
-        if g is None:
-            chain = _match_glu(seq, i)
-            g = _bind_glu(chain, session, read_by) if chain else None
-        if g is None:
-            i += 1
-            continue
-        groups[chain[0]] = g
-        i += len(g.nodes)
-    return groups
+        # a chain led by the residual add: the add stays a launch of its own, and its norm
+        # matches at the next node
+        return _bind_norm(chain, session, rb) if chain and chain[0].op not in PRE_OPS else None
+
+    return scan(order, [
+        norm,
+        lambda seq, i, rb: _bind_mat_vec_add(c, session, rb)
+        if (c := _match_mat_vec_add(seq, i)) else None,
+        lambda seq, i, rb: _bind_glu(c, session, rb) if (c := _match_glu(seq, i)) else None])
 
 
 # -- memory overlap, on the device's buffers ----------------------------------------------------
@@ -145,9 +136,8 @@ def _bind_mat_vec_add(chain: list[Tensor], s: Any,
     # never over the product's sources, which other warps are still reading
     if not _overlap_safe(s, [a, b], [add]) or not _overlap_safe(s, [c], [add]):
         return None
-    items = -(-mm.ne[0] // MV_WARPS) * mm.ne[2] * mm.ne[3]
     A = s.arr(a)
-    call = mat_vec(a, b, A, A, s.arr(b), s.arr(c), s.arr(add), BINARY_CODE[OpKind.ADD], items)
+    call = mat_vec(mm, A, A, s.arr(b), s.arr(c), s.arr(add), BINARY_CODE[OpKind.ADD])
     return Group(tuple(chain), call) if call is not None else None
 
 
@@ -176,14 +166,13 @@ def _bind_glu(chain: list[Tensor], s: Any, read_by: dict[Tensor, set[Tensor]]) -
     gate, up, glu = chain
     (g, x), u = gate.src, up.src[0]
     A, A2, X = s.arr(g), s.arr(u), s.arr(x)
-    items = -(-gate.ne[0] // MV_WARPS) * gate.ne[2] * gate.ne[3]
     if all(dead(t, set(chain), read_by, s.plan) for t in (gate, up)) \
             and _overlap_safe(s, [g, u, x], [glu]):
         D = s.arr(glu)
-        call = mat_vec(g, x, A, A2, X, D, D, BINARY_CODE[OpKind.SWIGLU], items)
+        call = mat_vec(gate, A, A2, X, D, D, BINARY_CODE[OpKind.SWIGLU])
         return Group(tuple(chain), call) if call is not None else None
     # the two products alone: each was planned while x was live, so neither overlaps it
     if not _overlap_safe(s, [g, u, x], [gate, up]):
         return None
-    call = mat_vec(g, x, A, A2, X, s.arr(up), s.arr(gate), MV_PAIR, items)
+    call = mat_vec(gate, A, A2, X, s.arr(up), s.arr(gate), MV_PAIR)
     return Group((gate, up), call) if call is not None else None

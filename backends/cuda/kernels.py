@@ -230,7 +230,7 @@ def _mul_mat(node: Tensor, s: Session) -> Launch:
     m, n = node.ne[0], node.ne[1]
     z = node.ne[2] * node.ne[3]
     if n <= MV_MAX_N:
-        return mat_vec(a, b, A, A, B, D, D, -1, -(-m // KM.MV_WARPS) * z)
+        return mat_vec(node, A, A, B, D, D, -1)
     if tc_gemm.torch_cuda() is not None and tc_gemm.accepts(a, b, node):
         return tc_gemm.bind(node, s, lambda A_, W16: _ew(
             _compiled(K.k_copy_chunks, a=a.type, d=T.F16), a.nelements // K.CH, A_, W16,
@@ -239,11 +239,12 @@ def _mul_mat(node: Tensor, s: Session) -> Launch:
                    (-(-m // KM.MM_TM), -(-n // KM.MM_TN), _grid_z(node, z)), KM.MM_NT, A, B, D)
 
 
-def mat_vec(a: Tensor, b: Tensor, A: Any, A2: Any, B: Any, C: Any, D: Any, op: int,
-            items: int) -> Launch:
-    """The mat-vec launch of d = a . b, with the fused node after it by `op` (-1, B_ADD with
-    C, B_SWIGLU with A2 of a's type; templates_mm.k_mul_mat_vec), `items` = row groups x
-    batch slices."""
+def mat_vec(mm: Tensor, A: Any, A2: Any, B: Any, C: Any, D: Any, op: int) -> Launch:
+    """The mat-vec launch of mul_mat node `mm` (arrays A, B of its sources), with the fused
+    node after it by `op` (-1, B_ADD with C, B_SWIGLU or MV_PAIR with A2 of a's type;
+    templates_mm.k_mul_mat_vec), one item per group of MV_WARPS rows of each batch slice."""
+    a, b = mm.src
+    items = -(-mm.ne[0] // KM.MV_WARPS) * mm.ne[2] * mm.ne[3]
     return R.bound(_compiled(KM.k_mul_mat_vec, a=a.type, b=b.type), R.blocks_for(items, 1),
                    KM.MV_NT, A, A2, B, C, D, op)
 

@@ -35,12 +35,11 @@ class PreparedLaunch:
 
     __slots__ = ("kernel", "grid", "block", "stream", "args", "fast", "calls")
 
-    def __init__(self, kernel: Any, grid: Any, block: Any, stream: Any, args: tuple,
-                 fast: bool) -> None:
+    def __init__(self, kernel: Any, grid: Any, block: Any, stream: Any, args: tuple) -> None:
         self.kernel, self.grid, self.block, self.stream, self.args = (kernel, grid, block,
                                                                       stream, args)
         self.fast: Callable[[], Any] | None = None
-        self.calls = 0 if fast and FAST_LAUNCH and stream else -1  # -1: dispatcher always
+        self.calls = 0 if FAST_LAUNCH and stream else -1  # -1: dispatcher always
 
     def __call__(self) -> None:
         if self.fast is not None:

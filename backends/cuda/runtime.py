@@ -254,7 +254,7 @@ def bound(kernel: Any, grid: Any, block: int, *args: Any) -> Callable[[], None] 
         return lambda: _compile_only(kernel, args, block)
     stream = _stream()  # the stream of the device active while binding (its backend's)
     if MODE == "device":  # numba's dispatch done once (replay.py)
-        return PreparedLaunch(kernel, grid, block, stream, args, fast=True)
+        return PreparedLaunch(kernel, grid, block, stream, args)
     return lambda: kernel[grid, block, stream](*args)
 
 
