@@ -213,6 +213,14 @@ class Engine:
         return v if isinstance(v, int) and not isinstance(v, bool) else None
 
     @property
+    def eog(self) -> frozenset[int]:
+        """The ids that end generation (llama.cpp's EOG set: eos, eot, eom and the end-of-turn
+        tokens found by text); just the EOS id without a tokenizer."""
+        if self._tokenizer is not None:
+            return self._tokenizer.eog_ids
+        return frozenset() if self.eos is None else frozenset([self.eos])
+
+    @property
     def reserve_plan(self) -> Plan:
         """The host's compute buffer Plan: the only one without devices."""
         return self.reserve_plans[-1].plan
@@ -350,7 +358,7 @@ class Engine:
         for i in range(n_predict):
             tok = int(np.argmax(logits)) if sampler is None else int(sampler.sample(logits))
             yield tok
-            if stop_at_eos and tok == self.eos:
+            if stop_at_eos and tok in self.eog:
                 return
             with self.lock:
                 if self._kv_epoch != epoch:

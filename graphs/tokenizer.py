@@ -22,19 +22,10 @@ from typing import Any
 from .gguf_reader import GGUFError
 from .pretokenize import pre_type
 from .tokenizer_models import SPACE, build_bpe, build_spm, piece
-from .tokenizer_vocab import EOG_TEXTS, check_vocab, is_int as _is_int, one_line as _one_line, \
-    partition, what as _what
+from .special_tokens import SpecialIds, read_special_ids
+from .tokenizer_vocab import check_vocab, one_line as _one_line, partition, what as _what
 
 _TEMPLATE = "tokenizer.chat_template"
-
-
-def _token_id(md: dict[str, Any], key: str, n_vocab: int, path: str) -> int | None:
-    v = md.get(key)
-    if v is None:
-        return None
-    if not _is_int(v) or not 0 <= v < n_vocab:
-        raise GGUFError(f"{path}: {key} must be a token id in [0, {n_vocab}), got {_what(v)}")
-    return v
 
 
 def _compile_template(source: str, path: str) -> Any:
@@ -147,22 +138,19 @@ class Tokenizer:
         self.vocab = v
         self.tokens: list[str] = v.tokens
         self.model: str = v.model
-        n = len(v.tokens)
         spm = v.model == "llama"
-        if spm:  # llama.cpp's SentencePiece defaults: <unk> <s> </s> = 0 1 2, BOS and a space
+        if spm:  # llama.cpp's SentencePiece defaults: BOS and a space prefix
             self.pre, pre = "default", None
-            clean, bos_default, eos_default, add_bos_default = False, 1, 2, True
+            clean, add_bos_default = False, True
         else:
             self.pre, found = pre_type(metadata, path)
             pre = found
-            clean, bos_default, eos_default = pre.clean_spaces, None, None
-            add_bos_default = bool(pre.add_bos)
+            clean, add_bos_default = found.clean_spaces, bool(found.add_bos)
         self.clean_spaces: bool = clean
-        bos = _token_id(metadata, "tokenizer.ggml.bos_token_id", n, path)
-        eos = _token_id(metadata, "tokenizer.ggml.eos_token_id", n, path)
-        in_range = (lambda d: d if d is not None and d < n else None)
-        self.bos: int | None = bos if bos is not None else in_range(bos_default)
-        self.eos: int | None = eos if eos is not None else in_range(eos_default)
+        # every special id range-checked, and the end-of-generation set (special_tokens.py)
+        self.special: SpecialIds = read_special_ids(metadata, v.tokens, v.model, path)
+        self.bos: int | None = self.special.bos
+        self.eos: int | None = self.special.eos
         self.add_bos: bool = _flag(metadata, "tokenizer.ggml.add_bos_token", add_bos_default,
                                    path)
         self.add_eos: bool = _flag(metadata, "tokenizer.ggml.add_eos_token", False, path)
@@ -178,10 +166,8 @@ class Tokenizer:
         self._model = build_bpe(v, pre) if pre is not None else build_spm(v)
         self._specials = {True: v.specials(True), False: v.specials(False)}
         self._pieces: dict[tuple[int, bool], bytes] = {}
-        # tokens that end generation: EOS and the end-of-turn texts (llama.cpp's eog ids)
-        eog = {i for i, text in enumerate(v.tokens) if text in EOG_TEXTS}
-        self.eog_ids: frozenset[int] = frozenset(eog | ({self.eos} if self.eos is not None
-                                                       else set()))
+        # the tokens that end generation, as llama.cpp's llama_vocab_is_eog answers
+        self.eog_ids: frozenset[int] = self.special.eog
 
     @property
     def n_vocab(self) -> int:

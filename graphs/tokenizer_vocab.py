@@ -40,13 +40,6 @@ class Attr(IntFlag):
 _TYPE_ATTR = {1: Attr.NORMAL, 2: Attr.UNKNOWN, 3: Attr.CONTROL, 4: Attr.USER_DEFINED,
               5: Attr.UNUSED, 6: Attr.BYTE}
 
-# Texts that end generation besides the EOS token (llama.cpp's special_eog_ids: end of turn,
-# end of message, end of text)
-EOG_TEXTS = frozenset([
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-    "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
-])
-
 # Texts llama.cpp makes CONTROL whatever their type says, because they end generation or mark
 # fill-in-the-middle (llama_vocab::impl::load); as CONTROL they are not matched in plain text.
 # (llama.cpp marks only the first FIM token of each kind it meets; ggraph marks all of them.)

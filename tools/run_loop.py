@@ -35,8 +35,9 @@ def stream(eng: Any, prompt: list[int], n_predict: int, sampling: Any,
            out: TextStream) -> None:
     """Generate after `prompt` (continuing the KV cache) until n_predict tokens, an
     end-of-generation token or a stop string; each kept token goes to out."""
+    ends = eng.eog  # llama.cpp's end-of-generation set (graphs/special_tokens.py)
     for tok in generate(eng, prompt, n_predict, sampling):
-        if tok in end_tokens(eng):
+        if tok in ends:
             break
         out.add(tok)
         if out.done:
@@ -50,12 +51,6 @@ def generate(eng: Any, prompt: list[int], n_predict: int, sampling: Any) -> Iter
 
     sampler = Sampler(sampling)
     return eng.generate(prompt, n_predict, stop_at_eos=False, sampler=sampler)
-
-
-def end_tokens(eng: Any) -> set[int]:
-    tok = eng.tokenizer
-    ends = getattr(tok, "eog_ids", None)
-    return set(ends) if ends else ({tok.eos} if tok.eos is not None else set())
 
 
 def prompt_ids(eng: Any, path: str, user: str, text: str) -> list[int]:
