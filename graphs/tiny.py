@@ -10,6 +10,10 @@ exactly as for a real model. The same seed draws llama's tensors in the same ord
 architecture (extras come after each layer's llama tensors), and a llama file is the same
 bytes it always was.
 
+The dense layout (`dense_tensors`: names, shapes, kinds), the model keys (`write_hparam_keys`)
+and the byte alphabet are shared with graphs/synthetic.py, which writes the same architectures
+at real models' sizes with random quantized blocks.
+
     python -m ggraph.graphs.tiny ARCH OUT.gguf [weight_type]
 """
 from __future__ import annotations
@@ -90,11 +94,18 @@ MERGES = ["t h"]
 
 def vocab() -> list[str]:
     """Control tokens, GPT-2's byte-level alphabet, then the tokens that MERGES make."""
-    return _byte_alphabet() + ["".join(m.split(" ")) for m in MERGES]
+    return ["<unk>", "<|im_start|>", "<|im_end|>"] + byte_alphabet() + merged_tokens()
 
 
-def _byte_alphabet() -> list[str]:
-    # the byte-level alphabet of GPT-2 (printable bytes map to themselves, others shifted)
+def merged_tokens() -> list[str]:
+    """The tokens that MERGES make, in order."""
+    return ["".join(m.split(" ")) for m in MERGES]
+
+
+def byte_alphabet() -> list[str]:
+    """GPT-2's byte-level alphabet in its vocabulary's order (printable bytes map to
+    themselves, the others are shifted past 255): the first 256 tokens of GPT-2, Llama 3
+    and Qwen2."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
         list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
@@ -104,7 +115,7 @@ def _byte_alphabet() -> list[str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return ["<unk>", "<|im_start|>", "<|im_end|>"] + [chr(c) for c in cs]
+    return [chr(c) for c in cs]
 
 
 def _matrix(rng: np.random.Generator, ne0: int, ne1: int, scale: float) -> np.ndarray:
@@ -119,53 +130,81 @@ def _vector(rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
     return (scale * rng.standard_normal(n)).astype(np.float32)
 
 
-def tiny_tensors(cfg: TinyDense) -> dict[str, tuple[np.ndarray, bool]]:
-    """name -> (values in numpy order, is a matrix that takes weight_type)."""
+@dataclass(frozen=True)
+class DenseTensor:
+    """One tensor of a dense model: GGUF name, ne (ggml order) and what it holds: `embd`
+    (token embedding), `matrix`, `norm`, `bias` or `head_norm` (Q/K norms)."""
+    name: str
+    ne: tuple[int, ...]
+    kind: str
+
+    @property
+    def is_matrix(self) -> bool:
+        return self.kind in ("embd", "matrix")
+
+
+def dense_tensors(cfg: TinyDense, n_vocab: int) -> list[DenseTensor]:
+    """The tensors of cfg's architecture at cfg's sizes, in the order tiny files draw them:
+    the same names and shapes as a converted model of that architecture."""
     spec = cfg.layout
     if cfg.head_dim and not spec.head_dim_key and cfg.head_dim != cfg.n_embd // cfg.n_head:
         raise ValueError(f"{cfg.arch}: the head size is n_embd / n_head; head_dim="
                          f"{cfg.head_dim} needs an architecture with attention.key_length")
     if cfg.output_bias and not spec.output_bias:
         raise ValueError(f"{cfg.arch} has no output.bias")
-    rng = np.random.default_rng(cfg.seed)
-    n_vocab = len(vocab())
     e, hd = cfg.n_embd, cfg.hd
     nq, kv = hd * cfg.n_head, hd * cfg.n_head_kv
     tn = TensorNames.of(cfg.arch)
-    t: dict[str, tuple[np.ndarray, bool]] = {
-        tn("token_embd"): (_matrix(rng, e, n_vocab, 0.5), True),
-        tn("output_norm"): (_norm(rng, e), False),
-    }
+    t = [DenseTensor(tn("token_embd"), (e, n_vocab), "embd"),
+         DenseTensor(tn("output_norm"), (e,), "norm")]
     if not cfg.tied_output:
-        t[tn("output")] = (_matrix(rng, e, n_vocab, e ** -0.5), True)
+        t.append(DenseTensor(tn("output"), (e, n_vocab), "matrix"))
     for il in range(cfg.n_layer):
-        t.update({
-            tn("attn_norm", il): (_norm(rng, e), False),
-            tn("attn_q", il): (_matrix(rng, e, nq, e ** -0.5), True),
-            tn("attn_k", il): (_matrix(rng, e, kv, e ** -0.5), True),
-            tn("attn_v", il): (_matrix(rng, e, kv, e ** -0.5), True),
-            tn("attn_output", il): (_matrix(rng, nq, e, nq ** -0.5), True),
-            tn("ffn_norm", il): (_norm(rng, e), False),
-            tn("ffn_gate", il): (_matrix(rng, e, cfg.n_ff, e ** -0.5), True),
-            tn("ffn_up", il): (_matrix(rng, e, cfg.n_ff, e ** -0.5), True),
-            tn("ffn_down", il): (_matrix(rng, cfg.n_ff, e, cfg.n_ff ** -0.5), True),
-        })
-        if spec.qkv_bias:  # large enough to move the logits visibly
-            for name, width in (("attn_q", nq), ("attn_k", kv), ("attn_v", kv)):
-                t[tn(name, il, "bias")] = (_vector(rng, width, 0.5), False)
-        if spec.qk_norm:   # spread around 1 so a missing or misplaced norm shows
-            t[tn("attn_q_norm", il)] = ((1 + 0.3 * rng.standard_normal(hd)).astype(np.float32),
-                                        False)
-            t[tn("attn_k_norm", il)] = ((1 + 0.3 * rng.standard_normal(hd)).astype(np.float32),
-                                        False)
+        t += [DenseTensor(tn(name, il), ne, kind) for name, ne, kind in (
+            ("attn_norm", (e,), "norm"),
+            ("attn_q", (e, nq), "matrix"),
+            ("attn_k", (e, kv), "matrix"),
+            ("attn_v", (e, kv), "matrix"),
+            ("attn_output", (nq, e), "matrix"),
+            ("ffn_norm", (e,), "norm"),
+            ("ffn_gate", (e, cfg.n_ff), "matrix"),
+            ("ffn_up", (e, cfg.n_ff), "matrix"),
+            ("ffn_down", (cfg.n_ff, e), "matrix"))]
+        if spec.qkv_bias:
+            t += [DenseTensor(tn(name, il, "bias"), (width,), "bias")
+                  for name, width in (("attn_q", nq), ("attn_k", kv), ("attn_v", kv))]
+        if spec.qk_norm:
+            t += [DenseTensor(tn(name, il), (hd,), "head_norm")
+                  for name in ("attn_q_norm", "attn_k_norm")]
     if cfg.output_bias:
-        t[tn("output", None, "bias")] = (_vector(rng, n_vocab, 0.5), False)
+        t.append(DenseTensor(tn("output", None, "bias"), (n_vocab,), "bias"))
     return t
 
 
-def _write_keys(w: Any, cfg: TinyDense, name: str, tokens: list[str]) -> None:
+def tiny_tensors(cfg: TinyDense) -> dict[str, tuple[np.ndarray, bool]]:
+    """name -> (values in numpy order, is a matrix that takes weight_type)."""
+    rng = np.random.default_rng(cfg.seed)
+    out: dict[str, tuple[np.ndarray, bool]] = {}
+    for t in dense_tensors(cfg, len(vocab())):
+        if t.kind == "embd":
+            arr = _matrix(rng, t.ne[0], t.ne[1], 0.5)
+        elif t.kind == "matrix":
+            arr = _matrix(rng, t.ne[0], t.ne[1], t.ne[0] ** -0.5)
+        elif t.kind == "norm":
+            arr = _norm(rng, t.ne[0])
+        elif t.kind == "bias":   # large enough to move the logits visibly
+            arr = _vector(rng, t.ne[0], 0.5)
+        else:                    # head norms spread around 1 so a missing or misplaced one shows
+            arr = (1 + 0.3 * rng.standard_normal(t.ne[0])).astype(np.float32)
+        out[t.name] = (arr, t.is_matrix)
+    return out
+
+
+def write_hparam_keys(w: Any, cfg: TinyDense, n_vocab: int, name: str) -> None:
+    """The model keys of cfg (general.name, sizes, attention, rope, norm) to the gguf writer
+    `w`, as a converter writes them for cfg's architecture."""
     spec = cfg.layout
-    w.add_name(f"tiny-{cfg.arch}")
+    w.add_name(name)
     w.add_block_count(cfg.n_layer)
     w.add_context_length(cfg.n_ctx_train)
     w.add_embedding_length(cfg.n_embd)
@@ -179,9 +218,13 @@ def _write_keys(w: Any, cfg: TinyDense, name: str, tokens: list[str]) -> None:
         w.add_rope_dimension_count(cfg.hd)
     w.add_rope_freq_base(cfg.rope_freq_base)
     w.add_layer_norm_rms_eps(cfg.rms_eps)
-    w.add_vocab_size(len(tokens))
+    w.add_vocab_size(n_vocab)
+
+
+def _write_keys(w: Any, cfg: TinyDense, tokens: list[str]) -> None:
+    write_hparam_keys(w, cfg, len(tokens), f"tiny-{cfg.arch}")
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(spec.tokenizer_pre)
+    w.add_tokenizer_pre(cfg.layout.tokenizer_pre)
     w.add_token_list(tokens)
     w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
     w.add_token_merges(MERGES)
@@ -201,7 +244,7 @@ def write_tiny(path: str | os.PathLike, cfg: TinyDense = TinyDense(),
     tokens = vocab()
     name = arch or cfg.arch
     w = gguf.GGUFWriter(os.fspath(path), name)
-    _write_keys(w, cfg, name, tokens)
+    _write_keys(w, cfg, tokens)
     wt = GGMLType.parse(cfg.weight_type)
     for tname, (arr, is_matrix) in tiny_tensors(cfg).items():
         if tname in skip:
