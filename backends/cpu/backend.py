@@ -20,6 +20,7 @@ from ggraph.tensor import Tensor  # noqa: E402
 from ..base import Backend, Session  # noqa: E402
 from . import fusion  # noqa: E402
 from .kernels import KERNELS, compiled_for, compiled_nogil  # noqa: E402
+from .qpack import PackStore  # noqa: E402
 
 # GGRAPH_ADAPTIVE_THREADS=0: every run uses all the backend's threads (no governor)
 ADAPTIVE = os.environ.get("GGRAPH_ADAPTIVE_THREADS", "1") != "0"
@@ -51,6 +52,8 @@ class CPUBackend(Backend):
             from .ggml_exact import kernel_table
 
             self.kernels = kernel_table(KERNELS)
+        # weights in the decode mat-vec's packed layout (backends/cpu/qpack.py), made once
+        self.packs = PackStore()
 
     def fuse(self, order: list[Tensor], session: Session) -> Mapping[Tensor, Any]:
         if not self.fusion:

@@ -210,7 +210,9 @@ VEC_DOT_TYPE = {t: r.vec_dot_type for t, r in TYPE_RECORDS.items()
 # sums (qsimd.py) in place of the shared loops; this runs before any codec is compiled.
 # At decode (a few columns) the types of qrows.ROW_DOTS take whole-row dots with vector
 # accumulators instead (qrows.py, qvec.py): the same integer sums, at memory bandwidth.
-from . import qgemm, qrows, qsimd, qvec  # noqa: E402  (kept with the section that uses them)
+from . import qgemm, qlanes, qpack, qrows, qsimd, qtiles, qvec  # noqa: E402  (kept with the section that uses them)
+from .qpack import PACKS  # noqa: E402
+from .qtiles import TILES  # noqa: E402
 from .qgemm import GEMMS  # noqa: E402
 from .qrows import ROW_DOTS  # noqa: E402
 
@@ -272,6 +274,38 @@ def _row_dot_kernel(serial: bool, a: T, b: T):
 
 _G_HASH = source_hash(K.__file__, fastmath.__file__, qsimd.__file__, qvec.__file__,
                       qgemm.__file__)
+_P_HASH = source_hash(K.__file__, fastmath.__file__, qsimd.__file__, qvec.__file__,
+                      qlanes.__file__, qtiles.__file__, qpack.__file__)
+
+
+def _packed_weight(a: Tensor, b: Tensor, s: Session) -> np.ndarray | None:
+    """The packed copy of weight `a` (backends/cpu/qpack.py) where the decode mat-vec can
+    read it: a whole 2-D leaf of a packed type, with its own stored bytes (not a copy this
+    Session wrote), times activations that take the integer dots."""
+    packs = getattr(s.backend, "packs", None)
+    vt = VEC_DOT_TYPE.get(a.type) if ROUND_ACTIVATIONS else None
+    if (packs is None or vt is None or a.op is not None or a.view_src is not None
+            or a.data is None or not qpack.packable(a.type, a.ne) or b.ne[0] % vt.block_size
+            or s.storage(a)[0] is not a.data):
+        return None
+    return packs.get(a, a.data)
+
+
+def _packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R):
+    """k_mul_mat_packed bound to `a`'s tile function (backends/cpu/qtiles.py) for groups of
+    r rows, its activation sums and the codecs that quantize b's columns to a's
+    vec_dot_type."""
+    tile = TILES[a]
+    tag = f"R{r}_{qlanes.flavor()}_{_P_HASH}"
+    names: dict = {"R": r}
+    for h in tile.helpers:
+        names[h.__name__] = TARGET.bind(h, _INLINE_FAST, tag, **names)
+    return TARGET.bind(qtiles.k_mul_mat_packed, _SERIAL_FAST if serial else _KERNEL_FAST,
+                       f"a{a}_b{b}{'_serial' if serial else ''}_{tag}",
+                       tile=TARGET.bind(tile.fn, _INLINE_FAST, f"{a}_{tag}", **names),
+                       aux=TARGET.bind(tile.aux, TARGET.device, _P_HASH), R=r,
+                       TILE=PACKS[a].tile(r), dec_b=TARGET.codec(b).dec,
+                       enc_r=TARGET.codec(VEC_DOT_TYPE[a]).enc)
 
 
 def _gemm(a: Tensor, b: Tensor, node: Tensor, s: Session):
@@ -333,6 +367,14 @@ def _mul_mat(node: Tensor, s: Session):
                         round_half=_ROUND_HALF)
         return partial(k, af, o3, o2, o1, A.shape[0], A.shape[1], A.shape[2], s.arr(b), D,
                        ROUND_ACTIVATIONS)
+    if n < BLAS_MIN_N and (packed := _packed_weight(a, b, s)) is not None:
+        # decode: R rows at a time from the weight's packed copy (backends/cpu/qpack.py)
+        vt, k = VEC_DOT_TYPE[a.type], b.ne[0]
+        Q = np.empty(D.shape[:3] + (vt.type_size * k // vt.block_size,), np.uint8)
+        ysb = np.empty(D.shape[:3] + (2 * (k // 32),), np.uint8)
+        ysf = np.empty(D.shape[:3] + (k // 32,), np.float32)
+        return partial(_packed_kernel(_small(node), a.type, b.type), packed, s.arr(b), Q, ysb,
+                       ysf, D, k, k // TYPE_RECORDS[a.type].block_size, a.ne[1])
     if n < BLAS_MIN_N and (vt := _int_dot_type(a, b)) is not None:
         # integer dots with the activations quantized in the same kernel call
         k = b.ne[0]

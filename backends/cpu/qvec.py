@@ -38,11 +38,11 @@ def _host_features() -> set[str]:
         return set()
 
 
-_FEATURES = _host_features()
-AVX2 = "+avx2" in _FEATURES
+FEATURES = _host_features()
+AVX2 = "+avx2" in FEATURES
 # vpdpbusd (u8 x s8 products summed by 4 into i32 lanes, one instruction): AVX512-VNNI with
 # 256-bit vectors (AVX512VL) or AVX-VNNI; LLVM encodes the one intrinsic for either
-VNNI = "+avxvnni" in _FEATURES or {"+avx512vnni", "+avx512vl"} <= _FEATURES
+VNNI = "+avxvnni" in FEATURES or {"+avx512vnni", "+avx512vl"} <= FEATURES
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _F32 = ir.FloatType()
@@ -67,37 +67,37 @@ U8x32, I16x16, I32x8, F32x8 = Vec(32, "i8"), Vec(16, "i16"), Vec(8, "i32"), Vec(
 _V8, _V16, _V32 = ir.VectorType(_I8, 16), ir.VectorType(_I16, 16), ir.VectorType(_I8, 32)
 
 
-def _const(t, vals):
+def vconst(t, vals):
     return ir.Constant(t, list(vals))
 
 
-def _at(context, builder, aty, arr, off, t):
+def ptr_at(context, builder, aty, arr, off, t):
     """Pointer to a value of LLVM type t at byte `off` of 1-D uint8 array `arr`."""
     ary = context.make_array(aty)(context, builder, value=arr)
     return builder.bitcast(builder.gep(ary.data, [off]), t.as_pointer())
 
 
-def _load(context, builder, sig, args, t, a=0, o=1):
-    return builder.load(_at(context, builder, sig.args[a], args[a], args[o], t), align=1)
+def load_at(context, builder, sig, args, t, a=0, o=1):
+    return builder.load(ptr_at(context, builder, sig.args[a], args[a], args[o], t), align=1)
 
 
-def _splat(context, builder, ty, x, vt):
+def splat(context, builder, ty, x, vt):
     """Vector type vt with every lane the scalar x (numba type ty)."""
     x = context.cast(builder, x, ty, {_I8: types.uint8, _I16: types.int16, _I32: types.int32,
                                       _F32: types.float32}[vt.element])
     v = builder.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(_I32, 0))
     return builder.shuffle_vector(v, ir.Constant(vt, ir.Undefined),
-                                  _const(ir.VectorType(_I32, vt.count), [0] * vt.count))
+                                  vconst(ir.VectorType(_I32, vt.count), [0] * vt.count))
 
 
-def _pairs(builder, v, n):
+def pair_sums(builder, v, n):
     """Sum of adjacent lane pairs of an n-lane vector (n/2 lanes)."""
-    ev = _const(ir.VectorType(_I32, n // 2), range(0, n, 2))
-    od = _const(ir.VectorType(_I32, n // 2), range(1, n, 2))
+    ev = vconst(ir.VectorType(_I32, n // 2), range(0, n, 2))
+    od = vconst(ir.VectorType(_I32, n // 2), range(1, n, 2))
     return builder.add(builder.shuffle_vector(v, v, ev), builder.shuffle_vector(v, v, od))
 
 
-def _x86(builder, name, ret, argtys, args):
+def x86_call(builder, name, ret, argtys, args):
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, argtys), name)
     return builder.call(fn, args)
 
@@ -105,18 +105,18 @@ def _x86(builder, name, ret, argtys, args):
 def _maddubs(builder, x, y):
     """<16 x i16>: x[2i]*y[2i] + x[2i+1]*y[2i+1], x unsigned and y signed bytes."""
     if AVX2:
-        return _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16, [_V32, _V32], [x, y])
+        return x86_call(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16, [_V32, _V32], [x, y])
     w = ir.VectorType(_I16, 32)
-    return _pairs(builder, builder.mul(builder.zext(x, w), builder.sext(y, w)), 32)
+    return pair_sums(builder, builder.mul(builder.zext(x, w), builder.sext(y, w)), 32)
 
 
 def _madd(builder, p, w):
     """<8 x i32>: p[2i]*w[2i] + p[2i+1]*w[2i+1] (signed i16)."""
     if AVX2:
-        return _x86(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(_I32, 8), [_V16, _V16],
+        return x86_call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(_I32, 8), [_V16, _V16],
                     [p, w])
     w32 = ir.VectorType(_I32, 16)
-    return _pairs(builder, builder.mul(builder.sext(p, w32), builder.sext(w, w32)), 16)
+    return pair_sums(builder, builder.mul(builder.sext(p, w32), builder.sext(w, w32)), 16)
 
 
 def _dot4(builder, x, y, acc=None):
@@ -124,10 +124,10 @@ def _dot4(builder, x, y, acc=None):
     added to acc (<8 x i32>) where given."""
     v8 = ir.VectorType(_I32, 8)
     if VNNI:
-        return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [v8, v8, v8],
-                    [_const(v8, [0] * 8) if acc is None else acc, builder.bitcast(x, v8),
+        return x86_call(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [v8, v8, v8],
+                    [vconst(v8, [0] * 8) if acc is None else acc, builder.bitcast(x, v8),
                      builder.bitcast(y, v8)])
-    d = _madd(builder, _maddubs(builder, x, y), _const(_V16, [1] * 16))
+    d = _madd(builder, _maddubs(builder, x, y), vconst(_V16, [1] * 16))
     return d if acc is None else builder.add(acc, d)
 
 
@@ -137,7 +137,7 @@ def _dot4(builder, x, y, acc=None):
 def ld32(typingctx, arr, off):
     """The 32 bytes of arr from byte off."""
     def codegen(context, builder, sig, args):
-        return _load(context, builder, sig, args, _V32)
+        return load_at(context, builder, sig, args, _V32)
 
     return U8x32(arr, off), codegen
 
@@ -146,10 +146,10 @@ def ld32(typingctx, arr, off):
 def nib32(typingctx, arr, off):
     """16 packed bytes from byte off as 32 values: the low nibbles, then the high ones."""
     def codegen(context, builder, sig, args):
-        b = _load(context, builder, sig, args, _V8)
-        lo = builder.and_(b, _const(_V8, [15] * 16))
-        hi = builder.lshr(b, _const(_V8, [4] * 16))
-        return builder.shuffle_vector(lo, hi, _const(ir.VectorType(_I32, 32), range(32)))
+        b = load_at(context, builder, sig, args, _V8)
+        lo = builder.and_(b, vconst(_V8, [15] * 16))
+        hi = builder.lshr(b, vconst(_V8, [4] * 16))
+        return builder.shuffle_vector(lo, hi, vconst(ir.VectorType(_I32, 32), range(32)))
 
     return U8x32(arr, off), codegen
 
@@ -158,7 +158,7 @@ def nib32(typingctx, arr, off):
 def nib_lo(typingctx, arr, off):
     """The low nibbles of the 32 bytes from byte off."""
     def codegen(context, builder, sig, args):
-        return builder.and_(_load(context, builder, sig, args, _V32), _const(_V32, [15] * 32))
+        return builder.and_(load_at(context, builder, sig, args, _V32), vconst(_V32, [15] * 32))
 
     return U8x32(arr, off), codegen
 
@@ -167,7 +167,7 @@ def nib_lo(typingctx, arr, off):
 def nib_hi(typingctx, arr, off):
     """The high nibbles of the 32 bytes from byte off."""
     def codegen(context, builder, sig, args):
-        return builder.lshr(_load(context, builder, sig, args, _V32), _const(_V32, [4] * 32))
+        return builder.lshr(load_at(context, builder, sig, args, _V32), vconst(_V32, [4] * 32))
 
     return U8x32(arr, off), codegen
 
@@ -176,14 +176,14 @@ def nib_hi(typingctx, arr, off):
 def q5_bits(typingctx, x, arr, off):
     """x | 16 where bit j of the little-endian 32-bit word at byte off is set (lane j)."""
     def codegen(context, builder, sig, args):
-        w = builder.load(_at(context, builder, sig.args[1], args[1], args[2],
+        w = builder.load(ptr_at(context, builder, sig.args[1], args[1], args[2],
                              ir.VectorType(_I8, 4)), align=1)
-        spread = builder.shuffle_vector(w, w, _const(ir.VectorType(_I32, 32),
+        spread = builder.shuffle_vector(w, w, vconst(ir.VectorType(_I32, 32),
                                                      [j // 8 for j in range(32)]))
-        bit = builder.and_(spread, _const(_V32, [1 << (j % 8) for j in range(32)]))
-        on = builder.icmp_unsigned("!=", bit, _const(_V32, [0] * 32))
-        return builder.or_(args[0], builder.select(on, _const(_V32, [16] * 32),
-                                                   _const(_V32, [0] * 32)))
+        bit = builder.and_(spread, vconst(_V32, [1 << (j % 8) for j in range(32)]))
+        on = builder.icmp_unsigned("!=", bit, vconst(_V32, [0] * 32))
+        return builder.or_(args[0], builder.select(on, vconst(_V32, [16] * 32),
+                                                   vconst(_V32, [0] * 32)))
 
     return U8x32(x, arr, off), codegen
 
@@ -193,10 +193,10 @@ def hplane(typingctx, x, arr, off, s, m):
     """x | (((arr[off + j] >> s) & m) << 4), j < 32: the high bits above a nibble, from a bit
     plane (Q5_K: m = 1) or a 2-bit plane (Q6_K: m = 3) of 32 bytes."""
     def codegen(context, builder, sig, args):
-        h = _load(context, builder, sig, args, _V32, 1, 2)
-        sv = _splat(context, builder, sig.args[3], args[3], _V32)
-        mv = _splat(context, builder, sig.args[4], args[4], _V32)
-        h = builder.shl(builder.and_(builder.lshr(h, sv), mv), _const(_V32, [4] * 32))
+        h = load_at(context, builder, sig, args, _V32, 1, 2)
+        sv = splat(context, builder, sig.args[3], args[3], _V32)
+        mv = splat(context, builder, sig.args[4], args[4], _V32)
+        h = builder.shl(builder.and_(builder.lshr(h, sv), mv), vconst(_V32, [4] * 32))
         return builder.or_(args[0], h)
 
     return U8x32(x, arr, off, s, m), codegen
@@ -217,7 +217,7 @@ def maddubs(typingctx, x, y):
 def maddubs_c(typingctx, c, y):
     """maddubs of the constant byte c in every lane with y: c times y's pair sums."""
     def codegen(context, builder, sig, args):
-        return _maddubs(builder, _splat(context, builder, sig.args[0], args[0], _V32), args[1])
+        return _maddubs(builder, splat(context, builder, sig.args[0], args[0], _V32), args[1])
 
     return I16x16(c, y), codegen
 
@@ -245,7 +245,7 @@ def dot4_acc(typingctx, acc, x, y):
 def dot4_off(typingctx, x, y, off):
     """dot4 of (x - off) with y, x - off as signed values: dot4(x, y) - off * y's sums."""
     def codegen(context, builder, sig, args):
-        o = _splat(context, builder, sig.args[2], args[2], _V32)
+        o = splat(context, builder, sig.args[2], args[2], _V32)
         return builder.sub(_dot4(builder, args[0], args[1]), _dot4(builder, o, args[1]))
 
     return I32x8(x, y, off), codegen
@@ -257,7 +257,7 @@ def signed_dot(typingctx, x, y):
     x's sign, as ggml's Q8_0 dot does: vpmaddubsw takes an unsigned left side)."""
     def codegen(context, builder, sig, args):
         x, y = args
-        zero = _const(_V32, [0] * 32)
+        zero = vconst(_V32, [0] * 32)
         neg = builder.icmp_signed("<", x, zero)
         ax = builder.select(neg, builder.sub(zero, x), x)
         sy = builder.select(neg, builder.sub(zero, y), y)
@@ -278,7 +278,7 @@ def sub16(typingctx, a, b):
 def madd1(typingctx, p):
     """<8 x i32>: sums of adjacent i16 pairs."""
     def codegen(context, builder, sig, args):
-        return _madd(builder, args[0], _const(_V16, [1] * 16))
+        return _madd(builder, args[0], vconst(_V16, [1] * 16))
 
     return I32x8(p), codegen
 
@@ -287,7 +287,7 @@ def madd1(typingctx, p):
 def madd_s(typingctx, p, s):
     """<8 x i32>: sums of adjacent i16 pairs times the integer scale s."""
     def codegen(context, builder, sig, args):
-        return _madd(builder, args[0], _splat(context, builder, sig.args[1], args[1], _V16))
+        return _madd(builder, args[0], splat(context, builder, sig.args[1], args[1], _V16))
 
     return I32x8(p, s), codegen
 
@@ -297,10 +297,10 @@ def madd_2s(typingctx, p, s1, s2):
     """madd_s with scale s1 for the first 8 lanes of p (its first 16 bytes' pairs) and s2 for
     the last 8."""
     def codegen(context, builder, sig, args):
-        a = _splat(context, builder, sig.args[1], args[1], _V16)
-        b = _splat(context, builder, sig.args[2], args[2], _V16)
+        a = splat(context, builder, sig.args[1], args[1], _V16)
+        b = splat(context, builder, sig.args[2], args[2], _V16)
         return _madd(builder, args[0], builder.shuffle_vector(
-            a, b, _const(ir.VectorType(_I32, 16), list(range(8)) + list(range(24, 32)))))
+            a, b, vconst(ir.VectorType(_I32, 16), list(range(8)) + list(range(24, 32)))))
 
     return I32x8(p, s1, s2), codegen
 
@@ -308,7 +308,7 @@ def madd_2s(typingctx, p, s1, s2):
 @intrinsic
 def i32_zero(typingctx):
     def codegen(context, builder, sig, args):
-        return _const(ir.VectorType(_I32, 8), [0] * 8)
+        return vconst(ir.VectorType(_I32, 8), [0] * 8)
 
     return I32x8(), codegen
 
@@ -326,7 +326,7 @@ def add32(typingctx, a, b):
 @intrinsic
 def f8_zero(typingctx):
     def codegen(context, builder, sig, args):
-        return _const(ir.VectorType(_F32, 8), [0.0] * 8)
+        return vconst(ir.VectorType(_F32, 8), [0.0] * 8)
 
     return F32x8(), codegen
 
@@ -337,7 +337,7 @@ def f8_fma(typingctx, acc, v, s):
     def codegen(context, builder, sig, args):
         vt = ir.VectorType(_F32, 8)
         f = builder.sitofp(args[1], vt)
-        return builder.fadd(args[0], builder.fmul(f, _splat(context, builder, sig.args[2],
+        return builder.fadd(args[0], builder.fmul(f, splat(context, builder, sig.args[2],
                                                             args[2], vt)))
 
     return F32x8(acc, v, s), codegen
@@ -347,7 +347,7 @@ def f8_fma(typingctx, acc, v, s):
 def ldf8(typingctx, arr, off):
     """The 8 floats of the float32 array arr from element off."""
     def codegen(context, builder, sig, args):
-        return _load(context, builder, sig, args, ir.VectorType(_F32, 8))
+        return load_at(context, builder, sig, args, ir.VectorType(_F32, 8))
 
     return F32x8(arr, off), codegen
 

@@ -1,0 +1,400 @@
+"""Vectors whose lanes are weight rows: the primitives of the CPU's decode mat-vec over packed
+weights (backends/cpu/qpack.py, backends/cpu/qtiles.py).
+
+In the packed layout (qpack.py) R rows of a weight are interleaved by 4 bytes, so one load of
+4R bytes holds 4 consecutive quant bytes of each of R rows, and one vpdpbusd against the
+activation's 4 matching int8 quants, broadcast to every lane, adds 4 products to each row's
+32-bit lane. A row's whole dot is then built in its own lane: no horizontal sum per row, each
+activation load serves R rows, and per-row scales are loaded as vectors of R. R is 16 where
+the host has AVX-512 (BW, VL: 512-bit vectors), else 8 (256-bit, AVX2 or portable IR); the
+intrinsics that make a vector take the lane count as a literal (`r`), the others take it from
+their vector arguments, so one layout width can be compiled and tested on any host.
+
+- quants: `ldq` (4r bytes), `lo4`/`hi4` (nibbles), `bit5` (a fifth bit from a bit mask:
+  Q5_0/Q5_1/Q5_K), `hi2` (2 high bits from a 2-bit plane: Q6_K), `lut16` (a 16-entry table
+  lookup of nibbles: IQ4_XS);
+- integer products: `dpb` (acc + 4-byte dot with a broadcast activation dword, vpdpbusd with
+  VNNI, vpmaddubsw + vpmaddwd without), `dpw` (acc + 2 widened bytes per lane times a broadcast
+  pair of i16 activation sums, vpdpwssd with VNNI), `lmul` (acc times R per-row bytes), `lsub`,
+  `ladd`, `lzero`;
+- floats: `fzero`, `ldh` (R f16 row scales), `ffma` (acc + float(ints) * (scales * s)),
+  `fmas` (acc + scales * s), `lane` (one lane, for partial stores), `fstore` (R lanes).
+
+Every offset is a byte offset into a 1-D uint8 array (an element offset for `fstore`'s
+float32 array). Values stay in range: weights of at most 8 bits (unsigned) times int8 quants
+summed by 4 in i32; without VNNI, vpmaddubsw's i16 pairs saturate above 127 * 127 * 2, so
+weights above 127 are only packed where VNNI is present (qpack.py's Pack.full_u8).
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from .qvec import FEATURES, Vec, load_at, ptr_at, splat, vconst, x86_call
+
+AVX512 = {"+avx512f", "+avx512bw", "+avx512vl"} <= FEATURES
+AVX2 = "+avx2" in FEATURES
+VNNI512 = AVX512 and "+avx512vnni" in FEATURES
+VNNI256 = "+avxvnni" in FEATURES or ({"+avx512vnni", "+avx512vl"} <= FEATURES)
+# rows per packed group on this host: the i32 lanes of its widest vector (a layout may be
+# built and run for the other width too: every intrinsic takes its width from its arguments)
+R = 16 if AVX512 else 8
+WIDTHS = (8, 16)
+
+_I1, _I8, _I16, _I32 = (ir.IntType(n) for n in (1, 8, 16, 32))
+_F32, _F16 = ir.FloatType(), ir.HalfType()
+
+
+def flavor() -> str:
+    """The instructions the products compile to now (part of compiled kernels' names)."""
+    return ("vnni512" if VNNI512 else "avx512" if AVX512 else
+            "vnni256" if VNNI256 else "avx2" if AVX2 else "ir")
+
+
+def _vb(r):
+    return ir.VectorType(_I8, 4 * r)
+
+
+def _vw(r):
+    return ir.VectorType(_I16, 2 * r)
+
+
+def _vi(r):
+    return ir.VectorType(_I32, r)
+
+
+def _vf(r):
+    return ir.VectorType(_F32, r)
+
+
+def _width(lit) -> int | None:
+    """The lane count a literal argument names (8 or 16), else None (not typed yet)."""
+    return lit.literal_value if isinstance(lit, types.IntegerLiteral) and \
+        lit.literal_value in WIDTHS else None
+
+
+def _rows(vec) -> int:
+    """The lane count of a row vector type (4r bytes, or r lanes of i32/f32)."""
+    return vec.n // 4 if vec.kind == "i8" else vec.n
+
+
+def UB(r):
+    return Vec(4 * r, "i8")
+
+
+def IL(r):
+    return Vec(r, "i32")
+
+
+def FL(r):
+    return Vec(r, "f32")
+
+
+def _bcast_dword(context, builder, sig, args, a, o, r):
+    """<r x i32>: the 4 bytes of array a at byte o, as one dword in every lane."""
+    vi = _vi(r)
+    w = builder.load(ptr_at(context, builder, sig.args[a], args[a], args[o], _I32), align=1)
+    v = builder.insert_element(ir.Constant(vi, ir.Undefined), w, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vi, ir.Undefined), vconst(vi, [0] * r))
+
+
+def _dp_bytes(builder, acc, x, y, r):
+    """acc + sums of 4 adjacent products of x (unsigned bytes) and y (signed bytes), both
+    <4r x i8>, per i32 lane."""
+    vb, vw, vi = _vb(r), _vw(r), _vi(r)
+    xi, yi = builder.bitcast(x, vi), builder.bitcast(y, vi)
+    if r == 16 and VNNI512:
+        return x86_call(builder, "llvm.x86.avx512.vpdpbusd.512", vi, [vi] * 3, [acc, xi, yi])
+    if r == 8 and VNNI256:
+        return x86_call(builder, "llvm.x86.avx512.vpdpbusd.256", vi, [vi] * 3, [acc, xi, yi])
+    if (r == 16 and AVX512) or (r == 8 and AVX2):
+        ub, wd = (("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512") if r == 16
+                  else ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"))
+        p = x86_call(builder, ub, vw, [vb, vb], [x, y])
+        d = x86_call(builder, wd, vi, [vw, vw], [p, vconst(vw, [1] * (2 * r))])
+    else:  # portable IR: widen, multiply, sum lanes by 4
+        w = ir.VectorType(_I32, 4 * r)
+        prod = builder.mul(builder.zext(x, w), builder.sext(y, w))
+        d = None
+        for k in range(4):
+            part = builder.shuffle_vector(prod, prod, vconst(vi, range(k, 4 * r, 4)))
+            d = part if d is None else builder.add(d, part)
+    return builder.add(acc, d)
+
+
+def _dp_words(builder, acc, x, y, r):
+    """acc + x[2i] * y[2i] + x[2i+1] * y[2i+1] per i32 lane (x, y: <2r x i16>)."""
+    vw, vi = _vw(r), _vi(r)
+    if r == 16 and VNNI512:
+        return x86_call(builder, "llvm.x86.avx512.vpdpwssd.512", vi, [vi] * 3,
+                        [acc, builder.bitcast(x, vi), builder.bitcast(y, vi)])
+    if (r == 16 and AVX512) or (r == 8 and AVX2):
+        name = "llvm.x86.avx512.pmaddw.d.512" if r == 16 else "llvm.x86.avx2.pmadd.wd"
+        d = x86_call(builder, name, vi, [vw, vw], [x, y])
+    else:
+        w = ir.VectorType(_I32, 2 * r)
+        prod = builder.mul(builder.sext(x, w), builder.sext(y, w))
+        d = builder.add(builder.shuffle_vector(prod, prod, vconst(vi, range(0, 2 * r, 2))),
+                        builder.shuffle_vector(prod, prod, vconst(vi, range(1, 2 * r, 2))))
+    return builder.add(acc, d)
+
+
+def _bytes_splat(c: int, r: int):
+    return vconst(_vb(r), [c] * (4 * r))
+
+
+# ---- quants -------------------------------------------------------------------------------
+
+@intrinsic
+def ldq(typingctx, arr, off, r):
+    """The 4r bytes of arr from byte off (r: a literal lane count)."""
+    n = _width(r)
+    if n is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return load_at(context, builder, sig, args, _vb(n))
+
+    return UB(n)(arr, off, r), codegen
+
+
+@intrinsic
+def lo4(typingctx, v):
+    n = _rows(v)
+
+    def codegen(context, builder, sig, args):
+        return builder.and_(args[0], _bytes_splat(15, n))
+
+    return v(v), codegen
+
+
+@intrinsic
+def hi4(typingctx, v):
+    n = _rows(v)
+
+    def codegen(context, builder, sig, args):
+        return builder.lshr(args[0], _bytes_splat(4, n))
+
+    return v(v), codegen
+
+
+@intrinsic
+def bit5(typingctx, v, arr, off):
+    """v | 16 in byte j where bit j of the 4r-bit little-endian mask at byte off is set."""
+    n = _rows(v)
+
+    def codegen(context, builder, sig, args):
+        m = builder.load(ptr_at(context, builder, sig.args[1], args[1], args[2],
+                                ir.IntType(4 * n)), align=1)
+        on = builder.bitcast(m, ir.VectorType(_I1, 4 * n))
+        return builder.or_(args[0], builder.select(on, _bytes_splat(16, n),
+                                                   _bytes_splat(0, n)))
+
+    return v(v, arr, off), codegen
+
+
+@intrinsic
+def hi2(typingctx, v, h, s):
+    """v | (((h >> 2s) & 3) << 4) per byte: the 2 high bits of 6-bit values (Q6_K) from a
+    vector of 2-bit fields, field s (a literal 0..3)."""
+    if not isinstance(s, types.IntegerLiteral):
+        return None
+    k, n = s.literal_value, _rows(v)
+
+    def codegen(context, builder, sig, args):
+        h = args[1]
+        if k < 2:
+            h = builder.shl(h, _bytes_splat(4 - 2 * k, n))
+        elif k == 3:
+            h = builder.lshr(h, _bytes_splat(2, n))
+        return builder.or_(args[0], builder.and_(h, _bytes_splat(0x30, n)))
+
+    return v(v, h, s), codegen
+
+
+@intrinsic
+def lut16(typingctx, v, arr, off):
+    """Byte j of v (0..15) replaced by byte v[j] of the 16-byte table at arr[off]."""
+    n = _rows(v)
+
+    def codegen(context, builder, sig, args):
+        vb = _vb(n)
+        t16 = load_at(context, builder, sig, args, ir.VectorType(_I8, 16), 1, 2)
+        if (n == 16 and AVX512) or (n == 8 and AVX2):
+            # vpshufb looks up within each 16-byte lane: the table repeated in every one
+            table = builder.shuffle_vector(t16, t16, vconst(ir.VectorType(_I32, 4 * n),
+                                                            [i % 16 for i in range(4 * n)]))
+            name = "llvm.x86.avx512.pshuf.b.512" if n == 16 else "llvm.x86.avx2.pshuf.b"
+            return x86_call(builder, name, vb, [vb, vb], [table, args[0]])
+        out = ir.Constant(vb, ir.Undefined)
+        for j in range(4 * n):
+            idx = builder.extract_element(args[0], ir.Constant(_I32, j))
+            out = builder.insert_element(out, builder.extract_element(t16, idx),
+                                         ir.Constant(_I32, j))
+        return out
+
+    return v(v, arr, off), codegen
+
+
+# ---- integer products ---------------------------------------------------------------------
+
+@intrinsic
+def lzero(typingctx, r):
+    n = _width(r)
+    if n is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return vconst(_vi(n), [0] * n)
+
+    return IL(n)(r), codegen
+
+
+@intrinsic
+def dpb(typingctx, acc, v, y, yo):
+    """acc + sum_i v[4 l + i] * int8(y[yo + i]) in lane l (the activation dword broadcast)."""
+    n = _rows(acc)
+
+    def codegen(context, builder, sig, args):
+        yv = builder.bitcast(_bcast_dword(context, builder, sig, args, 2, 3, n), _vb(n))
+        return _dp_bytes(builder, args[0], args[1], yv, n)
+
+    return acc(acc, v, y, yo), codegen
+
+
+@intrinsic
+def dpw(typingctx, acc, arr, off, y, yo, signed):
+    """acc + w[2 l] * s0 + w[2 l + 1] * s1 in lane l: w the 2r bytes at arr[off] (signed or
+    unsigned: `signed` a literal bool), s0, s1 the two i16 at y[yo]."""
+    if not isinstance(signed, types.BooleanLiteral):
+        return None
+    sgn, n = signed.literal_value, _rows(acc)
+
+    def codegen(context, builder, sig, args):
+        b = builder.load(ptr_at(context, builder, sig.args[1], args[1], args[2],
+                                ir.VectorType(_I8, 2 * n)), align=1)
+        w = builder.sext(b, _vw(n)) if sgn else builder.zext(b, _vw(n))
+        yv = builder.bitcast(_bcast_dword(context, builder, sig, args, 3, 4, n), _vw(n))
+        return _dp_words(builder, args[0], w, yv, n)
+
+    return acc(acc, arr, off, y, yo, signed), codegen
+
+
+@intrinsic
+def lmul(typingctx, acc, arr, off, signed):
+    """acc times the r bytes at arr[off], lane by lane (signed or unsigned: a literal bool)."""
+    if not isinstance(signed, types.BooleanLiteral):
+        return None
+    sgn, n = signed.literal_value, _rows(acc)
+
+    def codegen(context, builder, sig, args):
+        b = builder.load(ptr_at(context, builder, sig.args[1], args[1], args[2],
+                                ir.VectorType(_I8, n)), align=1)
+        return builder.mul(args[0], builder.sext(b, _vi(n)) if sgn else builder.zext(b, _vi(n)))
+
+    return acc(acc, arr, off, signed), codegen
+
+
+@intrinsic
+def lsub(typingctx, acc, x):
+    """acc - x in every lane (x a scalar integer)."""
+    n = _rows(acc)
+
+    def codegen(context, builder, sig, args):
+        return builder.sub(args[0], splat(context, builder, sig.args[1], args[1], _vi(n)))
+
+    return acc(acc, x), codegen
+
+
+@intrinsic
+def ladd(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], args[1])
+
+    return a(a, b), codegen
+
+
+# ---- floats -------------------------------------------------------------------------------
+
+@intrinsic
+def fzero(typingctx, r):
+    n = _width(r)
+    if n is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return vconst(_vf(n), [0.0] * n)
+
+    return FL(n)(r), codegen
+
+
+@intrinsic
+def ldh(typingctx, arr, off, r):
+    """The r f16 values at arr[off] as float32 lanes (vcvtph2ps)."""
+    n = _width(r)
+    if n is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        h = builder.load(ptr_at(context, builder, sig.args[0], args[0], args[1],
+                                ir.VectorType(_F16, n)), align=1)
+        return builder.fpext(h, _vf(n))
+
+    return FL(n)(arr, off, r), codegen
+
+
+@intrinsic
+def ffma(typingctx, acc, v, sc, s):
+    """acc + float(v) * (sc * s): integer lanes v, per-row float scales sc, a float scalar s."""
+    n = _rows(acc)
+
+    def codegen(context, builder, sig, args):
+        acc, v, sc, s = args
+        f = builder.sitofp(v, _vf(n))
+        k = builder.fmul(sc, splat(context, builder, sig.args[3], s, _vf(n)))
+        return builder.fadd(acc, builder.fmul(f, k, flags=("contract",)), flags=("contract",))
+
+    return acc(acc, v, sc, s), codegen
+
+
+@intrinsic
+def fmas(typingctx, acc, sc, s):
+    """acc + sc * s (per-row float lanes sc, a float scalar s)."""
+    n = _rows(acc)
+
+    def codegen(context, builder, sig, args):
+        k = builder.fmul(args[1], splat(context, builder, sig.args[2], args[2], _vf(n)),
+                         flags=("contract",))
+        return builder.fadd(args[0], k, flags=("contract",))
+
+    return acc(acc, sc, s), codegen
+
+
+@intrinsic
+def lane(typingctx, v, i):
+    """Lane i of a float vector."""
+    def codegen(context, builder, sig, args):
+        i = context.cast(builder, args[1], sig.args[1], types.int32)
+        return builder.extract_element(args[0], i)
+
+    return types.float32(v, i), codegen
+
+
+@intrinsic
+def fstore(typingctx, arr, off, v):
+    """Store the lanes of v into float32 array arr from element off."""
+    n = _rows(v)
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+        p = builder.gep(ary.data, [args[1]])
+        builder.store(args[2], builder.bitcast(p, _vf(n).as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(arr, off, v), codegen
+
+
+__all__ = ["AVX512", "AVX2", "VNNI512", "VNNI256", "R", "WIDTHS", "flavor", "ldq", "lo4", "hi4",
+           "bit5", "hi2", "lut16", "lzero", "dpb", "dpw", "lmul", "lsub", "ladd", "fzero", "ldh",
+           "ffma", "fmas", "lane", "fstore"]

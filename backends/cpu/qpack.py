@@ -1,0 +1,332 @@
+"""The packed weight layout of the CPU's decode mat-vec: R rows interleaved block by block,
+built once per weight (as llama.cpp's CPU_REPACK buffer is) and read as one stream.
+
+A weight of M rows and nb blocks per row becomes ceil(M / R) groups of R rows (the last
+zero-padded); a group is nb tiles, one per block, in block order, and groups follow each other.
+So a thread that takes a run of groups reads one contiguous stretch of memory front to back.
+A tile holds the same block of R rows, field by field:
+
+- quant bytes interleaved by 4: 4-byte group g of every row in turn (R * 4 bytes), then group
+  g + 1, ...: one 4R-byte load holds bytes 4g..4g+3 of each row (backends/cpu/qlanes.py);
+- a fifth bit (Q5_0, Q5_1, Q5_K) as byte masks: for quant group g, the mask of its low
+  nibbles then of its high nibbles, 4R bits each, bit 4 l + i for byte i of row l;
+- per-row scales as R consecutive values of their type (f16 d, dmin, m; K-quant sub-block
+  scales and mins as decoded bytes, R per sub-block; Q4_K/Q5_K mins by pairs of sub-blocks,
+  2 bytes per row, for vpdpwssd against pairs of activation sums);
+- Q8_0's int8 quants are stored + 128 (unsigned: vpdpbusd's left side), IQ4_XS's scales as
+  their signed value ls - 32.
+
+Tiles are as large as the original blocks, a few bytes more for the decoded K-quant scales
+(Q4_K 148 / 144, Q5_K 180 / 176, IQ4_XS 138 / 136 bytes per row and block). `pack(t, data)`
+builds the layout (numpy, vectorized per field), `unpack` restores the original bytes (the
+tests check that the two are inverse); `PACKS` says which types have a layout and where each
+field sits in a tile (the tile functions of backends/cpu/qtiles.py read them).
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from ggraph.type_records import TYPE_RECORDS
+from ggraph.types import GGMLType
+from .qlanes import AVX2, AVX512, R, VNNI256, VNNI512
+
+T = GGMLType
+
+
+@dataclass(frozen=True)
+class Pack:
+    """A type's tile: its bytes per row (`row_bytes`; a tile holds r rows), and `full_u8`: its
+    packed quants reach 128..255, which vpmaddubsw (no VNNI) would saturate."""
+    row_bytes: int
+    full_u8: bool = False
+
+    def tile(self, r: int = R) -> int:
+        return self.row_bytes * r
+
+
+# bytes per row of one tile, per type (the original block size plus decoded scales)
+PACKS: dict[GGMLType, Pack] = {
+    T.Q4_0: Pack(18), T.Q4_1: Pack(20), T.Q5_0: Pack(22), T.Q5_1: Pack(24),
+    T.Q8_0: Pack(34, full_u8=True), T.Q4_K: Pack(148), T.Q5_K: Pack(180), T.Q6_K: Pack(210),
+    T.IQ4_XS: Pack(138, full_u8=True),
+}
+
+
+def packable(t: GGMLType, ne: tuple[int, ...], r: int = R) -> bool:
+    """Whether a weight of type t and shape ne (2-D, whole blocks) takes the packed layout
+    of r rows on this host (types whose quants reach 128 need VNNI's products)."""
+    p = PACKS.get(t)
+    exact = (VNNI512 if r == 16 else VNNI256) or not (AVX512 if r == 16 else AVX2)
+    return p is not None and (exact or not p.full_u8) and \
+        all(n == 1 for n in ne[2:]) and ne[0] % TYPE_RECORDS[t].block_size == 0
+
+
+def packed_nbytes(t: GGMLType, ne: tuple[int, ...], r: int = R) -> int:
+    groups = -(-ne[1] // r)
+    return groups * (ne[0] // TYPE_RECORDS[t].block_size) * PACKS[t].tile(r)
+
+
+# ---- helpers over (G, R, nb, bytes) views ---------------------------------------------------
+
+def _dwords(q: np.ndarray) -> np.ndarray:
+    """(G, R, nb, n) quant bytes -> (G, nb, n * R) interleaved by 4 bytes."""
+    g, r, nb, n = q.shape
+    return q.reshape(g, r, nb, n // 4, 4).transpose(0, 2, 3, 1, 4).reshape(g, nb, n * r)
+
+
+def _undwords(p: np.ndarray, n: int, r: int) -> np.ndarray:
+    g, nb, _ = p.shape
+    return p.reshape(g, nb, n // 4, r, 4).transpose(0, 3, 1, 2, 4).reshape(g, r, nb, n)
+
+
+def _per_row(x: np.ndarray) -> np.ndarray:
+    """(G, R, nb, k) per-row fields -> (G, nb, k * R): field j of every row in turn."""
+    g, r, nb, k = x.shape
+    return x.transpose(0, 2, 3, 1).reshape(g, nb, k * r)
+
+
+def _unper_row(p: np.ndarray, k: int, r: int) -> np.ndarray:
+    g, nb, _ = p.shape
+    return p.reshape(g, nb, k, r).transpose(0, 3, 1, 2)
+
+
+def _halves(x: np.ndarray, k: int) -> np.ndarray:
+    """k f16 fields as bytes (G, R, nb, 2k) -> (G, nb, 2 k R): R halves of field 0, ..."""
+    g, r, nb, _ = x.shape
+    return x.reshape(g, r, nb, k, 2).transpose(0, 2, 3, 1, 4).reshape(g, nb, 2 * k * r)
+
+
+def _unhalves(p: np.ndarray, k: int, r: int) -> np.ndarray:
+    g, nb, _ = p.shape
+    return p.reshape(g, nb, k, r, 2).transpose(0, 3, 1, 2, 4).reshape(g, r, nb, 2 * k)
+
+
+def _masks(bits: np.ndarray) -> np.ndarray:
+    """(G, R, nb, 32 * n) fifth bits, ordered as the quant bytes' nibbles (for quant byte
+    group g: its 4 bytes' low-nibble values, then their high-nibble values; see _nibble_order)
+    -> (G, nb, n * R) bytes: per group, the low mask then the high mask, bit 4 l + i."""
+    g, r, nb, w = bits.shape
+    x = bits.reshape(g, r, nb, w // 8, 2, 4).transpose(0, 2, 3, 4, 1, 5)
+    return np.packbits(x.reshape(g, nb, -1, 8), axis=-1, bitorder="little").reshape(g, nb, -1)
+
+
+def _unmasks(p: np.ndarray, w: int, r: int) -> np.ndarray:
+    g, nb, _ = p.shape
+    bits = np.unpackbits(p.reshape(g, nb, -1, 1), axis=-1, bitorder="little")
+    return bits.reshape(g, nb, w // 8, 2, r, 4).transpose(0, 4, 1, 2, 3, 5).reshape(g, r, nb, w)
+
+
+def _nibble_order(lo_hi: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Per-weight values (G, R, nb, 16 * n) x 2 (those in low nibbles, those in high nibbles,
+    each in byte order) -> (G, R, nb, 32 * n) ordered by quant byte group: 4 low, 4 high."""
+    lo, hi = lo_hi
+    g, r, nb, n = lo.shape
+    return np.stack([lo.reshape(g, r, nb, n // 4, 4), hi.reshape(g, r, nb, n // 4, 4)],
+                    axis=4).reshape(g, r, nb, 2 * n)
+
+
+def _k4_scales(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K's 12 scale bytes (..., 12) -> (scales, mins), (..., 8) each."""
+    s = sc.astype(np.uint8)
+    scales = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)],
+                            axis=-1)
+    mins = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)],
+                          axis=-1)
+    return scales, mins
+
+
+def _k4_unscales(scales: np.ndarray, mins: np.ndarray) -> np.ndarray:
+    out = np.empty(scales.shape[:-1] + (12,), np.uint8)
+    out[..., 0:4] = (scales[..., 0:4] & 63) | ((scales[..., 4:8] >> 4) << 6)
+    out[..., 4:8] = (mins[..., 0:4] & 63) | ((mins[..., 4:8] >> 4) << 6)
+    out[..., 8:12] = (scales[..., 4:8] & 15) | ((mins[..., 4:8] & 15) << 4)
+    return out
+
+
+def _pairs(m: np.ndarray) -> np.ndarray:
+    """(G, R, nb, 8) mins -> (G, nb, 8 R): for pair p, (m[2p], m[2p + 1]) of every row."""
+    g, r, nb, _ = m.shape
+    return m.reshape(g, r, nb, 4, 2).transpose(0, 2, 3, 1, 4).reshape(g, nb, 8 * r)
+
+
+def _unpairs(p: np.ndarray, r: int) -> np.ndarray:
+    g, nb, _ = p.shape
+    return p.reshape(g, nb, 4, r, 2).transpose(0, 3, 1, 2, 4).reshape(g, r, nb, 8)
+
+
+def _q5_bits(qh: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1's 32-bit qh (G, R, nb, 4) -> fifth bits in quant byte order."""
+    bits = np.unpackbits(qh, axis=-1, bitorder="little")  # bit j: weight j
+    return _nibble_order((bits[..., :16], bits[..., 16:]))
+
+
+def _q5_unbits(bits: np.ndarray) -> np.ndarray:
+    g, r, nb, _ = bits.shape
+    x = bits.reshape(g, r, nb, 4, 2, 4)
+    natural = np.concatenate([x[..., 0, :].reshape(g, r, nb, 16),
+                              x[..., 1, :].reshape(g, r, nb, 16)], axis=-1)
+    return np.packbits(natural, axis=-1, bitorder="little")
+
+
+def _q5k_bits(qh: np.ndarray) -> np.ndarray:
+    """Q5_K's 32-byte plane (G, R, nb, 32): bit j of byte i is weight 32 j + i -> fifth bits in
+    quant byte order (qs byte group g = 8 p + k: weights 64 p + 4 k + i low, + 32 high)."""
+    bits = np.unpackbits(qh[..., :, None], axis=-1, bitorder="little")  # (.., 32 i, 8 j)
+    g, r, nb = qh.shape[:3]
+    lo = bits[..., 0::2].transpose(0, 1, 2, 4, 3).reshape(g, r, nb, 128)  # sub-block 2p
+    hi = bits[..., 1::2].transpose(0, 1, 2, 4, 3).reshape(g, r, nb, 128)
+    return _nibble_order((lo, hi))
+
+
+def _q5k_unbits(bits: np.ndarray) -> np.ndarray:
+    g, r, nb, _ = bits.shape
+    x = bits.reshape(g, r, nb, 32, 2, 4)                      # group, lo/hi, byte
+    lo = x[..., 0, :].reshape(g, r, nb, 4, 32)                # p, i
+    hi = x[..., 1, :].reshape(g, r, nb, 4, 32)
+    planes = np.stack([lo, hi], axis=-2).reshape(g, r, nb, 8, 32)  # bit j = 2p + h
+    return np.packbits(planes.transpose(0, 1, 2, 4, 3), axis=-1, bitorder="little")[..., 0]
+
+
+# ---- per type: original block bytes (G, R, nb, size) <-> tiles (G, nb, tile) ---------------
+
+def _pack_blocks(t: GGMLType, x: np.ndarray) -> np.ndarray:
+    f: list[np.ndarray]
+    if t == T.Q4_0:
+        f = [_dwords(x[..., 2:18]), _halves(x[..., 0:2], 1)]
+    elif t == T.Q4_1:
+        f = [_dwords(x[..., 4:20]), _halves(x[..., 0:4], 2)]
+    elif t == T.Q5_0:
+        f = [_dwords(x[..., 6:22]), _masks(_q5_bits(x[..., 2:6])), _halves(x[..., 0:2], 1)]
+    elif t == T.Q5_1:
+        f = [_dwords(x[..., 8:24]), _masks(_q5_bits(x[..., 4:8])), _halves(x[..., 0:4], 2)]
+    elif t == T.Q8_0:
+        f = [_dwords(x[..., 2:34] ^ np.uint8(128)), _halves(x[..., 0:2], 1)]
+    elif t in (T.Q4_K, T.Q5_K):
+        sc, mn = _k4_scales(x[..., 4:16])
+        q0 = 16 if t == T.Q4_K else 48
+        f = [_dwords(x[..., q0:q0 + 128])]
+        if t == T.Q5_K:
+            f.append(_masks(_q5k_bits(x[..., 16:48])))
+        f += [_per_row(sc), _pairs(mn), _halves(x[..., 0:4], 2)]
+    elif t == T.Q6_K:
+        f = [_dwords(x[..., 0:128]), _dwords(x[..., 128:192]), _per_row(x[..., 192:208]),
+             _halves(x[..., 208:210], 1)]
+    elif t == T.IQ4_XS:
+        sh = x[..., 2].astype(np.uint16) | (x[..., 3].astype(np.uint16) << 8)
+        ib = np.arange(8)
+        lo = (x[..., 4 + ib // 2] >> (4 * (ib % 2))) & 15
+        hi = (sh[..., None] >> (2 * ib)) & 3
+        ls = (lo | (hi << 4)).astype(np.int16) - 32
+        f = [_dwords(x[..., 8:136]), _per_row(ls.astype(np.int8).view(np.uint8)),
+             _halves(x[..., 0:2], 1)]
+    else:
+        raise KeyError(f"{t} has no packed layout")
+    return np.concatenate(f, axis=-1)
+
+
+def _unpack_blocks(t: GGMLType, p: np.ndarray, r: int) -> np.ndarray:
+    size = TYPE_RECORDS[t].type_size
+    g, nb, _ = p.shape
+    x = np.empty((g, r, nb, size), np.uint8)
+    cut = np.cumsum([0] + [n * r for n in _fields(t)])
+    part = [p[..., a:b] for a, b in zip(cut[:-1], cut[1:])]
+    if t in (T.Q4_0, T.Q4_1, T.Q8_0):
+        nh = 1 if t != T.Q4_1 else 2
+        q = _undwords(part[0], size - 2 * nh, r)
+        x[..., 2 * nh:] = q ^ np.uint8(128) if t == T.Q8_0 else q
+        x[..., :2 * nh] = _unhalves(part[1], nh, r)
+    elif t in (T.Q5_0, T.Q5_1):
+        nh = 1 if t == T.Q5_0 else 2
+        x[..., 2 * nh + 4:] = _undwords(part[0], 16, r)
+        x[..., 2 * nh:2 * nh + 4] = _q5_unbits(_unmasks(part[1], 32, r))
+        x[..., :2 * nh] = _unhalves(part[2], nh, r)
+    elif t in (T.Q4_K, T.Q5_K):
+        q0 = 16 if t == T.Q4_K else 48
+        x[..., q0:q0 + 128] = _undwords(part[0], 128, r)
+        if t == T.Q5_K:
+            x[..., 16:48] = _q5k_unbits(_unmasks(part[1], 256, r))
+            part = part[:1] + part[2:]
+        x[..., 4:16] = _k4_unscales(_unper_row(part[1], 8, r), _unpairs(part[2], r))
+        x[..., 0:4] = _unhalves(part[3], 2, r)
+    elif t == T.Q6_K:
+        x[..., 0:128] = _undwords(part[0], 128, r)
+        x[..., 128:192] = _undwords(part[1], 64, r)
+        x[..., 192:208] = _unper_row(part[2], 16, r)
+        x[..., 208:210] = _unhalves(part[3], 1, r)
+    elif t == T.IQ4_XS:
+        x[..., 8:136] = _undwords(part[0], 128, r)
+        ls = (_unper_row(part[1], 8, r).view(np.int8).astype(np.int16) + 32).astype(np.uint8)
+        x[..., 4:8] = (ls[..., 0::2] & 15) | ((ls[..., 1::2] & 15) << 4)
+        sh = np.zeros(ls.shape[:-1], np.uint16)
+        for ib in range(8):
+            sh |= ((ls[..., ib] >> 4) & 3).astype(np.uint16) << (2 * ib)
+        x[..., 2] = sh & 255
+        x[..., 3] = sh >> 8
+        x[..., 0:2] = _unhalves(part[2], 1, r)
+    else:
+        raise KeyError(f"{t} has no packed layout")
+    return x
+
+
+def _fields(t: GGMLType) -> list[int]:
+    """Bytes per row of each field of t's tile, in order (they sum to Pack.row_bytes)."""
+    return {T.Q4_0: [16, 2], T.Q4_1: [16, 4], T.Q5_0: [16, 4, 2], T.Q5_1: [16, 4, 4],
+            T.Q8_0: [32, 2], T.Q4_K: [128, 8, 8, 4], T.Q5_K: [128, 32, 8, 8, 4],
+            T.Q6_K: [128, 64, 16, 2], T.IQ4_XS: [128, 8, 2]}[t]
+
+
+def pack(t: GGMLType, rows: np.ndarray, r: int = R, block_chunk: int = 1 << 14) -> np.ndarray:
+    """The packed layout (1-D uint8) of a weight's stored bytes `rows` (M, row bytes) in
+    groups of r rows, worked through in runs of groups so the temporaries stay small."""
+    size = TYPE_RECORDS[t].type_size
+    m, width = rows.shape
+    nb = width // size
+    groups = -(-m // r)
+    out = np.empty((groups, nb, PACKS[t].tile(r)), np.uint8)
+    step = max(1, block_chunk // max(nb, 1))
+    for g0 in range(0, groups, step):
+        g1 = min(groups, g0 + step)
+        x = np.zeros(((g1 - g0) * r, width), np.uint8)
+        have = rows[g0 * r:min(m, g1 * r)]
+        x[:len(have)] = have
+        out[g0:g1] = _pack_blocks(t, x.reshape(g1 - g0, r, nb, size))
+    return out.reshape(-1)
+
+
+def unpack(t: GGMLType, packed: np.ndarray, m: int, nb: int, r: int = R) -> np.ndarray:
+    """The original stored bytes (m, nb * type_size) of a weight packed in groups of r."""
+    size = TYPE_RECORDS[t].type_size
+    groups = -(-m // r)
+    p = packed.reshape(groups, nb, PACKS[t].tile(r))
+    return _unpack_blocks(t, p, r).reshape(groups * r, nb * size)[:m]
+
+
+class PackStore:
+    """The packed copies of one backend's weights, made on first use and kept while their
+    tensor lives; `nbytes` is the memory they hold (llama.cpp's CPU_REPACK buffer)."""
+
+    def __init__(self) -> None:
+        self._packed: "weakref.WeakKeyDictionary[object, np.ndarray]" = \
+            weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def get(self, t, data: np.ndarray) -> np.ndarray:
+        """The packed layout of weight t (type t.type, shape t.ne) whose stored bytes are
+        `data`, packing it on the first call."""
+        with self._lock:
+            p = self._packed.get(t)
+            if p is None:
+                p = self._packed[t] = pack(t.type, np.asarray(data).reshape(t.ne[1], -1))
+            return p
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(p.nbytes for p in self._packed.values())
+
+    def __len__(self) -> int:
+        return len(self._packed)

@@ -1,0 +1,130 @@
+"""The decode mat-vec over packed weights (backends/cpu/qpack.py, qtiles.py, qlanes.py): the
+layout restores the original bytes exactly, and its products equal the row-by-row integer dots
+(the same quantized activations, the same integer sums: only the order of float sums differs)
+for every packed type, both widths (8 and 16 rows), several columns and row counts that are
+not multiples of a group; the instruction choices without VNNI and without x86 vectors give
+the same values; a model's decode reads its weights from the packed copies."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggraph import quants
+from ggraph.type_records import TYPE_RECORDS
+from ggraph.types import GGMLType as T
+from ggraph.backends.cpu import kernels as KK
+from ggraph.backends.cpu import qlanes, qpack
+
+PACKED = sorted(qpack.PACKS, key=int)
+
+
+def _weights(t: T, m: int, k: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return quants.quantize(t, rng.standard_normal((m, k)).astype(np.float32)).reshape(m, -1)
+
+
+@pytest.mark.parametrize("r", qlanes.WIDTHS)
+@pytest.mark.parametrize("t", PACKED, ids=str)
+def test_pack_restores_the_original_bytes(t, r):
+    size = TYPE_RECORDS[t].type_size
+    rng = np.random.default_rng(1)
+    for m, nb in ((1, 1), (r, 2), (2 * r + 5, 3)):
+        rows = rng.integers(0, 256, (m, nb * size), dtype=np.uint8)
+        p = qpack.pack(t, rows, r, block_chunk=nb * 2)  # several runs of groups
+        assert p.nbytes == qpack.packed_nbytes(t, (nb * TYPE_RECORDS[t].block_size, m), r)
+        assert np.array_equal(qpack.unpack(t, p, m, nb, r), rows)
+
+
+def _products(t: T, A: np.ndarray, xb: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the packed mat-vec's result, the row-by-row integer dots' result) of A times xb."""
+    m = A.shape[0]
+    k, nn = xb.shape[-1], xb.shape[2]
+    vt = KK.VEC_DOT_TYPE[t]
+    nb = k // TYPE_RECORDS[t].block_size
+    qw = vt.type_size * k // vt.block_size
+    got = np.full((1, 1, nn, m), np.nan, np.float32)
+    KK._packed_kernel(True, t, T.F32, r)(
+        qpack.pack(t, A, r), xb, np.empty((1, 1, nn, qw), np.uint8),
+        np.empty((1, 1, nn, 2 * (k // 32)), np.uint8), np.empty((1, 1, nn, k // 32), np.float32),
+        got, k, nb, m)
+    if not TYPE_RECORDS[t].qdot:
+        # no row dots to compare with (IQ4_XS): the dequantized weights times the
+        # dequantized activation quants, in float64
+        y = quants.dequantize(vt, quants.quantize(vt, xb.reshape(nn, k))).reshape(nn, k)
+        w = quants.dequantize(t, A.reshape(-1)).reshape(m, k)
+        return got, (y.astype(np.float64) @ w.T.astype(np.float64))[None, None]
+    want = np.full((1, 1, nn, m), np.nan, np.float32)
+    rd = KK.ROW_DOTS.get(t)
+    KK._row_dot_kernel(True, t, T.F32)(
+        A.reshape(1, 1, m, -1), xb, np.empty((1, 1, nn, qw), np.uint8),
+        np.empty((1, 1, nn, k // 32), np.float32), want, k, nb, rd is not None and rd.sums)
+    return got, want
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> None:
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("t", PACKED, ids=str)
+def test_packed_matvec_equals_the_row_dots(t):
+    k = 512
+    A = _weights(t, 2 * qlanes.R + 3, k)  # a partial last group
+    xb = np.random.default_rng(2).standard_normal((1, 1, 3, k)).astype(np.float32)
+    _close(*_products(t, A, xb, qlanes.R))
+
+
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K], ids=str)
+def test_the_other_width(t):
+    r = 8 if qlanes.R == 16 else 16
+    if r == 16 and not qlanes.AVX512:
+        pytest.skip("16-row groups need AVX-512 here (the portable IR path is tested below)")
+    A = _weights(t, 2 * r + 1, 256, seed=3)
+    xb = np.random.default_rng(4).standard_normal((1, 1, 1, 256)).astype(np.float32)
+    _close(*_products(t, A, xb, r))
+
+
+@pytest.mark.parametrize("flags", [
+    {"VNNI512": False, "VNNI256": False},                                   # vpmaddubsw
+    {"VNNI512": False, "VNNI256": False, "AVX512": False, "AVX2": False},    # portable IR
+], ids=["no-vnni", "portable"])
+def test_instruction_choices_agree(monkeypatch, flags):
+    """Without VNNI the bytes are multiplied by vpmaddubsw + vpmaddwd, without x86 vectors in
+    portable IR: the same integers (types whose quants stay below 128 only: qpack.Pack)."""
+    for name, v in flags.items():
+        monkeypatch.setattr(qlanes, name, v)
+    for t in (T.Q4_K, T.Q6_K, T.Q5_0):
+        A = _weights(t, qlanes.R + 2, 256, seed=5)
+        xb = np.random.default_rng(6).standard_normal((1, 1, 2, 256)).astype(np.float32)
+        _close(*_products(t, A, xb, qlanes.R))
+
+
+def test_full_byte_types_need_vnni(monkeypatch):
+    """Q8_0 and IQ4_XS quants reach 255 once packed: without VNNI they keep the row dots."""
+    assert qpack.packable(T.Q4_K, (256, 32))
+    monkeypatch.setattr(qpack, "VNNI512", False)
+    monkeypatch.setattr(qpack, "VNNI256", False)
+    if qpack.AVX512 or qpack.AVX2:
+        assert not qpack.packable(T.Q8_0, (256, 32)) and not qpack.packable(T.IQ4_XS, (256, 32))
+    assert qpack.packable(T.Q4_K, (256, 32))
+    assert not qpack.packable(T.Q4_K, (256, 32, 2))   # 3-D weights are not packed
+    assert not qpack.packable(T.F16, (256, 32))
+
+
+def test_decode_reads_the_packed_weights(tmp_path):
+    """A tiny model's decode step packs each quantized weight once (2 layers x 7 matrices,
+    the tied output), and its logits equal those of the row dots (a backend without packs)."""
+    from ggraph.graphs.engine import Engine, EngineConfig
+    from ggraph.graphs.tiny import TinyDense, write_tiny
+
+    path = write_tiny(tmp_path / "q4.gguf", TinyDense(n_embd=128, n_ff=256, weight_type="q4_0"))
+    cfg = EngineConfig(n_ctx=64, n_ubatch=16, n_threads=1, reserve_outputs="last")
+    eng = Engine(path, cfg)
+    eng.eval([1, 2, 3])
+    got = eng.eval([4])
+    packs = eng.runner.backend.packs
+    assert len(packs) == 2 * 7 + 1 and packs.nbytes > 0
+    eng2 = Engine(path, cfg)
+    eng2.runner.backend.packs = None   # no packed copies: the row dots
+    eng2.eval([1, 2, 3])
+    np.testing.assert_allclose(got, eng2.eval([4]), rtol=1e-4, atol=1e-4 * np.abs(got).max())
