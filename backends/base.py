@@ -23,6 +23,7 @@ import numpy as np
 
 from ggraph import buffers
 from ggraph.graph import Graph
+from ggraph.host_memory import check_buffers
 from ggraph.opkind import OpKind
 from ggraph.tensor import Tensor
 from ggraph.types import MIB
@@ -68,6 +69,8 @@ class Backend:
         return k is not None and k.accepts(node)
 
     def alloc_arena(self, nbytes: int) -> Any:
+        # a plan larger than the memory left: one line naming the sizes, not numpy's error
+        check_buffers([("", nbytes)], self.name.upper())
         return aligned_empty(max(nbytes, 1), self.alignment)
 
     def view(self, buf: Any, offset: int, t: Tensor) -> Any:
@@ -208,7 +211,12 @@ class Session(ThreadGuard):
             return buf, t.view_offs
         if self.plan is None:
             raise RuntimeError(f"tensor {t.describe()} has no memory: no plan is active")
-        return self.arena, self.plan.offset(root) + t.view_offs
+        try:
+            return self.arena, self.plan.offset(root) + t.view_offs
+        except KeyError:
+            raise ValueError(f"tensor {t.describe()} is not in the graph this session ran "
+                             f"last: another graph ran since, in the same memory (read results "
+                             f"before the next run, or use one Session per graph)") from None
 
     def _zeros(self, nbytes: int) -> Any:
         buf = self.backend.alloc_arena(nbytes)

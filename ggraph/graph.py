@@ -54,6 +54,9 @@ class Graph:
     def build_forward_expand(self, tensor: Tensor) -> "Graph":
         """Append `tensor` and every source not yet in the graph, sources first."""
         # iterative DFS: model graphs are thousands of nodes deep, past Python's recursion limit
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"a graph is built from Tensors (the outputs), got "
+                            f"{type(tensor).__name__} {repr(tensor)[:60]}")
         on_stack: set[Tensor] = set()
         stack: list[tuple[Tensor, int]] = [(tensor, 0)]
         if tensor in self._visited:

@@ -16,6 +16,7 @@ from ggraph.opkind import OpKind
 from ggraph.types import GGMLType, row_size
 
 MAX_DIMS = 4
+INT64_MAX = (1 << 63) - 1  # ggml_nelements and ggml_nbytes are 64-bit
 
 
 class Flag(IntFlag):
@@ -64,6 +65,13 @@ class Tensor:
         if self.type.is_quantized and self.ne[0] % self.type.block_size:
             raise ValueError(f"tensor {name!r}: ne[0]={self.ne[0]} is not a multiple of the "
                              f"block size {self.type.block_size} of type {self.type}")
+        n = self.ne[0] * self.ne[1] * self.ne[2] * self.ne[3]
+        if n > INT64_MAX or (n and row_size(self.type, self.ne[0]) * (n // self.ne[0]) >
+                             INT64_MAX):
+            # ggml counts elements and bytes in int64: past that, sizes wrap
+            raise ValueError(f"tensor {name!r}: ne={list(self.ne)} holds {n} elements of "
+                             f"{self.type}; ggml counts elements and bytes in 64-bit signed "
+                             f"integers (at most 2^63 - 1)")
         self.nb: tuple[int, int, int, int] = (tuple(int(x) for x in nb) if nb is not None
                                                else contiguous_strides(self.type, self.ne))
         self.op = op

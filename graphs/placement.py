@@ -46,11 +46,31 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-def parse_devices(spec: str) -> list[Device]:
+def device_count(spec: str, max_devices: int | None, flag: str = "--devices") -> None:
+    """Refuse a device list of more than max_devices devices before any is made: a model
+    cannot use more pipeline stages than it has layers (its n_layer + 1, the output layer
+    counting as one), and `100000000x1GiB` would otherwise build a hundred million."""
+    if max_devices is None:
+        return
+    total = 0
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*[xX].*", part)
+        total += int(m.group(1)) if m and len(m.group(1)) <= 18 else (1 if not m else 10**18)
+    if total > max_devices:
+        shown = f"{total}" if total < 10**18 else "more than 10^18"
+        raise ValueError(f"{flag} {spec[:60]!r}: {shown} devices for a model that can use at "
+                         f"most {max_devices} (its layers and its output layer; more stages "
+                         f"than layers leave some empty)")
+
+
+def parse_devices(spec: str, max_devices: int | None = None,
+                  flag: str = "--devices") -> list[Device]:
     """Virtual devices: '15x24GiB', '2x24GiB,1x80GiB', '24GiB,24GiB'; or backends:
     'cuda', 'cuda,cuda' (GPUs 0 and 1, in order), 'cuda:1' (GPU 1), 'cpu' (a second CPU
     backend standing in for a device). A GPU listed twice is refused: its two backends
-    would share one device's memory while the planner counted it twice."""
+    would share one device's memory while the planner counted it twice. More than
+    `max_devices` devices (a model's n_layer + 1) are refused before any is made."""
+    device_count(spec, max_devices, flag)
     out: list[Device] = []
     counts: dict[str, int] = {}
     used: set[int] = set()
@@ -58,6 +78,9 @@ def parse_devices(spec: str) -> list[Device]:
         if not part:
             raise ValueError(f"empty entry in the device list {spec!r}")
         m = re.fullmatch(r"(\d+)\s*[xX]\s*(.+)", part)
+        if m and len(m.group(1)) > 18:   # int() of a 10^6-digit count takes seconds
+            raise ValueError(f"device count {m.group(1)[:20]}... is too large in the device "
+                             f"list entry {part[:40]!r}")
         n, what = (int(m.group(1)), m.group(2)) if m else (1, part)
         if n <= 0:
             raise ValueError(f"device count must be positive in {part!r}")

@@ -22,10 +22,12 @@ from .plan_devices import GIB, DeploymentPlan, plan_devices
 _TIMES = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 
-def parse_hosts(spec: str) -> list[list[Device]]:
+def parse_hosts(spec: str, max_devices: int | None = None) -> list[list[Device]]:
     """Hosts of virtual devices: `2x(8x24GiB)`, `(8x80GiB),(4x24GiB)`, `2x(24GiB,24GiB)`.
-    Devices are named h<host>.<device> (h0.CUDA0, h1.CUDA3)."""
+    Devices are named h<host>.<device> (h0.CUDA0, h1.CUDA3). More than `max_devices`
+    devices in all (a model's n_layer + 1) are refused before any is made."""
     hosts: list[list[Device]] = []
+    total = 0
     rest = spec.strip()
     while rest:
         m = re.match(r"(?:(\d+)\s*[xX]\s*)?\(([^()]*)\)\s*(?:,\s*|$)", rest)
@@ -33,13 +35,21 @@ def parse_hosts(spec: str) -> list[list[Device]]:
             raise ValueError(f"cannot read the host list {spec!r} at {rest!r}; write hosts as "
                              f"(devices) with an optional count, e.g. 2x(8x24GiB) or "
                              f"(8x80GiB),(4x24GiB)")
+        if len(m.group(1) or "") > 18:
+            raise ValueError(f"host count {m.group(1)[:20]}... is too large in --hosts "
+                             f"{spec[:60]!r}")
         n = int(m.group(1) or 1)
         if n <= 0:
             raise ValueError(f"host count must be positive in {m.group(0).strip()!r}")
-        devs = parse_devices(m.group(2))
+        devs = parse_devices(m.group(2), max_devices, "--hosts: the host")
         if any(d.kind != "virtual" for d in devs):
             raise ValueError(f"--hosts {spec!r}: give device sizes for planning (24GiB), not "
                              f"backends")
+        total += n * len(devs)
+        if max_devices is not None and total > max_devices:
+            raise ValueError(f"--hosts {spec[:60]!r}: {total} or more devices for a model that "
+                             f"can use at most {max_devices} (its layers and its output "
+                             f"layer; more stages than layers leave some empty)")
         hosts.extend([devs] * n)
         rest = rest[m.end():].strip()
     if not hosts:

@@ -70,6 +70,9 @@ def soft_max_ext(a: Tensor, mask: Tensor | None = None, scale: float = 1.0,
     op = "soft_max_ext"
     require_type(op, "a", a, (GGMLType.F32,))
     require(a.is_contiguous(), op, "a must be contiguous", a=a)
+    # the softmax of an empty row divides by an empty sum
+    require(a.ne[0] > 0 or a.nrows == 0, op, "rows must hold at least one value (ne[0] >= 1)",
+            a=a)
     if mask is not None:
         require_type(op, "mask", mask, MASK_TYPES)
         require(mask.is_contiguous(), op, "mask must be contiguous", mask=mask)

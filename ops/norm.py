@@ -26,6 +26,9 @@ def _norm(kind: OpKind, a: Tensor, eps: float, name: str) -> Tensor:
     op = str(kind)
     require_type(op, "a", a, (GGMLType.F32,))
     require(eps >= 0.0, op, f"eps must be >= 0, got {eps}", a=a)
+    # the mean of an empty row is 0/0: kernels would divide by zero
+    require(a.ne[0] > 0 or a.nrows == 0, op, "rows must hold at least one value (ne[0] >= 1)",
+            a=a)
     return new_node(kind, (a,), GGMLType.F32, a.ne, NormParams(float(eps)), name=name)
 
 
