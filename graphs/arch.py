@@ -9,7 +9,8 @@ listing the known ones.
 
 Capabilities beyond building are interfaces a builder also subclasses, so the class declares
 them and callers test them with `supports(cls, capability)`: `MLAPlanner` is what `ggraph
-plan` (graphs/presets.py) needs to plan MLA attention without weights.
+plan` (graphs/presets.py) needs to plan MLA attention without weights, `KShift` what the
+engine's context shift needs to re-rope cached K.
 """
 from __future__ import annotations
 
@@ -127,7 +128,19 @@ class MLAPlanner(ABC):
         them."""
 
 
-CAPABILITIES: tuple[type, ...] = (MLAPlanner,)
+class KShift(ABC):
+    """Capability: rotate cached K by a position delta as the builder's graph ropes K
+    (llama.cpp's K-shift), which the context shift of a full context needs
+    (graphs/kv_cache.py's shift_graph). A builder without it cannot shift its context:
+    generation stops when the context is full."""
+
+    @abstractmethod
+    def shift_k(self, layer: int, rows: Tensor, pos: Tensor) -> Tensor:
+        """Layer `layer`'s cached K rows [n_embd_k, m] (f32) roped by positions pos (I32
+        [m]); rope of a rope adds the angles, so a delta moves the rows to new positions."""
+
+
+CAPABILITIES: tuple[type, ...] = (MLAPlanner, KShift)
 
 
 def supports(cls: type, capability: type) -> bool:

@@ -27,10 +27,12 @@ import numpy as np
 
 from ggraph.alloc import GraphAllocator, Plan
 from ggraph.backends.runner import ComputeBuffer, ModelMemory, Runner
+from ggraph.host_memory import check_buffers
 from ggraph.tensor import Context
 
-from .arch import build_model
-from .gguf_file import GGUFError, load_gguf
+from .arch import KShift, build_model, supports
+from .gguf_file import GGUFError, load_gguf, lock_memory
+from .kv_cache import shift_graph
 from .model_graph import ModelGraph
 from .placement import LayerMap, layer_map, parse_devices, place_tensors
 from .tensor_check import check_tensors
@@ -85,6 +87,10 @@ class EngineConfig:
     stage_timeout: float = 60.0
     pipeline: bool = True
     ship_weights: bool = False
+    # map the weights from the file (llama.cpp's default), or read them into memory (False:
+    # --no-mmap); lock them in RAM (--mlock)
+    use_mmap: bool = True
+    use_mlock: bool = False
     # run a short prompt and a decode step at load, then clear the cache (llama.cpp's warmup):
     # numba compiles the kernels there on the first run, so load time carries the compilation
     # and the prompt and generation timings do not
@@ -123,7 +129,7 @@ def new_runner(cfg: EngineConfig, n_layer: int, host_kw: dict[str, Any],
     if cfg.backend != "cpu":
         raise ValueError(f"with --devices the host is the CPU and the devices are "
                          f"listed there; got backend {cfg.backend!r} as well")
-    devs = parse_devices(cfg.devices)
+    devs = parse_devices(cfg.devices, n_layer + 1)
     if any(d.kind == "virtual" for d in devs):
         raise ValueError(f"--devices {cfg.devices!r}: running needs backends (cuda, cpu); "
                          f"sizes such as 24GiB describe virtual devices for `ggraph plan`")
@@ -154,7 +160,11 @@ class Engine:
         # checks between its tokens
         self.lock = threading.RLock()
         self._kv_epoch = 0
-        self.file = load_gguf(path, progress=progress)
+        self.file = load_gguf(path, progress=progress, mmap=cfg.use_mmap)
+        # what loading had to say without failing (llama.cpp's warnings), for the caller
+        self.load_warnings: list[str] = []
+        if cfg.use_mlock and (warning := lock_memory(self.file)):
+            self.load_warnings.append(warning)
         if cfg.check_tensors:
             check_tensors(self.file)
         self.model = build_model(self.file)
@@ -190,9 +200,12 @@ class Engine:
         # one runner, one device or many: the rest of the Engine never asks which
         self.runner, self.layers = new_runner(cfg, hp.n_layer, kw, self.file)
         self.timings = Timings()
+        self.stop_reason = "n_predict"  # why the last generate() ended (see generate)
+        self.compiled = 0  # numba functions the warmup compiled (not found in numba's cache)
         self._graphs: dict[tuple[int, int, int], ModelGraph] = {}
         # the worst case's compute buffer per device (the host last)
         self.reserve_plans = self.reserve()
+        self.check_host_memory()
         self.warmup_s = self.warmup() if cfg.warmup else 0.0
 
     @property
@@ -268,6 +281,26 @@ class Engine:
         self._place(mg.graph)
         return self.runner.reserve(mg.graph)
 
+    def load_notes(self) -> list[str]:
+        """What loading has to say on stderr, terminal or not: llama.cpp's warnings, and the
+        kernels the warmup compiled (a first run's load time is mostly that)."""
+        notes = list(self.load_warnings)
+        if self.compiled:
+            notes.append(f"load: compiled {self.compiled} kernels in {self.warmup_s:.1f} s "
+                         f"(numba caches them for later runs)")
+        return notes
+
+    def check_host_memory(self) -> None:
+        """Compare what the host will allocate (its share of the KV cache, then its compute
+        buffer) with the memory available, before either is allocated: a one-line
+        HostMemoryError naming the buffer and the sizes, never numpy's MemoryError."""
+        host = len(self.runner.names) - 1
+        if self.runner.names[host] != "CPU":   # one device that is not the host (cuda)
+            return
+        placed = self.runner.placement
+        kv = sum(t.nbytes for t in self.cache.k + self.cache.v if placed.get(t, 0) == host)
+        check_buffers([("KV cache", kv), ("compute", self.reserve_plans[-1].size)])
+
     def memory_lines(self) -> list[str]:
         """llama.cpp's memory lines for the worst case, per device: the runner's wording (a
         cache of several parts prints several lines, each its own entry)."""
@@ -294,6 +327,7 @@ class Engine:
                                  f"{toks.dtype} values of shape {toks.shape}")
             if toks.min() < 0 or toks.max() >= self.model.hp.n_vocab:  # before any narrowing
                 raise ValueError(f"token id out of range [0, {self.model.hp.n_vocab})")
+            self.file.check_unchanged()  # one fstat: a truncated mapping would be SIGBUS
             if n_past is not None:
                 if not 0 <= n_past <= self.cache.n_used:
                     raise ValueError(f"n_past={n_past}: the sequence holds "
@@ -322,8 +356,10 @@ class Engine:
     def warmup(self) -> float:
         """Evaluate a prompt-sized batch (the mat-mat and blockwise attention paths) and one
         decode token (the mat-vec paths), then empty the cache; the seconds it took. Kernels
-        compile here on the first run; the timings do not count it."""
-        with self.lock:
+        compile here on the first run (`compiled` counts them); the timings do not count it."""
+        from ggraph.backends.compiles import counting
+
+        with self.lock, counting() as compiles:
             t0 = time.perf_counter()
             tok = self.eos if self.eos is not None else 0
             n = max(1, min(16, self.cfg.n_ubatch, self.cfg.n_ctx - 1))
@@ -331,22 +367,71 @@ class Engine:
             if n + 1 <= self.cfg.n_ctx:
                 self.eval([tok])
             self.reset()
-            return time.perf_counter() - t0
+        self.compiled = compiles.count
+        return time.perf_counter() - t0
 
     def reset(self) -> None:
         with self.lock:
             self.cache.n_used = 0
             self._kv_epoch += 1
 
+    @property
+    def can_shift(self) -> bool:
+        """Whether the model can re-rope its cached K (the KShift capability)."""
+        return supports(type(self.model), KShift)
+
+    def shift_context(self, n_keep: int, n_discard: int) -> None:
+        """llama-cli's context shift: positions n_keep..n_keep+n_discard-1 leave the cache
+        and the later ones move down by n_discard, their K re-roped by -n_discard (llama.cpp's
+        seq_rm + seq_add and K-shift; graphs/kv_cache.py's discard and shift_graph)."""
+        with self.lock:
+            if not self.can_shift:
+                raise ValueError(f"the context cannot shift: ggraph's {self.file.arch} builder "
+                                 f"cannot re-rope its cached K")
+            moves = self.cache.discard(n_keep, n_keep + n_discard)
+            self._kv_epoch += 1
+            built = shift_graph(self.ctx, moves, self.model.shift_k)
+            if built is None:
+                return
+            graph, values = built
+            self._place(graph)
+            try:
+                self.runner.run(graph, values)
+            except BaseException:
+                self.reset()  # half-moved cells hold no sequence
+                raise
+
+    def make_room(self, n: int, n_keep: int | None) -> bool:
+        """Room for n more tokens as llama-cli makes it (n_used + n < n_ctx): shift while
+        the context would fill, keeping the first n_keep tokens and discarding half of the
+        rest (n_discard = (n_used - n_keep) // 2); False when it stays full (no n_keep, a
+        model that cannot shift, or nothing left to discard)."""
+        with self.lock:
+            while self.cache.n_used + n >= self.cfg.n_ctx:
+                if n_keep is None or not self.can_shift:
+                    return False
+                n_discard = (self.cache.n_used - min(n_keep, self.cache.n_used)) // 2
+                if n_discard <= 0:
+                    return False
+                self.shift_context(min(n_keep, self.cache.n_used), n_discard)
+            return True
+
     def generate(self, prompt: list[int], n_predict: int, stop_at_eos: bool = True,
-                 sampler: TokenSampler | None = None) -> Iterator[int]:
+                 sampler: TokenSampler | None = None, n_keep: int | None = None
+                 ) -> Iterator[int]:
         """Decoding: yields each new token, continuing the current sequence. Greedy without a
         sampler; with one (graphs/sampling.py's Sampler), the prompt's tokens are accepted
         into its history first, as llama-cli does, and each token is its `sample(logits)`.
 
+        When the next token would fill the context (llama-cli's n_past + 1 >= n_ctx), the
+        context shifts when `n_keep` is given and the model can (shift_context: the first
+        n_keep tokens stay, half of the rest goes), else generation stops. `stop_reason`
+        then says why it ended: "n_predict", "eog" or "context full".
+
         Other callers may use the Engine between tokens, but if one changes the KV cache
         (eval, reset) the next step raises RuntimeError instead of continuing on a cache that
         no longer holds this sequence."""
+        self.stop_reason = "n_predict"
         with self.lock:
             t0 = time.perf_counter()
             logits = self.eval(prompt)
@@ -359,6 +444,7 @@ class Engine:
             tok = int(np.argmax(logits)) if sampler is None else int(sampler.sample(logits))
             yield tok
             if stop_at_eos and tok in self.eog:
+                self.stop_reason = "eog"
                 return
             with self.lock:
                 if self._kv_epoch != epoch:
@@ -366,6 +452,9 @@ class Engine:
                                        f"or reset() after generated token {i + 1}; this "
                                        f"sequence is gone (use one Engine per concurrent "
                                        f"generation)")
+                if not self.make_room(1, n_keep):
+                    self.stop_reason = "context full"
+                    return
                 t0 = time.perf_counter()
                 logits = self.eval([tok])
                 epoch = self._kv_epoch

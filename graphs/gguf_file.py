@@ -4,10 +4,19 @@ Nothing is copied: each weight's `data` is a uint8 view of the file mapping, so 
 computes straight from the page cache. Every failure (a missing or truncated file, a corrupted
 header, a tensor of a type ggraph cannot compute with, data past the end of the file) is a
 GGUFError naming the file and, where known, the tensor and the byte offset.
+
+A mapping dies with SIGBUS when the file shrinks under it: `GGUFModel.check_unchanged` (one
+fstat of the file kept open, called before every evaluation) refuses to go on once the file's
+size or modification time changed. `mmap=False` (llama.cpp's --no-mmap) reads the file into
+memory instead, so nothing done to the file afterwards can reach the weights; `lock_memory`
+(--mlock) keeps the weights in RAM.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +46,23 @@ class GGUFModel:
     sizes: dict[str, int] = field(default_factory=dict, repr=False)
     # names of the tensors an architecture asked for (check_all_used compares with the file)
     used: set[str] = field(default_factory=set, repr=False)
+    # a descriptor of the file whose mapping the weights view, and its (size, mtime) when
+    # loaded: None when the weights were read into memory or not loaded at all
+    mapped: int | None = field(default=None, repr=False)
+    identity: tuple[int, int] = (0, 0)
+    buffer: Any = field(default=None, repr=False)   # the weights' bytes (mapping or memory)
+
+    def check_unchanged(self) -> None:
+        """GGUFError when the mapped file's size or modification time changed since it was
+        loaded: reading a weight past a truncated file's end kills the process (SIGBUS)."""
+        if self.mapped is None:
+            return
+        st = os.fstat(self.mapped)
+        if (st.st_size, st.st_mtime_ns) != self.identity:
+            raise GGUFError(f"{self.path}: the model file changed after it was loaded (size "
+                            f"{self.identity[0]} -> {st.st_size} bytes, modified at "
+                            f"{st.st_mtime_ns} ns); its weights are mapped from it: load it "
+                            f"again, or read it into memory (--no-mmap)")
 
     def tensor_size(self, name: str) -> int:
         n = self.sizes.get(name)
@@ -82,14 +108,17 @@ class GGUFModel:
 
 
 def load_gguf(path: str | os.PathLike, *, with_data: bool = True,
-              progress: bool = False) -> GGUFModel:
+              progress: bool = False, mmap: bool = True) -> GGUFModel:
     """Read a GGUF file's metadata and tensor table (bounded and checked: gguf_reader);
-    weights map the file read-only.
+    weights map the file read-only, or with mmap=False are read into memory (the memory
+    available is checked first).
 
     with_data=False reads only the header (planning without weights: no tensor data)."""
     path = os.fspath(path)
     hdr = read_header(path)
-    data = np.frombuffer(hdr.mm, dtype=np.uint8) if with_data else None
+    data = None
+    if with_data:
+        data = np.frombuffer(hdr.mm, dtype=np.uint8) if mmap else _read_all(path, hdr.file_size)
     ctx = Context(os.path.basename(path))
     tensors: dict[str, Tensor] = {}
     total = 0
@@ -113,8 +142,48 @@ def load_gguf(path: str | os.PathLike, *, with_data: bool = True,
             t.data = data[start:start + info.nbytes]
         tensors[info.name] = t
         total += info.nbytes
-    return GGUFModel(path, hdr.metadata, tensors, ctx, hdr.file_size, hdr.data_offset, total,
-                     kv_types=hdr.kv_types)
+    model = GGUFModel(path, hdr.metadata, tensors, ctx, hdr.file_size, hdr.data_offset, total,
+                      kv_types=hdr.kv_types, buffer=data)
+    if with_data and mmap:
+        fd = os.open(path, os.O_RDONLY)   # kept open: check_unchanged fstat()s it
+        weakref.finalize(model, os.close, fd)
+        st = os.fstat(fd)
+        model.mapped, model.identity = fd, (st.st_size, st.st_mtime_ns)
+        if st.st_size != hdr.file_size:
+            raise GGUFError(f"{path}: the file changed while it was read ({hdr.file_size} -> "
+                            f"{st.st_size} bytes)")
+    return model
+
+
+def _read_all(path: str, size: int) -> np.ndarray:
+    """The whole file in memory (llama.cpp's --no-mmap), its size checked against the memory
+    available before the buffer is allocated."""
+    from ggraph.host_memory import check_buffers
+
+    check_buffers([("model (--no-mmap)", size)])
+    buf = np.empty(size, dtype=np.uint8)
+    with open(path, "rb") as f:
+        got = f.readinto(memoryview(buf))
+    if got != size:
+        raise GGUFError(f"{path}: read {got} of {size} bytes: the file changed while it was "
+                        f"read")
+    buf.flags.writeable = False  # as read-only as the mapping: a Session copies before writing
+    return buf
+
+
+def lock_memory(model: GGUFModel) -> str | None:
+    """mlock the weights' bytes (llama.cpp's --mlock): they stay in RAM, never swapped out or
+    dropped from the page cache. None when locked, else llama.cpp's warning (the lock is an
+    optimization: a refusal, e.g. under RLIMIT_MEMLOCK, does not stop the run)."""
+    buf = model.buffer
+    if buf is None or buf.nbytes == 0:
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    if libc.mlock(ctypes.c_void_p(buf.ctypes.data), ctypes.c_size_t(buf.nbytes)) == 0:
+        return None
+    err = ctypes.get_errno()
+    return (f"warning: failed to mlock {buf.nbytes}-byte buffer: {os.strerror(err)}; try "
+            f"increasing RLIMIT_MEMLOCK ('ulimit -l' as root)")
 
 
 def touch_pages(model: GGUFModel, progress: bool = True) -> None:

@@ -7,19 +7,31 @@ quantized V cache requires flash attention.
 
 Two caches share one small protocol, so the engine never asks which it holds: `n_used` (the
 sequence's length; setting it lower cuts the sequence back), `k` / `v` (every layer's tensors,
-indexed by layer), `nbytes` and `summary_lines()` (llama.cpp's memory lines):
+indexed by layer), `nbytes`, `summary_lines()` (llama.cpp's memory lines) and `discard(p0, p1)`
+(the sequence shift of a full context, below):
 - `KVCache`: one cache of `size` cells for every layer (cell = position);
 - `IswaKVCache`: llama.cpp's iswa cache for interleaved sliding-window attention: a full
   `KVCache` for the global layers and a smaller one for the sliding-window layers, used as a
   ring (cell = position % size), with the position each ring cell holds.
+
+The sequence shift (llama.cpp's seq_rm(p0, p1) then seq_add(p1, n_used, p0 - p1), which
+llama-cli does when the context is full) drops positions p0..p1-1 and moves every later one
+down by p1 - p0. A cache here keeps cell = position (modulo the ring's size), so the shift
+moves cells: `discard` updates the bookkeeping and returns the CellMoves, and `shift_graph`
+builds the graph that carries them out, gathering each moved cell's K and V (get_rows),
+re-roping K by the position delta through the model's own rope (llama.cpp's K-shift) and
+scattering both to their new cells (set_rows). Moves are cells and deltas, nothing more, so a
+cache of several sequences can hand its own to the same graph.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
+from ggraph import ops as O
+from ggraph.graph import Graph
 from ggraph.tensor import Context, Tensor
 from ggraph.type_records import kv_types
 from ggraph.types import GGMLType, row_size, MIB
@@ -37,6 +49,7 @@ class KVCache:
     k: list[Tensor] = field(default_factory=list)
     v: list[Tensor] = field(default_factory=list)
     n_used: int = 0  # cells holding tokens (one sequence, positions 0..n_used-1)
+    layer_ids: list[int] = field(default_factory=list)  # the model layer of each k/v entry
 
     @classmethod
     def create(cls, ctx: Context, n_layer: int, n_embd_k: int, n_embd_v: int, size: int,
@@ -57,7 +70,7 @@ class KVCache:
             if n % t.block_size:
                 raise ValueError(f"{role} rows of {n} values do not fit {t} blocks of "
                                  f"{t.block_size}")
-        c = cls(size, n_layer, tk, tv, v_trans=not flash_attn)
+        c = cls(size, n_layer, tk, tv, v_trans=not flash_attn, layer_ids=ids)
         for il in ids:
             k = ctx.new_tensor(tk, (n_embd_k, size), name=f"cache_k_l{il}")
             v = ctx.new_tensor(tv, (size, n_embd_v) if c.v_trans else (n_embd_v, size),
@@ -89,6 +102,83 @@ class KVCache:
     def summary_lines(self) -> list[str]:
         """The memory lines llama.cpp prints for this cache (one for a single cache)."""
         return [self.summary()]
+
+    def layer(self, i: int) -> int:
+        """The model layer of k[i] / v[i]."""
+        return self.layer_ids[i] if self.layer_ids else i
+
+    def discard(self, p0: int, p1: int) -> list["CellMoves"]:
+        """Drop positions p0..p1-1 and shift the later ones down by p1 - p0 (cell =
+        position): n_used shrinks now, and the returned moves must be run (shift_graph)
+        before the next evaluation."""
+        check_discard(p0, p1, self.n_used)
+        src = np.arange(p1, self.n_used, dtype=np.int64)
+        self.n_used -= p1 - p0
+        return [CellMoves(self, src, src - (p1 - p0), p0 - p1)] if src.size else []
+
+
+@dataclass
+class CellMoves:
+    """One cache's share of a sequence shift: the K and V of cell src[i] go to cell dst[i]
+    (all read before any is written), K re-roped by `delta` positions."""
+    cache: KVCache
+    src: np.ndarray
+    dst: np.ndarray
+    delta: int
+
+
+class RopeShift(Protocol):
+    """The model's K-shift for layer `layer`: cached K rows [n_embd_k, m] (f32) rotated by
+    the positions `pos` (I32 [m]), as its graph ropes K."""
+
+    def __call__(self, layer: int, rows: Tensor, pos: Tensor) -> Tensor: ...
+
+
+def check_discard(p0: int, p1: int, n_used: int) -> None:
+    if not 0 <= p0 <= p1 <= n_used:
+        raise ValueError(f"cannot discard positions {p0}..{p1 - 1} of a sequence of "
+                         f"{n_used} tokens")
+
+
+def shift_graph(ctx: Context, moves: Sequence[CellMoves], rope: RopeShift
+                ) -> tuple[Graph, dict[Tensor, np.ndarray]] | None:
+    """The graph carrying out `moves` and its input values (None when nothing moves): per
+    layer, the moved cells' K gathered as f32, re-roped and scattered to their new cells,
+    V gathered and scattered as it is (a transposed V one value per row)."""
+    outs: list[Tensor] = []
+    values: dict[Tensor, np.ndarray] = {}
+
+    def index(name: str, type: str, cells: np.ndarray) -> Tensor:
+        t = ctx.new_tensor(type, (cells.size,), name).set_input()
+        values[t] = cells.astype(np.int32 if type == "i32" else np.int64)
+        return t
+
+    for mv in moves:
+        c, m = mv.cache, mv.src.size
+        src, dst = index("shift_src", "i32", mv.src), index("shift_dst", "i64", mv.dst)
+        pos = index("shift_pos", "i32", np.full(m, mv.delta))
+        for i, k in enumerate(c.k):
+            rows = rope(c.layer(i), O.get_rows(k, src, name=f"k_shift_in-{c.layer(i)}"), pos)
+            outs.append(O.set_rows(k, rows, dst, name=f"k_shifted-{c.layer(i)}"))
+        if c.v_trans and c.v:   # value j of cell x is row j * size + x
+            n_v = c.v[0].ne[1]
+            chans = np.arange(n_v, dtype=np.int64)[:, None] * c.size
+            vsrc = index("shift_vsrc", "i32", (chans + mv.src[None, :]).reshape(-1))
+            vdst = index("shift_vdst", "i64", (chans + mv.dst[None, :]).reshape(-1))
+        for i, v in enumerate(c.v):
+            if c.v_trans:
+                flat = O.reshape(v, 1, v.nelements)
+                outs.append(O.set_rows(flat, O.get_rows(flat, vsrc), vdst,
+                                       name=f"v_shifted-{c.layer(i)}"))
+            else:
+                outs.append(O.set_rows(v, O.get_rows(v, src), dst,
+                                       name=f"v_shifted-{c.layer(i)}"))
+    if not outs:
+        return None
+    graph = Graph(max(2048, 8 * len(outs)))
+    for t in outs:
+        graph.build_forward_expand(t)
+    return graph, values
 
 
 def check_graph_fits(cache: "KVCache | IswaKVCache", n_kv: int, flash_attn: bool) -> None:
@@ -252,6 +342,27 @@ class IswaKVCache:
             self.cell_pos = np.where(self.cell_pos >= n, -1, self.cell_pos)
         self._n_used = n
         self.base.n_used = self.swa.n_used = n
+
+    def discard(self, p0: int, p1: int) -> list[CellMoves]:
+        """The sequence shift on both caches: the global one moves cells as positions move;
+        in the ring a position p >= p1 moves from cell p % size to (p - d) % size, where the
+        newest position wins a cell (as writing it would) and positions below p0 stay."""
+        check_discard(p0, p1, self._n_used)
+        d = p1 - p0
+        moves = self.base.discard(p0, p1)
+        pos, size = self.cell_pos, self.swa.size
+        new_pos = np.where((pos >= 0) & (pos < p0), pos, -1)
+        cells = np.nonzero(pos >= p1)[0]
+        new_p = pos[cells] - d
+        order = np.argsort(new_p, kind="stable")  # ascending: the newest is written last
+        new_pos[new_p[order] % size] = new_p[order]
+        won = new_pos[new_p % size] == new_p
+        self.cell_pos = new_pos
+        self._n_used -= d
+        self.swa.n_used = self._n_used
+        if won.any():
+            moves.append(CellMoves(self.swa, cells[won], new_p[won] % size, -d))
+        return moves
 
     # -- cells and masks of a ubatch ---------------------------------------------------------------
     def ring_after(self, n_past: int, n: int) -> np.ndarray:

@@ -125,8 +125,9 @@ def cell_values(cache: KVCache, kq_mask: Tensor, mask: np.ndarray, k_idxs: Tenso
     (with a transposed V cache, cache.v_trans, every value of a token is its own V row)."""
     values = {kq_mask: mask, k_idxs: cells}
     if v_idxs is not None:
-        if cache.v_trans:
-            n_embd_v = cache.v[0].ne[1]
+        if cache.v_trans:  # (from the index count: a cache may hold no layer, as the global
+            #                  one of a model whose every layer slides)
+            n_embd_v = v_idxs.ne[0] // max(len(cells), 1)
             v_idx = np.arange(n_embd_v, dtype=np.int64)[None, :] * cache.size + cells[:, None]
         else:
             v_idx = cells

@@ -23,6 +23,7 @@ from .gguf_reader import GGUFError
 from .pretokenize import pre_type
 from .tokenizer_models import SPACE, build_bpe, build_spm, piece
 from .special_tokens import SpecialIds, read_special_ids
+from .text_pieces import PIECE_CHARS, bpe_cutter, pieces, spm_cutter, valid_text
 from .tokenizer_vocab import check_vocab, one_line as _one_line, partition, what as _what
 
 _TEMPLATE = "tokenizer.chat_template"
@@ -97,9 +98,14 @@ _MAX_VALUE = 1 << 20       # items a template may build with one `*` or `+`
 _RENDER_SECONDS = 5.0      # a real chat template renders in milliseconds
 
 
-def _render_bounded(template: Any, **kw: Any) -> str:
-    """template.render(**kw), stopped after _RENDER_SECONDS: Jinja compiles templates to
-    Python, so a trace function sees every line of a loop and can end it."""
+class _TemplateTooLong(Exception):
+    """A template's output passed the cap its caller gave (what a context can hold)."""
+
+
+def _render_bounded(template: Any, max_chars: int | None = None, **kw: Any) -> str:
+    """template.render(**kw), stopped after _RENDER_SECONDS, or once its output passes
+    max_chars: Jinja compiles templates to Python, so a trace function sees every line of a
+    loop and can end it, and generate() hands the output over as it is made."""
     deadline = time.monotonic() + _RENDER_SECONDS
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
@@ -109,8 +115,15 @@ def _render_bounded(template: Any, **kw: Any) -> str:
 
     previous = sys.gettrace()
     sys.settrace(tracer)
+    out: list[str] = []
+    size = 0
     try:
-        return template.render(**kw)
+        for part in template.generate(**kw):
+            out.append(part)
+            size += len(part)
+            if max_chars is not None and size > max_chars:
+                raise _TemplateTooLong()
+        return "".join(out)
     finally:
         sys.settrace(previous)
 
@@ -127,6 +140,10 @@ def _flag(md: dict[str, Any], key: str, default: bool, path: str) -> bool:
     if not isinstance(v, bool):
         raise GGUFError(f"{path}: {key} must be a bool, got {_what(v)}")
     return v
+
+
+class TooManyTokens(ValueError):
+    """encode(max_tokens=N) met a text of more than N tokens (args: message, N)."""
 
 
 class Tokenizer:
@@ -166,6 +183,10 @@ class Tokenizer:
         self._model = build_bpe(v, pre) if pre is not None else build_spm(v)
         self._specials = {True: v.specials(True), False: v.specials(False)}
         self._pieces: dict[tuple[int, bool], bytes] = {}
+        # text longer than this is tokenized in pieces (graphs/text_pieces.py)
+        self.piece_chars = PIECE_CHARS
+        self._cutter: Any = None
+        self.max_token_chars = max(len(t) for t in v.tokens)
         # the tokens that end generation, as llama.cpp's llama_vocab_is_eog answers
         self.eog_ids: frozenset[int] = self.special.eog
 
@@ -174,35 +195,64 @@ class Tokenizer:
         return len(self.tokens)
 
     def encode(self, text: str, add_bos: bool | None = None, special: bool = True,
-               add_eos: bool | None = None) -> list[int]:
+               add_eos: bool | None = None, max_tokens: int | None = None) -> list[int]:
         """Token ids of `text` as llama.cpp's llama_tokenize gives them. `special`: control
         tokens written in the text are matched (llama.cpp's parse_special; user-defined tokens
         always are). `add_bos`/`add_eos`: None follows the file; a BOS/EOS the vocabulary lacks
-        is never added."""
-        pieces = partition(text, self._specials[special])
-        texts = [p for p in pieces if isinstance(p, str)]
+        is never added. Long text is tokenized in pieces that give the same ids
+        (graphs/text_pieces.py); with `max_tokens`, a text of more tokens is a ValueError as
+        soon as that is known. Lone surrogates (bytes that were not UTF-8) read as U+FFFD."""
+        parts = partition(valid_text(text), self._specials[special])
         if self.model == "llama":
             # a space before the text and after each special token when the file asks for it
             prev_special = True
-            for i, p in enumerate(pieces):
+            for i, p in enumerate(parts):
                 if isinstance(p, str):
                     s = " " + p if self.add_space_prefix and prev_special else p
-                    pieces[i] = s.replace(" ", SPACE)
+                    parts[i] = s.replace(" ", SPACE)
                 prev_special = not isinstance(p, str)
-            texts = [p for p in pieces if isinstance(p, str)]
-        encoded = iter(self._model.encode_batch(texts, add_special_tokens=False)) \
-            if texts else iter(())
         ids: list[int] = []
         if (self.add_bos if add_bos is None else add_bos) and self.bos is not None:
             ids.append(self.bos)
-        for p in pieces:
-            if isinstance(p, str):
-                ids.extend(next(encoded).ids)
-            else:
+        batch: list[str] = []   # text pieces encoded together, about piece_chars at a time
+
+        def flush() -> None:
+            if batch:
+                for enc in self._model.encode_batch(batch, add_special_tokens=False):
+                    ids.extend(enc.ids)
+                batch.clear()
+            if max_tokens is not None and len(ids) > max_tokens:
+                raise TooManyTokens(f"the text is more than {max_tokens} tokens long "
+                                    f"(tokenizing stopped there)", max_tokens)
+
+        size = 0
+        for p in parts:
+            if not isinstance(p, str):
+                flush()
                 ids.append(p)
+                continue
+            for chunk in pieces(p, self._find_cut, self.piece_chars):
+                batch.append(chunk)
+                size += len(chunk)
+                if size >= self.piece_chars:
+                    flush()
+                    size = 0
+        flush()
         if (self.add_eos if add_eos is None else add_eos) and self.eos is not None:
             ids.append(self.eos)
         return ids
+
+    def _find_cut(self, text: str, start: int, limit: int) -> int | None:
+        """Where a long text piece may be cut (text_pieces: made on the first long text)."""
+        if self._cutter is None:
+            self._cutter = spm_cutter(self.tokens) if self.model == "llama" else \
+                bpe_cutter(self._model.pre_tokenizer)
+        return self._cutter(text, start, limit)
+
+    def chars_for(self, n_tokens: int) -> int:
+        """The most characters text of n_tokens tokens can have (no token is longer than the
+        vocabulary's longest): a cap on what a chat template may render for a context."""
+        return n_tokens * self.max_token_chars
 
     def piece(self, token: int, special: bool = True) -> bytes:
         """The bytes of one token as llama.cpp's llama_token_to_piece gives them (control
@@ -233,32 +283,42 @@ class Tokenizer:
         text = b"".join(parts).decode("utf-8", "replace")
         return _clean(text) if clean_spaces and self.clean_spaces else text
 
-    def chat(self, user: str, system: str | None = None) -> str:
+    def chat(self, user: str, system: str | None = None, max_chars: int | None = None) -> str:
         """One user message (after an optional system message) in the chat template, with
         the assistant's turn opened."""
         messages = ([{"role": "system", "content": system}] if system else []) + \
             [{"role": "user", "content": user}]
-        return self.render(messages)
+        return self.render(messages, max_chars=max_chars)
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+               max_chars: int | None = None) -> str:
         """A conversation in the file's chat template (ChatML without one, as llama.cpp's
-        default); rendered in a sandbox with a time limit (the template is untrusted)."""
+        default); rendered in a sandbox with a time limit (the template is untrusted), and
+        stopped once it passes max_chars characters (chars_for(n_ctx): more than a context
+        can hold)."""
+        too_long = GGUFError(f"{self.path}: {_TEMPLATE} rendered more than {max_chars} "
+                             f"characters, more than the context holds, and was stopped")
         if self._template is None:
-            return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
+            text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
                            for m in messages) + \
                 ("<|im_start|>assistant\n" if add_generation_prompt else "")
+            if max_chars is not None and len(text) > max_chars:
+                raise too_long
+            return text
         from jinja2.exceptions import SecurityError
 
         try:
             # tools and documents None as transformers passes them: `tools is none` holds
             return _render_bounded(
-                self._template, messages=messages, tools=None, documents=None,
+                self._template, max_chars, messages=messages, tools=None, documents=None,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.tokens[self.bos] if self.bos is not None else "",
                 eos_token=self.tokens[self.eos] if self.eos is not None else "")
         except _TemplateTimeout:
             raise GGUFError(f"{self.path}: {_TEMPLATE} was still rendering after "
                             f"{_RENDER_SECONDS:.0f} s and was stopped") from None
+        except _TemplateTooLong:
+            raise too_long from None
         except _TemplateRaised as e:
             raise GGUFError(f"{self.path}: {_TEMPLATE} raised an error{_template_line(e)}: "
                             f"{_one_line(e)}") from None

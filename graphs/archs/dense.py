@@ -27,7 +27,7 @@ from ggraph.graph import Graph
 from ggraph.ops.rope import RopeMode
 from ggraph.tensor import Context, Tensor
 
-from ..arch import Architecture
+from ..arch import Architecture, KShift
 from ..attention import AttentionShape, build_attention, split_heads
 from ..gguf_file import GGUFError, GGUFModel
 from ..hparams import LlamaHParams, key, settle_heads
@@ -79,7 +79,7 @@ class DenseHParams(LlamaHParams):
         return self.key_length
 
 
-class DenseDecoder(Architecture):
+class DenseDecoder(Architecture, KShift):
     """A llama-like decoder; subclasses set hparams_class, tensors and spec, and register."""
     spec: ClassVar[DenseSpec] = DenseSpec()
 
@@ -128,6 +128,19 @@ class DenseDecoder(Architecture):
         return KVCache.create(ctx, self.hp.n_layer, self.hp.n_embd_gqa, self.hp.n_embd_gqa,
                               size, type_k, type_v, flash_attn)
 
+    def rope(self) -> dict[str, Any]:
+        """rope_ext's settings for Q and K (every layer's)."""
+        hp = self.hp
+        return dict(n_dims=hp.n_rot, mode=self.spec.rope_mode, n_ctx_orig=hp.n_ctx_train,
+                    freq_base=hp.rope_freq_base, freq_scale=hp.freq_scale)
+
+    def shift_k(self, layer: int, rows: Tensor, pos: Tensor) -> Tensor:
+        """Cached K rows roped by pos as build ropes K."""
+        hp = self.hp
+        k = O.reshape(rows, hp.head_dim, hp.n_head_kv, rows.ne[1])
+        k = O.rope_ext(k, pos, None, name=f"k_shift-{layer}", **self.rope())
+        return O.reshape(k, hp.n_embd_gqa, rows.ne[1])
+
     def graph_capacity(self, n_tokens: int, n_kv: int, amb_mib: int) -> int:
         hp = self.hp
         steps = len(split_heads(hp.n_head, hp.n_head_kv, n_kv, n_tokens, amb_mib))
@@ -163,8 +176,7 @@ class DenseDecoder(Architecture):
                                                  inputs.v_idxs, inputs.out_ids)
         shape = AttentionShape(hd, hp.n_head, hp.n_head_kv, n_tokens, n_kv)
         kq_scale = 1.0 / float(np.sqrt(hd))
-        rope = dict(n_dims=hp.n_rot, mode=self.spec.rope_mode, n_ctx_orig=hp.n_ctx_train,
-                    freq_base=hp.rope_freq_base, freq_scale=hp.freq_scale)
+        rope = self.rope()
 
         graph = Graph(self.graph_capacity(n_tokens, n_kv, amb_mib))
         cur = O.get_rows(w["token_embd"], inputs.tokens, name="inp_embd")

@@ -30,7 +30,7 @@ from ggraph.graph import Graph
 from ggraph.ops.rope import RopeMode
 from ggraph.tensor import Context, Tensor
 
-from ..arch import Architecture, register_arch
+from ..arch import Architecture, KShift, register_arch
 from ..attention import AttentionShape, build_attention, split_heads, store_kv
 from ..gguf_file import GGUFError, GGUFModel
 from ..hparams import key, settle_heads
@@ -121,7 +121,7 @@ def swa_layers(metadata: dict[str, Any], arch: str, n_layer: int, n_swa: int,
 
 
 @register_arch("gemma3")
-class Gemma3Model(Architecture):
+class Gemma3Model(Architecture, KShift):
     hparams_class = Gemma3HParams
     tensors = TensorNames.of("gemma3")
 
@@ -204,7 +204,6 @@ class Gemma3Model(Architecture):
             inputs = IswaInputs(**vars(inputs), n_kv_swa=n_kv_swa, swa=KindInputs.create(
                 ctx, n_tokens, n_kv_swa, flash_attn, n_v_idx, "_swa"))
         graph = Graph(self.graph_capacity(n_tokens, n_kv, amb_mib))
-        rope = dict(n_dims=hp.n_rot, mode=RopeMode.NEOX, n_ctx_orig=hp.n_ctx_train)
         cur = O.get_rows(w["token_embd"], inputs.tokens, name="inp_embd")
         cur = O.scale(cur, float(np.sqrt(np.float32(hp.n_embd), dtype=np.float32)),
                       name="inp_scaled")
@@ -222,14 +221,11 @@ class Gemma3Model(Architecture):
             k = O.reshape(O.mul_mat(L["attn_k"], x, name=f"Kcur-{il}"), hd, hp.n_head_kv,
                           n_tokens)
             v = O.mul_mat(L["attn_v"], x, name=f"Vcur-{il}")
-            base = hp.rope_freq_base_swa if slides else hp.rope_freq_base
-            scale = 1.0 if slides else hp.freq_scale
+            rope = self.rope(il)
             q = self._norm(q, L["attn_q_norm"], f"Qcur_normed-{il}")
-            q = O.rope_ext(q, inputs.pos, None, freq_base=base, freq_scale=scale,
-                           name=f"Qcur-{il} (roped)", **rope)
+            q = O.rope_ext(q, inputs.pos, None, name=f"Qcur-{il} (roped)", **rope)
             k = self._norm(k, L["attn_k_norm"], f"Kcur_normed-{il}")
-            k = O.rope_ext(k, inputs.pos, None, freq_base=base, freq_scale=scale,
-                           name=f"Kcur-{il} (roped)", **rope)
+            k = O.rope_ext(k, inputs.pos, None, name=f"Kcur-{il} (roped)", **rope)
             q = O.scale(q, hp.attention_scale, name=f"Qcur_scaled-{il}")
             k_cache, v_cache = store_kv(sub, i, O.reshape(k, gqa, n_tokens), v, att_in.k_idxs,
                                         att_in.v_idxs)
@@ -259,6 +255,22 @@ class Gemma3Model(Architecture):
         logits.set_output()
         graph.build_forward_expand(logits)
         return ModelGraph(graph, inputs, logits, n_tokens, n_kv, n_outputs)
+
+    def rope(self, il: int) -> dict[str, Any]:
+        """rope_ext's settings for layer il: NEOX, the local base and no scaling on
+        sliding-window layers, the global base and scale on the others."""
+        hp = self.hp
+        slides = hp.is_swa[il]
+        return dict(n_dims=hp.n_rot, mode=RopeMode.NEOX, n_ctx_orig=hp.n_ctx_train,
+                    freq_base=hp.rope_freq_base_swa if slides else hp.rope_freq_base,
+                    freq_scale=1.0 if slides else hp.freq_scale)
+
+    def shift_k(self, layer: int, rows: Tensor, pos: Tensor) -> Tensor:
+        """Cached K rows of `layer` roped by pos as build ropes that layer's K."""
+        hp = self.hp
+        k = O.reshape(rows, hp.head_dim, hp.n_head_kv, rows.ne[1])
+        k = O.rope_ext(k, pos, None, name=f"k_shift-{layer}", **self.rope(layer))
+        return O.reshape(k, hp.n_embd_gqa, rows.ne[1])
 
     def _norm(self, x: Tensor, weight: Tensor, name: str) -> Tensor:
         """rms_norm of each row (each head for Q/K) times the weight, as build_norm."""
