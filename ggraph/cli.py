@@ -1,19 +1,23 @@
 """The `ggraph` console command. Each subcommand lives in a module of ggraph.tools that
-defines `register(subparsers)`; this file only discovers and dispatches them."""
+defines `register(subparsers)`; this file only discovers and dispatches them (the options several subcommands share and how
+they resolve are tools/defaults.py's)."""
 from __future__ import annotations
 
 import argparse
 import importlib
 import pkgutil
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
     import ggraph.tools as tools
 
+    import ggraph
+
     parser = argparse.ArgumentParser(prog="ggraph", description="ggml-style compute graphs: "
                                      "plan memory, run and inspect graphs")
+    parser.add_argument("--version", action="version", version=f"ggraph {ggraph.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(tools.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
@@ -40,36 +44,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, KeyError, OSError) as e:  # user errors: one line, no traceback
         fail(args.command, e)
         return 1
-
-
-# option bounds several subcommands share: attribute -> (flag, smallest value, what it means)
-SIZE_BOUNDS: dict[str, tuple[str, float, str]] = {
-    "ctx_size": ("-c/--ctx-size", 1, ""),
-    "ubatch_size": ("-ub/--ubatch-size", 1, ""),
-    "amb": ("--amb", 0, " MiB (0: attention is not split)"),
-}
-
-
-def add_flash_attn_flag(parser: Any, default: str = "off") -> None:
-    """llama.cpp's `-fa on|off|auto` (also `--flash-attn` and `--fa`; the flag alone means on)
-    into args.fa; `flash_attn_on(args.fa)` reads it."""
-    parser.add_argument("-fa", "--flash-attn", "--fa", dest="fa", nargs="?", const="on",
-                        default=default, choices=("on", "off", "auto"),
-                        help=f"flash attention: on, off or auto (default {default}; auto is on "
-                             f"where the backend runs it, as llama.cpp resolves it: every "
-                             f"ggraph backend does)")
-
-
-def flash_attn_on(value: str | bool) -> bool:
-    return value if isinstance(value, bool) else value != "off"
-
-
-def check_bounds(args: argparse.Namespace, bounds: dict[str, tuple[str, float, str]]) -> None:
-    """A one-line ValueError for the first option below its smallest value (None: unset)."""
-    for attr, (flag, lo, meaning) in bounds.items():
-        v = getattr(args, attr, None)
-        if v is not None and v < lo:
-            raise ValueError(f"{flag} must be >= {lo}{meaning}, got {v}")
 
 
 def argv_text(s: str) -> str:

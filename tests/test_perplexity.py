@@ -195,9 +195,9 @@ def test_cli_ppl_then_kl_divergence_against_itself(tiny, engine, tmp_path, capsy
     text = tmp_path / "t.txt"
     text.write_text(TEXT * 2 + "\n")
     base = tmp_path / "base.kld"
-    # -ub 8: the fixture's engine, so the figures are the same bits
+    # -ub 8 -fa off: the fixture's engine, so the figures are the same bits
     assert main(["perplexity", "-m", tiny, "-f", str(text), "-c", str(N_CTX), "-ub", "8",
-                 "--kl-divergence-base", str(base)]) == 0
+                 "-fa", "off", "--kl-divergence-base", str(base)]) == 0
     out = capsys.readouterr().out
     tokens = engine.tokenizer.encode(TEXT * 2, special=False)
     c = plan_chunks(len(tokens), N_CTX)
@@ -206,7 +206,7 @@ def test_cli_ppl_then_kl_divergence_against_itself(tiny, engine, tmp_path, capsy
     assert f"Final estimate: PPL = {stats.ppl:.4f} +/- {stats.error:.5f}" in out
     assert BaseFile.read(base).n_chunk == c.n_chunk
     assert main(["perplexity", "-m", tiny, "--kl-divergence-base", str(base), "-ub", "8",
-                 "--kl-divergence"]) == 0
+                 "-fa", "off", "--kl-divergence"]) == 0
     out = capsys.readouterr().out
     assert "Same top p" in out and f"{c.n_chunk:4d}    {stats.ppl:9.4f}" in out
     assert c.n_chunk * c.n_scored >= 100  # enough tokens for llama.cpp's closing report

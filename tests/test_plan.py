@@ -29,8 +29,9 @@ def _plan_json(capsys, *argv: str) -> dict:
 
 
 def test_seed_numbers_ubatch_512(capsys):
+    # the seed's figures are without flash attention (the absorbed path)
     r = _plan_json(capsys, "--preset", "deepseek-v3", "-c", "163000", "-ub", "512",
-                   "--amb", "2048")
+                   "--amb", "2048", "-fa", "off")
     assert r["kq_all_heads_mib"] == 40750
     absorbed = next(p for p in r["paths"] if p["name"] == "absorbed")
     assert absorbed["selected"] and absorbed["formula_steps"] == 20
@@ -71,7 +72,7 @@ def test_mla_cache_at_163840_f16_and_q8_0(capsys):
 
 def test_text_report_names_every_part(capsys):
     assert main(["plan", "--preset", "deepseek-v3", "-c", "163000", "-ub", "512",
-                 "--amb", "2048", "--strategy", "ggml"]) == 0
+                 "--amb", "2048", "--strategy", "ggml", "-fa", "off"]) == 0
     out = capsys.readouterr().out
     for text in ("K*Q of all heads 40,750 MiB", "n_step = ceil(40750 / 2048) = 20",
                  "19 iterations of <= 7 heads", "ik_llama.cpp splits this path into 16",
@@ -128,7 +129,7 @@ def test_llama_header_plan_equals_the_engine(tmp_path, capsys, fa, ctk, ctv):
 
     # heads of 32 values: quantized caches store whole blocks per head
     p = str(write_tiny_llama(tmp_path / "llama.gguf", TinyDense(n_embd=128)))
-    args = ["-c", "1024", "-ub", "128", "-ctk", ctk, "-ctv", ctv] + (["--fa"] if fa else [])
+    args = ["-c", "1024", "-ub", "128", "-ctk", ctk, "-ctv", ctv, "-fa", "on" if fa else "off"]
     r = _plan_json(capsys, p, "--strategy", "default", *args)
     eng = Engine(p, EngineConfig(n_ctx=1024, n_ubatch=128, type_k=ctk, type_v=ctv,
                                  flash_attn=fa))

@@ -185,8 +185,10 @@ def test_device_specs():
 # -- deployment plans ------------------------------------------------------------------------
 
 def _seed_plan(*extra):
+    # the seed ran ik_llama.cpp without flash attention (-fa is auto, so on, by default)
     return ["plan", "--preset", "deepseek-r1", "--weights", "0.36375", "-c", "163840",
-            "-ub", "1024", "--amb", "1024", "--strategy", "ggml", "-ngl", "100", *extra]
+            "-ub", "1024", "--amb", "1024", "--strategy", "ggml", "-ngl", "100", "-fa", "off",
+            *extra]
 
 
 def test_plan_of_the_seed_deployment(capsys, tmp_path):

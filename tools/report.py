@@ -89,11 +89,14 @@ def register(subparsers: Any) -> None:
     a.add_argument("--n-head", type=int, default=32)
     a.add_argument("--n-head-kv", type=int, default=8)
     a.add_argument("--head-dim", type=int, default=128)
-    a.add_argument("--n-tokens", type=int, default=512, help="ubatch size (default 512)")
-    a.add_argument("--n-kv", type=int, default=4096, help="KV length, n_ctx (default 4096)")
+    from .defaults import N_CTX, N_UBATCH
+
+    a.add_argument("--n-tokens", type=int, default=N_UBATCH,
+                   help=f"ubatch size (default {N_UBATCH})")
+    a.add_argument("--n-kv", type=int, default=N_CTX, help=f"KV length, n_ctx (default {N_CTX})")
     a.add_argument("--kv-type", default="f16", help="KV cache type (default f16)")
     a.add_argument("--amb", type=int, default=0, help="split attention cap in MiB (0: off)")
-    from ggraph.cli import add_flash_attn_flag
+    from .defaults import add_flash_attn_flag
 
     add_flash_attn_flag(a)
     a.add_argument("--max-bias", type=float, default=0.0, help="ALiBi max bias")
@@ -112,7 +115,7 @@ def register(subparsers: Any) -> None:
 def check_options(args: argparse.Namespace) -> None:
     """Refuse option values that cannot work, with one-line errors (the attention example's
     shape is checked only when it is built)."""
-    from ggraph.cli import SIZE_BOUNDS, check_bounds
+    from .defaults import SIZE_BOUNDS, check_bounds
 
     if getattr(args, "model", None) or getattr(args, "model_opt", None):
         check_bounds(args, {a: ("--" + a.replace("_", "-"), 1, "") for a in
@@ -134,7 +137,7 @@ def check_options(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ggraph.cli import flash_attn_on
+    from .defaults import flash_attn_on
 
     args.fa = flash_attn_on(args.fa)
     from ggraph import alloc_report as R

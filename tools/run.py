@@ -49,26 +49,39 @@ def register(sub: argparse._SubParsersAction) -> None:
     io.add_argument("--jinja", action="store_true",
                     help="accepted: chat templates always render with jinja (sandboxed)")
     p.add_argument("-n", "--n-predict", type=int, default=32,
-                   help="tokens to generate (default 32; -1: until the context is full)")
+                   help="tokens to generate (default 32; -1: until an end-of-generation token, "
+                        "shifting the context as it fills; -2: until the context is full)")
+    from .defaults import N_BATCH, add_context_flags, add_flash_attn_flag, add_threads_flag
+
     m = p.add_argument_group("context and memory")
-    m.add_argument("-c", "--ctx-size", type=int, default=4096)
-    m.add_argument("-b", "--batch-size", type=int, default=2048,
+    add_context_flags(m)
+    m.add_argument("-b", "--batch-size", type=int, default=N_BATCH,
                    help="logical batch (llama.cpp: the ubatch is at most this)")
-    m.add_argument("-ub", "--ubatch-size", type=int, default=512)
     m.add_argument("-amb", "--attention-max-batch", "--amb", dest="amb", type=int, default=0,
                    metavar="MIB", help="split attention so K*Q stays under MIB (0: off)")
     m.add_argument("-ctk", "--cache-type-k", default="f16")
     m.add_argument("-ctv", "--cache-type-v", default="f16")
-    from ggraph.cli import add_flash_attn_flag
-
-    add_flash_attn_flag(m, default="auto")       # llama-cli's default
+    add_flash_attn_flag(m)
+    m.add_argument("--keep", type=int, default=0, metavar="N",
+                   help="tokens of the prompt kept when the context shifts (default 0; -1: all; "
+                        "the BOS token is always kept)")
+    m.add_argument("--context-shift", dest="context_shift", action="store_true", default=True,
+                   help="when the context fills, discard half of it after the kept tokens and "
+                        "go on (the default, as llama-cli)")
+    m.add_argument("--no-context-shift", dest="context_shift", action="store_false",
+                   help="stop generating when the context is full")
+    m.add_argument("--no-mmap", dest="mmap", action="store_false", default=True,
+                   help="read the model into memory instead of mapping it (the file can then "
+                        "change under the run)")
+    m.add_argument("--mlock", action="store_true",
+                   help="keep the model in RAM (never swapped out or dropped from the cache)")
     m.add_argument("--reserve-outputs", choices=("all", "last"), default="all",
                    help="size the compute buffer for every token's logits (llama.cpp) or the "
                         "last token's only")
     m.add_argument("--strategy", default="default", choices=("default", "ggml"))
     d = p.add_argument_group("devices")
     d.add_argument("--backend", default="cpu")
-    d.add_argument("-t", "--threads", type=int, default=None)
+    add_threads_flag(d)
     d.add_argument("--ggml-exact", action="store_true",
                    help="compute as ggml's CPU does, bit for bit (slower; the logits equal "
                         "llama.cpp's)")
@@ -122,17 +135,12 @@ def sampler_params(args: argparse.Namespace) -> Any:
 
 def check_options(args: argparse.Namespace) -> None:
     """Refuse option values that cannot work, before the model loads (one-line errors)."""
-    from ggraph.cli import SIZE_BOUNDS, check_bounds
+    from .defaults import SIZE_BOUNDS, check_bounds, check_threads
 
     check_bounds(args, {**SIZE_BOUNDS, "batch_size": ("-b/--batch-size", 1, ""), "n_predict": (
-        "-n/--n-predict", -1, " (-1: generate until the context is full)")})
-    if args.threads is not None and args.threads > 0 and args.backend.strip().lower() == "cpu":
-        import numba
-
-        if args.threads > numba.config.NUMBA_NUM_THREADS:
-            raise ValueError(f"-t {args.threads}: numba runs at most "
-                             f"{numba.config.NUMBA_NUM_THREADS} threads on this machine "
-                             f"(NUMBA_NUM_THREADS)")
+        "-n/--n-predict", -2, " (-1: until an end-of-generation token, -2: until the context "
+        "is full)")})
+    check_threads(args.threads, args.backend)
     if args.model and args.model_opt and args.model != args.model_opt:
         raise ValueError(f"two models given: {args.model!r} and -m {args.model_opt!r}")
     if args.prompt is not None and args.file:
@@ -154,22 +162,15 @@ def list_devices() -> list[str]:
     return lines
 
 
-def main(args: argparse.Namespace) -> int:
-    if args.version:
-        import ggraph
-
-        print(f"ggraph {ggraph.__version__}")
-        return 0
-    if args.list_devices:
-        print("\n".join(list_devices()))
-        return 0
-    from ggraph.cli import argv_text, flash_attn_on, process_escapes
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.fetch import resolve_model
+def engine_config(args: argparse.Namespace) -> Any:
+    """The EngineConfig `ggraph run` loads with (options checked first; warnings for options
+    that are changed or ignored)."""
+    from ggraph.graphs.engine import EngineConfig
     from ggraph.graphs.placement import parse_split
 
+    from .defaults import flash_attn_on
+
     check_options(args)
-    sampling = sampler_params(args)
     amb = args.amb
     if 0 < amb < 128:
         print(f"warning: -amb {amb} raised to 128 MiB (as ik_llama.cpp does)", file=sys.stderr)
@@ -180,17 +181,44 @@ def main(args: argparse.Namespace) -> int:
         print("warning: no offload devices given (--devices cuda); -ngl/--tensor-split are "
               "ignored and every layer runs on the CPU", file=sys.stderr)
         split, args.n_gpu_layers = [], -1
-    # llama.cpp's -t: 0 or less means every core
-    threads = args.threads if args.threads is not None and args.threads > 0 else None
-    cfg = EngineConfig(n_ctx=args.ctx_size, n_ubatch=min(args.ubatch_size, args.batch_size),
-                       type_k=args.cache_type_k, type_v=args.cache_type_v,
-                       flash_attn=flash_attn_on(args.fa),
-                       amb_mib=amb, backend=args.backend, strategy=args.strategy,
-                       n_threads=threads, reserve_outputs=args.reserve_outputs,
-                       devices=args.devices, ggml_exact=args.ggml_exact,
-                       n_gpu_layers=args.n_gpu_layers,
-                       tensor_split=tuple(split) if split else None,
-                       check_tensors=args.check_tensors, warmup=not args.no_warmup)
+    return EngineConfig(n_ctx=args.ctx_size, n_ubatch=min(args.ubatch_size, args.batch_size),
+                        type_k=args.cache_type_k, type_v=args.cache_type_v,
+                        flash_attn=flash_attn_on(args.fa, args.backend),
+                        amb_mib=amb, backend=args.backend, strategy=args.strategy,
+                        n_threads=args.threads, reserve_outputs=args.reserve_outputs,
+                        devices=args.devices, ggml_exact=args.ggml_exact,
+                        n_gpu_layers=args.n_gpu_layers,
+                        tensor_split=tuple(split) if split else None,
+                        check_tensors=args.check_tensors, warmup=not args.no_warmup,
+                        use_mmap=args.mmap, use_mlock=args.mlock)
+
+
+def n_keep(args: argparse.Namespace, eng: Any, prompt: list[int]) -> int | None:
+    """llama-cli's n_keep: --keep N tokens of the prompt and the BOS token, every token with
+    -1 or more than the prompt has; None with --no-context-shift."""
+    if not args.context_shift:
+        return None
+    tok = eng.tokenizer
+    if args.keep < 0 or args.keep > len(prompt):
+        return len(prompt)
+    return args.keep + int(bool(prompt) and prompt[0] == tok.bos and tok.add_bos)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.version:
+        import ggraph
+
+        print(f"ggraph {ggraph.__version__}")
+        return 0
+    if args.list_devices:
+        print("\n".join(list_devices()))
+        return 0
+    from ggraph.cli import argv_text, process_escapes
+    from ggraph.graphs.engine import Engine
+    from ggraph.graphs.fetch import resolve_model
+
+    cfg = engine_config(args)
+    sampling = sampler_params(args)
     path = resolve_model(args.model_opt or args.model or "default")
     if args.file:
         with open(args.file, encoding="utf-8", errors="replace") as f:
@@ -200,28 +228,41 @@ def main(args: argparse.Namespace) -> int:
         user = process_escapes(user) if args.escape else user
     t0 = time.perf_counter()
     if cfg.warmup and sys.stderr.isatty():  # a first run compiles: say so before the wait
-        print("load: warming up (the first run compiles the kernels, then they are cached in "
-              f"{os.environ.get('NUMBA_CACHE_DIR', 'numba cache')})", file=sys.stderr,
-              flush=True)
+        print("load: warming up (the first run compiles the kernels, then numba caches them)",
+              file=sys.stderr, flush=True)
     eng = Engine(path, cfg, progress=sys.stderr.isatty())  # GGUFError: one line (ggraph.cli)
     load_s = time.perf_counter() - t0
-    from .run_loop import Conversation, generate_text, perf_lines, prompt_ids
+    for line in eng.load_notes():   # on a terminal or not
+        print(line, file=sys.stderr, flush=True)
+    from .run_loop import Conversation, Limits, generate_text, perf_lines, prompt_ids
 
     interactive = args.conversation or args.interactive
+    if (interactive or args.chat) and eng.tokenizer.template is None:
+        print(f"warning: {os.path.basename(path)} has no chat template "
+              f"(tokenizer.chat_template): the chat falls back to ChatML "
+              f"(<|im_start|>role ... <|im_end|>), which this model may not know",
+              file=sys.stderr)
     if not interactive:  # a prompt without tokens fails before anything is printed
-        text = eng.tokenizer.chat(user, args.system_prompt) if args.chat else user
+        n_ctx = eng.cfg.n_ctx
+        text = eng.tokenizer.chat(user, args.system_prompt,
+                                  max_chars=eng.tokenizer.chars_for(n_ctx)) \
+            if args.chat else user
         ids = prompt_ids(eng, path, user, text)
     for line in eng.memory_lines():
         print(line, file=sys.stderr)
     with profiled(eng, args.profile) as prof:
         if interactive:
-            status = Conversation(eng, sampling, args.system_prompt, args.n_predict,
+            bos = eng.tokenizer.bos  # a chat starts with BOS (llama-cli keeps it)
+            first = [bos] if eng.tokenizer.add_bos and bos is not None else []
+            status = Conversation(eng, sampling, args.system_prompt,
+                                  Limits(args.n_predict, n_keep(args, eng, first)),
                                   args.reverse_prompt).loop(
                 first=user if (args.prompt is not None or args.file) else None,
                 single_turn=args.single_turn)
         else:
-            status = generate_text(eng, user, ids, args.n_predict, sampling,
-                                   echo=not args.chat, stops=args.reverse_prompt)
+            status = generate_text(eng, user, ids, Limits(args.n_predict,
+                                                          n_keep(args, eng, ids)),
+                                   sampling, echo=not args.chat, stops=args.reverse_prompt)
     if prof is not None:
         print("\n".join(prof.table()), file=sys.stderr)
         print("\n".join(prof.table(by="name", top=15)), file=sys.stderr)
