@@ -45,8 +45,8 @@ def _products(t: T, A: np.ndarray, xb: np.ndarray, r: int) -> tuple[np.ndarray, 
     got = np.full((1, 1, nn, m), np.nan, np.float32)
     KK._packed_kernel(True, t, T.F32, r)(
         qpack.pack(t, A, r), xb, np.empty((1, 1, nn, qw), np.uint8),
-        np.empty((1, 1, nn, 2 * (k // 32)), np.uint8), np.empty((1, 1, nn, k // 32), np.float32),
-        got, k, nb, m)
+        np.empty((1, 1, nn, 2 * (k // 32)), np.uint8), np.empty((1, 1, nn, k // 16), np.int32),
+        np.empty((1, 1, nn, k // 32), np.float32), got, k, nb, m)
     if not TYPE_RECORDS[t].qdot:
         # no row dots to compare with (IQ4_XS): the dequantized weights times the
         # dequantized activation quants, in float64

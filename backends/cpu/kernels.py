@@ -278,6 +278,9 @@ _P_HASH = source_hash(K.__file__, fastmath.__file__, qsimd.__file__, qvec.__file
                       qlanes.__file__, qtiles.__file__, qpack.__file__)
 
 
+PREFETCH = int(os.environ.get("GGRAPH_PF", 8192))
+
+
 def _packed_weight(a: Tensor, b: Tensor, s: Session) -> np.ndarray | None:
     """The packed copy of weight `a` (backends/cpu/qpack.py) where the decode mat-vec can
     read it: a whole 2-D leaf of a packed type, with its own stored bytes (not a copy this
@@ -296,14 +299,15 @@ def _packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R):
     r rows, its activation sums and the codecs that quantize b's columns to a's
     vec_dot_type."""
     tile = TILES[a]
-    tag = f"R{r}_{qlanes.flavor()}_{_P_HASH}"
-    names: dict = {"R": r}
+    tag = f"R{r}_{qlanes.flavor()}_pf{PREFETCH}_{qlanes.PF_LOCALITY}_{_P_HASH}"
+    names: dict = {"R": r, "PF": PREFETCH}
     for h in tile.helpers:
         names[h.__name__] = TARGET.bind(h, _INLINE_FAST, tag, **names)
     return TARGET.bind(qtiles.k_mul_mat_packed, _SERIAL_FAST if serial else _KERNEL_FAST,
                        f"a{a}_b{b}{'_serial' if serial else ''}_{tag}",
                        tile=TARGET.bind(tile.fn, _INLINE_FAST, f"{a}_{tag}", **names),
-                       aux=TARGET.bind(tile.aux, TARGET.device, _P_HASH), R=r,
+                       aux=TARGET.bind(tile.aux, TARGET.device, f"{a}_{_P_HASH}", OFF=tile.off,
+                                       SUB=tile.sub), R=r,
                        TILE=PACKS[a].tile(r), dec_b=TARGET.codec(b).dec,
                        enc_r=TARGET.codec(VEC_DOT_TYPE[a]).enc)
 
@@ -372,9 +376,10 @@ def _mul_mat(node: Tensor, s: Session):
         vt, k = VEC_DOT_TYPE[a.type], b.ne[0]
         Q = np.empty(D.shape[:3] + (vt.type_size * k // vt.block_size,), np.uint8)
         ysb = np.empty(D.shape[:3] + (2 * (k // 32),), np.uint8)
+        ysi = np.empty(D.shape[:3] + (k // 16,), np.int32)
         ysf = np.empty(D.shape[:3] + (k // 32,), np.float32)
         return partial(_packed_kernel(_small(node), a.type, b.type), packed, s.arr(b), Q, ysb,
-                       ysf, D, k, k // TYPE_RECORDS[a.type].block_size, a.ne[1])
+                       ysi, ysf, D, k, k // TYPE_RECORDS[a.type].block_size, a.ne[1])
     if n < BLAS_MIN_N and (vt := _int_dot_type(a, b)) is not None:
         # integer dots with the activations quantized in the same kernel call
         k = b.ne[0]

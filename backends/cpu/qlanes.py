@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .qvec import FEATURES, Vec, load_at, ptr_at, splat, vconst, x86_call
@@ -41,6 +42,8 @@ VNNI256 = "+avxvnni" in FEATURES or ({"+avx512vnni", "+avx512vl"} <= FEATURES)
 # built and run for the other width too: every intrinsic takes its width from its arguments)
 R = 16 if AVX512 else 8
 WIDTHS = (8, 16)
+import os
+PF_LOCALITY = int(os.environ.get("GGRAPH_PFL", 0))
 
 _I1, _I8, _I16, _I32 = (ir.IntType(n) for n in (1, 8, 16, 32))
 _F32, _F16 = ir.FloatType(), ir.HalfType()
@@ -308,6 +311,22 @@ def lsub(typingctx, acc, x):
 
 
 @intrinsic
+def lsubm(typingctx, acc, arr, i):
+    """acc - arr[i] in every lane (arr a 1-D int32 array: one broadcast load)."""
+    n = _rows(acc)
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[1])(context, builder, value=args[1])
+        x = builder.load(builder.gep(ary.data, [args[2]]))
+        vi = _vi(n)
+        v = builder.insert_element(ir.Constant(vi, ir.Undefined), x, ir.Constant(_I32, 0))
+        return builder.sub(args[0], builder.shuffle_vector(v, ir.Constant(vi, ir.Undefined),
+                                                           vconst(vi, [0] * n)))
+
+    return acc(acc, arr, i), codegen
+
+
+@intrinsic
 def ladd(typingctx, a, b):
     def codegen(context, builder, sig, args):
         return builder.add(args[0], args[1])
@@ -395,6 +414,22 @@ def fstore(typingctx, arr, off, v):
     return types.none(arr, off, v), codegen
 
 
+@intrinsic
+def prefetch(typingctx, arr, off):
+    """Ask for the cache line of arr at byte off ahead of its use (a hint: never faults, so
+    off may run past the array's end)."""
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+        p = builder.bitcast(builder.gep(ary.data, [args[1]]), ir.IntType(8).as_pointer())
+        fnty = ir.FunctionType(ir.VoidType(), [p.type, _I32, _I32, _I32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, PF_LOCALITY),
+                          ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+
+    return types.none(arr, off), codegen
+
+
 __all__ = ["AVX512", "AVX2", "VNNI512", "VNNI256", "R", "WIDTHS", "flavor", "ldq", "lo4", "hi4",
-           "bit5", "hi2", "lut16", "lzero", "dpb", "dpw", "lmul", "lsub", "ladd", "fzero", "ldh",
-           "ffma", "fmas", "lane", "fstore"]
+           "bit5", "hi2", "lut16", "lzero", "dpb", "dpw", "lmul", "lsub", "lsubm", "ladd", "fzero", "ldh",
+           "ffma", "fmas", "lane", "fstore", "prefetch"]

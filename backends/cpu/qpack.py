@@ -191,92 +191,137 @@ def _q5k_unbits(bits: np.ndarray) -> np.ndarray:
     return np.packbits(planes.transpose(0, 1, 2, 4, 3), axis=-1, bitorder="little")[..., 0]
 
 
-# ---- per type: original block bytes (G, R, nb, size) <-> tiles (G, nb, tile) ---------------
+# ---- per type: original block bytes (G, r, nb, size) <-> tiles (G, nb, tile) ---------------
+# A tile is its header (per-row scales, read first and kept in L1 for the block) followed by
+# its body in the order the tile function reads it: a sequence of steps, each the same-index
+# group of one or more streams (quant bytes, fifth-bit masks, Q6_K's 2-bit plane), so a
+# thread's reads run strictly forward.
+
+def _steps(streams: list[tuple[np.ndarray, int, np.ndarray]]) -> np.ndarray:
+    """Interleave streams (G, nb, groups * size) read in steps: step s holds group order[s]
+    of each stream in turn (`streams`: (array, bytes per group, order))."""
+    g, nb = streams[0][0].shape[:2]
+    parts = [a.reshape(g, nb, -1, size)[:, :, order] for a, size, order in streams]
+    return np.concatenate(parts, axis=-1).reshape(g, nb, -1)
+
+
+def _unsteps(body: np.ndarray, specs: list[tuple[int, np.ndarray]]) -> list[np.ndarray]:
+    """The streams of a body made by _steps, each (G, nb, groups, size) with the groups its
+    order names filled, the others zero (`specs`: (bytes per group, order) of each)."""
+    g, nb, _ = body.shape
+    x = body.reshape(g, nb, len(specs[0][1]), sum(size for size, _ in specs))
+    out, o = [], 0
+    for size, order in specs:
+        a = np.zeros((g, nb, int(order.max()) + 1, size), np.uint8)
+        a[:, :, order] = x[..., o:o + size]
+        out.append(a)
+        o += size
+    return out
+
+
+_NAT32 = np.arange(32)
+_NAT4, _NAT8 = np.arange(4), np.arange(8)
+# Q6_K's steps (half n, 4-byte group k of 8): low-plane groups 16 n + k and 16 n + 8 + k,
+# high-plane group 8 n + k
+_Q6_A = np.array([16 * n + k for n in range(2) for k in range(8)])
+_Q6_B = _Q6_A + 8
+_Q6_H = np.array([8 * n + k for n in range(2) for k in range(8)])
+
+
+def _layout(t: GGMLType, r: int) -> tuple[list[int], list[tuple[int, np.ndarray]]]:
+    """t's tile: its header fields' bytes per row (f16 pairs such as d and dmin as one
+    field of R d's then R dmin's), and its body streams (bytes per group, group order)."""
+    q4 = [(4 * r, _NAT4)]
+    q5 = [(4 * r, _NAT4), (r, _NAT4)]
+    return {T.Q4_0: ([2], q4), T.Q4_1: ([4], q4), T.Q5_0: ([2], q5),
+            T.Q5_1: ([4], q5), T.Q8_0: ([2], [(4 * r, _NAT8)]),
+            T.Q4_K: ([8, 8, 4], [(4 * r, _NAT32)]),
+            T.Q5_K: ([8, 8, 4], [(4 * r, _NAT32), (r, _NAT32)]),
+            T.Q6_K: ([16, 2], [(4 * r, _Q6_A), (4 * r, _Q6_B), (4 * r, _Q6_H)]),
+            T.IQ4_XS: ([8, 2], [(4 * r, _NAT32)])}[t]
+
 
 def _pack_blocks(t: GGMLType, x: np.ndarray) -> np.ndarray:
-    f: list[np.ndarray]
-    if t == T.Q4_0:
-        f = [_dwords(x[..., 2:18]), _halves(x[..., 0:2], 1)]
-    elif t == T.Q4_1:
-        f = [_dwords(x[..., 4:20]), _halves(x[..., 0:4], 2)]
-    elif t == T.Q5_0:
-        f = [_dwords(x[..., 6:22]), _masks(_q5_bits(x[..., 2:6])), _halves(x[..., 0:2], 1)]
-    elif t == T.Q5_1:
-        f = [_dwords(x[..., 8:24]), _masks(_q5_bits(x[..., 4:8])), _halves(x[..., 0:4], 2)]
-    elif t == T.Q8_0:
-        f = [_dwords(x[..., 2:34] ^ np.uint8(128)), _halves(x[..., 0:2], 1)]
+    """(header fields, body streams) of x's tiles, then joined."""
+    head: list[np.ndarray]
+    if t in (T.Q4_0, T.Q4_1, T.Q8_0, T.Q5_0, T.Q5_1):
+        nh = 2 if t in (T.Q4_1, T.Q5_1) else 1
+        head = [_halves(x[..., 0:2 * nh], nh)]
+        q0 = 2 * nh + (4 if t in (T.Q5_0, T.Q5_1) else 0)
+        q = x[..., q0:] ^ np.uint8(128) if t == T.Q8_0 else x[..., q0:]
+        body = [_dwords(q)]
+        if t in (T.Q5_0, T.Q5_1):
+            body.append(_masks(_q5_bits(x[..., 2 * nh:2 * nh + 4])))
     elif t in (T.Q4_K, T.Q5_K):
         sc, mn = _k4_scales(x[..., 4:16])
+        head = [_per_row(sc), _pairs(mn), _halves(x[..., 0:4], 2)]
         q0 = 16 if t == T.Q4_K else 48
-        f = [_dwords(x[..., q0:q0 + 128])]
+        body = [_dwords(x[..., q0:q0 + 128])]
         if t == T.Q5_K:
-            f.append(_masks(_q5k_bits(x[..., 16:48])))
-        f += [_per_row(sc), _pairs(mn), _halves(x[..., 0:4], 2)]
+            body.append(_masks(_q5k_bits(x[..., 16:48])))
     elif t == T.Q6_K:
-        f = [_dwords(x[..., 0:128]), _dwords(x[..., 128:192]), _per_row(x[..., 192:208]),
-             _halves(x[..., 208:210], 1)]
+        head = [_per_row(x[..., 192:208]), _halves(x[..., 208:210], 1)]
+        ql = _dwords(x[..., 0:128])
+        body = [ql, ql, _dwords(x[..., 128:192])]
     elif t == T.IQ4_XS:
         sh = x[..., 2].astype(np.uint16) | (x[..., 3].astype(np.uint16) << 8)
         ib = np.arange(8)
         lo = (x[..., 4 + ib // 2] >> (4 * (ib % 2))) & 15
         hi = (sh[..., None] >> (2 * ib)) & 3
         ls = (lo | (hi << 4)).astype(np.int16) - 32
-        f = [_dwords(x[..., 8:136]), _per_row(ls.astype(np.int8).view(np.uint8)),
-             _halves(x[..., 0:2], 1)]
+        head = [_per_row(ls.astype(np.int8).view(np.uint8)), _halves(x[..., 0:2], 1)]
+        body = [_dwords(x[..., 8:136])]
     else:
         raise KeyError(f"{t} has no packed layout")
-    return np.concatenate(f, axis=-1)
+    specs = _layout(t, x.shape[1])[1]
+    return np.concatenate(head + [_steps([(a, size, order) for a, (size, order)
+                                          in zip(body, specs)])], axis=-1)
 
 
 def _unpack_blocks(t: GGMLType, p: np.ndarray, r: int) -> np.ndarray:
     size = TYPE_RECORDS[t].type_size
     g, nb, _ = p.shape
     x = np.empty((g, r, nb, size), np.uint8)
-    cut = np.cumsum([0] + [n * r for n in _fields(t)])
-    part = [p[..., a:b] for a, b in zip(cut[:-1], cut[1:])]
-    if t in (T.Q4_0, T.Q4_1, T.Q8_0):
-        nh = 1 if t != T.Q4_1 else 2
-        q = _undwords(part[0], size - 2 * nh, r)
-        x[..., 2 * nh:] = q ^ np.uint8(128) if t == T.Q8_0 else q
-        x[..., :2 * nh] = _unhalves(part[1], nh, r)
-    elif t in (T.Q5_0, T.Q5_1):
-        nh = 1 if t == T.Q5_0 else 2
-        x[..., 2 * nh + 4:] = _undwords(part[0], 16, r)
-        x[..., 2 * nh:2 * nh + 4] = _q5_unbits(_unmasks(part[1], 32, r))
-        x[..., :2 * nh] = _unhalves(part[2], nh, r)
+    fields, specs = _layout(t, r)
+    cut = np.cumsum([0] + [n * r for n in fields])
+    head = [p[..., a:b] for a, b in zip(cut[:-1], cut[1:])]
+    body = [a.reshape(g, nb, -1) for a in _unsteps(p[..., cut[-1]:], specs)]
+    if t in (T.Q4_0, T.Q4_1, T.Q8_0, T.Q5_0, T.Q5_1):
+        nh = 2 if t in (T.Q4_1, T.Q5_1) else 1
+        x[..., :2 * nh] = _unhalves(head[0], nh, r)
+        q0 = 2 * nh + (4 if t in (T.Q5_0, T.Q5_1) else 0)
+        q = _undwords(body[0], size - q0, r)
+        x[..., q0:] = q ^ np.uint8(128) if t == T.Q8_0 else q
+        if t in (T.Q5_0, T.Q5_1):
+            x[..., 2 * nh:2 * nh + 4] = _q5_unbits(_unmasks(body[1], 32, r))
     elif t in (T.Q4_K, T.Q5_K):
+        x[..., 4:16] = _k4_unscales(_unper_row(head[0], 8, r), _unpairs(head[1], r))
+        x[..., 0:4] = _unhalves(head[2], 2, r)
         q0 = 16 if t == T.Q4_K else 48
-        x[..., q0:q0 + 128] = _undwords(part[0], 128, r)
+        x[..., q0:q0 + 128] = _undwords(body[0], 128, r)
         if t == T.Q5_K:
-            x[..., 16:48] = _q5k_unbits(_unmasks(part[1], 256, r))
-            part = part[:1] + part[2:]
-        x[..., 4:16] = _k4_unscales(_unper_row(part[1], 8, r), _unpairs(part[2], r))
-        x[..., 0:4] = _unhalves(part[3], 2, r)
+            x[..., 16:48] = _q5k_unbits(_unmasks(body[1], 256, r))
     elif t == T.Q6_K:
-        x[..., 0:128] = _undwords(part[0], 128, r)
-        x[..., 128:192] = _undwords(part[1], 64, r)
-        x[..., 192:208] = _unper_row(part[2], 16, r)
-        x[..., 208:210] = _unhalves(part[3], 1, r)
+        x[..., 192:208] = _unper_row(head[0], 16, r)
+        x[..., 208:210] = _unhalves(head[1], 1, r)
+        ql = np.zeros((g, nb, 32 * 4 * r), np.uint8)   # its groups from the two streams
+        ql[..., :body[0].shape[-1]] = body[0]
+        ql[..., :body[1].shape[-1]] |= body[1]
+        x[..., 0:128] = _undwords(ql, 128, r)
+        x[..., 128:192] = _undwords(body[2], 64, r)
     elif t == T.IQ4_XS:
-        x[..., 8:136] = _undwords(part[0], 128, r)
-        ls = (_unper_row(part[1], 8, r).view(np.int8).astype(np.int16) + 32).astype(np.uint8)
+        ls = (_unper_row(head[0], 8, r).view(np.int8).astype(np.int16) + 32).astype(np.uint8)
+        x[..., 0:2] = _unhalves(head[1], 1, r)
         x[..., 4:8] = (ls[..., 0::2] & 15) | ((ls[..., 1::2] & 15) << 4)
         sh = np.zeros(ls.shape[:-1], np.uint16)
         for ib in range(8):
             sh |= ((ls[..., ib] >> 4) & 3).astype(np.uint16) << (2 * ib)
         x[..., 2] = sh & 255
         x[..., 3] = sh >> 8
-        x[..., 0:2] = _unhalves(part[2], 1, r)
+        x[..., 8:136] = _undwords(body[0], 128, r)
     else:
         raise KeyError(f"{t} has no packed layout")
     return x
-
-
-def _fields(t: GGMLType) -> list[int]:
-    """Bytes per row of each field of t's tile, in order (they sum to Pack.row_bytes)."""
-    return {T.Q4_0: [16, 2], T.Q4_1: [16, 4], T.Q5_0: [16, 4, 2], T.Q5_1: [16, 4, 4],
-            T.Q8_0: [32, 2], T.Q4_K: [128, 8, 8, 4], T.Q5_K: [128, 32, 8, 8, 4],
-            T.Q6_K: [128, 64, 16, 2], T.IQ4_XS: [128, 8, 2]}[t]
 
 
 def pack(t: GGMLType, rows: np.ndarray, r: int = R, block_chunk: int = 1 << 14) -> np.ndarray:
