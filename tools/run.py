@@ -232,23 +232,22 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
     eng = Engine(path, cfg, progress=sys.stderr.isatty())  # GGUFError: one line (ggraph.cli)
     load_s = time.perf_counter() - t0
-    for line in eng.load_notes():   # on a terminal or not
-        print(line, file=sys.stderr, flush=True)
     from .run_loop import Conversation, Limits, generate_text, perf_lines, prompt_ids
 
     interactive = args.conversation or args.interactive
+    notes = eng.load_notes()
     if (interactive or args.chat) and eng.tokenizer.template is None:
-        print(f"warning: {os.path.basename(path)} has no chat template "
-              f"(tokenizer.chat_template): the chat falls back to ChatML "
-              f"(<|im_start|>role ... <|im_end|>), which this model may not know",
-              file=sys.stderr)
+        notes.append(f"warning: {os.path.basename(path)} has no chat template "
+                     f"(tokenizer.chat_template): the chat falls back to ChatML "
+                     f"(<|im_start|>role ... <|im_end|>), which this model may not know")
     if not interactive:  # a prompt without tokens fails before anything is printed
         n_ctx = eng.cfg.n_ctx
         text = eng.tokenizer.chat(user, args.system_prompt,
                                   max_chars=eng.tokenizer.chars_for(n_ctx)) \
             if args.chat else user
         ids = prompt_ids(eng, path, user, text)
-    for line in eng.memory_lines():
+    # llama.cpp's load messages once the prompt is known to be good: an error stays one line
+    for line in notes + eng.memory_lines():   # on a terminal or not
         print(line, file=sys.stderr)
     with profiled(eng, args.profile) as prof:
         if interactive:
