@@ -82,6 +82,19 @@ def test_no_mmap_reads_into_memory_and_mlock(tiny, tmp_path):
     assert np.array_equal(eng.eval([1, 3, 4]), mapped)
 
 
+def test_perplexity_loads_as_run_does(tiny):
+    """perplexity takes --no-mmap and --mlock too, and warms up before its first chunk (whose
+    time is the pass estimate), counting what it compiled."""
+    from ggraph.cli import build_parser
+    from ggraph.tools.perplexity import load_engine
+
+    args = build_parser().parse_args(["perplexity", "-m", tiny, "-f", "x", "--no-mmap",
+                                      "--mlock"])
+    eng = load_engine(args, 32)
+    assert eng.file.mapped is None and eng.cfg.use_mlock and eng.cfg.warmup
+    assert eng.cfg.flash_attn and eng.warmup_s > 0
+
+
 # -- bounded work ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("argv,words", [

@@ -7,7 +7,8 @@
 - `-fa/--flash-attn on|off|auto` (default auto): auto is on wherever the backend runs flash
   attention, as llama.cpp resolves it, and every ggraph backend (CPU, CUDA) runs it;
 - `-t/--threads N`: at least 1 (as llama-bench refuses 0) and at most the threads numba may
-  start; unset is every core numba may use.
+  start; unset is every core numba may use;
+- `--no-mmap` and `--mlock` for the commands that load a model's weights.
 
 This module has no `register`: the command line (ggraph/cli.py) imports it but adds no
 subcommand for it.
@@ -57,6 +58,17 @@ def flash_attn_on(value: str | bool, backend: str = "cpu") -> bool:
     if value not in ("on", "off", "auto"):
         raise ValueError(f"-fa/--flash-attn must be on, off or auto, got {value!r}")
     return value != "off"
+
+
+def add_load_flags(parser: Any) -> None:
+    """llama.cpp's --no-mmap and --mlock into args.mmap and args.mlock (EngineConfig's
+    use_mmap and use_mlock)."""
+    parser.add_argument("--no-mmap", dest="mmap", action="store_false", default=True,
+                        help="read the model into memory instead of mapping it (the file can "
+                             "then change under the run)")
+    parser.add_argument("--mlock", action="store_true",
+                        help="keep the model in RAM (never swapped out or dropped from the "
+                             "page cache)")
 
 
 def add_threads_flag(parser: Any) -> None:

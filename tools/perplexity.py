@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="GGUF path or a model name: default (= smollm2), smollm2, gemma3")
     p.add_argument("-f", "--file", help="the text (UTF-8; one trailing newline is dropped)")
     from .defaults import (N_BATCH, N_CTX_PERPLEXITY, add_context_flags, add_flash_attn_flag,
-                           add_threads_flag)
+                           add_load_flags, add_threads_flag)
 
     add_context_flags(p, n_ctx=None, ctx_help=f"tokens per chunk (default {N_CTX_PERPLEXITY}; with "
                       f"--kl-divergence, the base file's)")
@@ -49,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ggml-exact", action="store_true",
                    help="compute as ggml's CPU does, bit for bit (slower)")
     add_threads_flag(p)
+    add_load_flags(p)
     p.set_defaults(func=main)
 
 
@@ -113,7 +114,8 @@ def load_engine(args: argparse.Namespace, n_ctx: int) -> Engine:
     # warmup: kernels compile before the first chunk, whose time is the pass estimate
     cfg = EngineConfig(n_ctx=n_ctx, n_ubatch=min(args.batch_size, args.ubatch_size, n_ctx),
                        n_threads=args.threads, ggml_exact=args.ggml_exact,
-                       flash_attn=flash_attn_on(args.fa), warmup=True)
+                       flash_attn=flash_attn_on(args.fa), warmup=True, use_mmap=args.mmap,
+                       use_mlock=args.mlock)
     eng = Engine(path, cfg, progress=sys.stderr.isatty())
     for line in eng.load_notes():
         info(line)

@@ -51,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--n-predict", type=int, default=32,
                    help="tokens to generate (default 32; -1: until an end-of-generation token, "
                         "shifting the context as it fills; -2: until the context is full)")
-    from .defaults import N_BATCH, add_context_flags, add_flash_attn_flag, add_threads_flag
+    from .defaults import (N_BATCH, add_context_flags, add_flash_attn_flag, add_load_flags,
+                           add_threads_flag)
 
     m = p.add_argument_group("context and memory")
     add_context_flags(m)
@@ -70,11 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "go on (the default, as llama-cli)")
     m.add_argument("--no-context-shift", dest="context_shift", action="store_false",
                    help="stop generating when the context is full")
-    m.add_argument("--no-mmap", dest="mmap", action="store_false", default=True,
-                   help="read the model into memory instead of mapping it (the file can then "
-                        "change under the run)")
-    m.add_argument("--mlock", action="store_true",
-                   help="keep the model in RAM (never swapped out or dropped from the cache)")
+    add_load_flags(m)
     m.add_argument("--reserve-outputs", choices=("all", "last"), default="all",
                    help="size the compute buffer for every token's logits (llama.cpp) or the "
                         "last token's only")
