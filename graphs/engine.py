@@ -11,6 +11,12 @@ pair for sliding-window models); the engine uses only what every cache offers (n
 summary_lines: graphs/kv_cache.py). A model whose tokenizer ggraph cannot build yet still
 loads and runs on token ids; `Engine.tokenizer` raises the tokenizer's error.
 
+Before anything is allocated the KV cache and compute buffer are compared with the memory
+available (ggraph/host_memory.py); before every evaluation one fstat checks that the mapped
+file did not change (a truncated mapping would be SIGBUS). When generation fills the context,
+`make_room` shifts it as llama-cli does (keep n_keep tokens, discard half of the rest, re-rope
+the cached K: kv_cache.discard and shift_graph), or generation stops cleanly.
+
 This file owns the model side (config, graphs, the KV cache's sequence, thread turns); the
 devices are one Runner (backends/runner.py): a Session on one backend or a MultiSession over
 several, chosen once by `new_runner` and used the same way after that.

@@ -132,8 +132,7 @@ class Conversation:
         eng, tok = self.eng, self.eng.tokenizer
         n_ctx = eng.cfg.n_ctx
         self.messages.append({"role": "user", "content": user})
-        full = tok.render(self.messages, add_generation_prompt=True,
-                          max_chars=tok.chars_for(n_ctx))
+        full = tok.render(self.messages, add_generation_prompt=True, max_chars=self.cap())
         rewrote = not full.startswith(self.formatted)
         new = full if rewrote else full[len(self.formatted):]
         first = rewrote or eng.cache.n_used == 0
@@ -156,8 +155,13 @@ class Conversation:
         answer = out.text()
         self.messages.append({"role": "assistant", "content": answer})
         self.formatted = tok.render(self.messages, add_generation_prompt=False,
-                                    max_chars=tok.chars_for(n_ctx))
+                                    max_chars=self.cap())
         return answer
+
+    def cap(self) -> int:
+        """The most characters the template may render for this chat: what a context holds,
+        per message (the history is rendered whole each turn, while the context shifts)."""
+        return self.eng.tokenizer.chars_for(self.eng.cfg.n_ctx) * max(len(self.messages), 1)
 
     def refuse(self, why: str) -> None:
         self.messages.pop()
