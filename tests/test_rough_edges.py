@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import time
 
@@ -249,6 +250,13 @@ def test_overflowing_cnv_turn_is_refused_and_the_chat_goes_on(capsys, monkeypatc
     assert main(["run", tiny, "-cnv", "-n", "3", "-c", "64", "--temp", "0", "--no-warmup",
                  "--no-context-shift"]) == 0
     assert "context shift is disabled (--no-context-shift)" in capsys.readouterr().err
+    # with the shift (the default) a long chat goes on in a small context: 15 turns in 48
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi there\n" * 15))
+    assert main(["run", tiny, "-cnv", "-n", "6", "-c", "48", "--temp", "0",
+                 "--no-warmup"]) == 0
+    err = capsys.readouterr().err
+    assert "error" not in err and "skipped" not in err
+    assert re.search(r"eval time = .* /\s+90 runs", err)
 
 
 def test_compilation_is_counted():
