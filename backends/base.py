@@ -96,6 +96,14 @@ class Backend:
     def session(self, **kw: Any) -> "Session":
         return Session(self, **kw)
 
+    def prepare_weights(self, nodes: list[Tensor], session: "Session") -> None:
+        """Make whatever own copies of weights the kernels of `nodes` will read (the CPU's
+        packed layout), once, when a worst-case graph is reserved. Nothing by default."""
+
+    def model_buffers(self) -> list[tuple[str, int]]:
+        """(name, bytes) of the weight copies this backend holds (llama.cpp's CPU_REPACK)."""
+        return []
+
     # -- memory hooks: the CPU computes in host numpy arrays; a device backend (CUDA)
     # overrides these to upload leaf data, copy values back and fill device memory --------
     def upload(self, t: Tensor) -> Any:
@@ -175,6 +183,7 @@ class Session(ThreadGuard):
         are placed at its offsets. The arena itself is allocated by the next run."""
         with self._lock:
             plan = self.allocator.reserve(graph)
+            self.backend.prepare_weights(graph.nodes, self)
             # bound calls hold views at the old plan's offsets: the next run plans again
             # (the last run's values stay readable until then: self.plan is kept)
             self._calls = None
@@ -188,8 +197,10 @@ class Session(ThreadGuard):
     def memory_lines(self, model: ModelMemory) -> list[str]:
         """llama.cpp's lines for one CPU-like device: the mapped weights, the KV cache, the
         compute buffer (with ggml-alloc's size where ours differs) and the graph's size."""
-        lines = [f"{self.name}_Mapped model buffer size = {model.mapped_bytes / MIB:10.2f} MiB",
-                 model.kv_summary]
+        lines = [f"{self.name}_Mapped model buffer size = {model.mapped_bytes / MIB:10.2f} MiB"]
+        lines += [f"{name} model buffer size = {n / MIB:10.2f} MiB"
+                  for name, n in self.backend.model_buffers()]
+        lines.append(model.kv_summary)
         lines += [b.line(baseline=True) for b in self._reserved]
         lines.append(f"graph nodes  = {model.graph.n_nodes}")
         return lines

@@ -199,6 +199,8 @@ class Engine:
             kw["n_threads"] = cfg.n_threads
         if cfg.backend == "cpu" and not cfg.adaptive_threads:
             kw["adaptive"] = False
+        if cfg.backend == "cpu":
+            kw["weights"] = self.file  # packed copies read from the file, not its mapping
         if cfg.ggml_exact:
             if cfg.backend != "cpu":
                 raise ValueError("ggml_exact reproduces ggml's CPU arithmetic: CPU backend only")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
 import os
 import weakref
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ class GGUFModel:
     mapped: int | None = field(default=None, repr=False)
     identity: tuple[int, int] = (0, 0)
     buffer: Any = field(default=None, repr=False)   # the weights' bytes (mapping or memory)
+    mm: Any = field(default=None, repr=False)       # the mapping itself (mmap.mmap), if mapped
 
     def check_unchanged(self) -> None:
         """GGUFError when the mapped file's size or modification time changed since it was
@@ -63,6 +65,38 @@ class GGUFModel:
                             f"{self.identity[0]} -> {st.st_size} bytes, modified at "
                             f"{st.st_mtime_ns} ns); its weights are mapped from it: load it "
                             f"again, or read it into memory (--no-mmap)")
+
+    def read_rows(self, t: Tensor, row0: int, out: np.ndarray) -> None:
+        """Rows row0 .. row0 + len(out) - 1 of weight t's stored bytes into out (rows x row
+        bytes): read from the file where the weights are mapped (no page of the mapping is
+        touched, so none is faulted in or kept resident), else copied from memory."""
+        n = out.shape[0]
+        row = t.nbytes // t.ne[1] if len(t.ne) > 1 and t.ne[1] else t.nbytes
+        if self.mapped is None or t.data is None:
+            out[...] = np.asarray(t.data).reshape(-1, row)[row0:row0 + n]
+            return
+        start = self._file_offset(t) + row0 * row
+        got = os.preadv(self.mapped, [memoryview(out).cast("B")], start)
+        if got != n * row:
+            raise GGUFError(f"{self.path}: tensor {t.name!r}: read {got} of {n * row} bytes at "
+                            f"offset {start}: the file changed after it was loaded")
+
+    def release(self, t: Tensor) -> None:
+        """Drop weight t's pages from this process's mapping (its bytes stay in the page cache
+        and come back on the next read): for weights a backend keeps its own copy of. Does
+        nothing where the weights were read into memory."""
+        if self.mapped is None or t.data is None or self.mm is None:
+            return
+        page = mmap.PAGESIZE
+        start = self._file_offset(t)
+        lo, hi = -(-start // page) * page, (start + t.nbytes) // page * page
+        if hi > lo:
+            self.mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+    def _file_offset(self, t: Tensor) -> int:
+        """Where t's bytes start in the file (its data is a view of the whole buffer)."""
+        base = np.asarray(self.buffer)
+        return int(np.asarray(t.data).ctypes.data - base.ctypes.data)
 
     def tensor_size(self, name: str) -> int:
         n = self.sizes.get(name)
@@ -143,7 +177,8 @@ def load_gguf(path: str | os.PathLike, *, with_data: bool = True,
         tensors[info.name] = t
         total += info.nbytes
     model = GGUFModel(path, hdr.metadata, tensors, ctx, hdr.file_size, hdr.data_offset, total,
-                      kv_types=hdr.kv_types, buffer=data)
+                      kv_types=hdr.kv_types, buffer=data,
+                      mm=hdr.mm if with_data and mmap else None)
     if with_data and mmap:
         fd = os.open(path, os.O_RDONLY)   # kept open: check_unchanged fstat()s it
         weakref.finalize(model, os.close, fd)

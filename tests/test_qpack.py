@@ -35,15 +35,17 @@ def test_pack_restores_the_original_bytes(t, r):
         assert np.array_equal(qpack.unpack(t, p, m, nb, r), rows)
 
 
-def _products(t: T, A: np.ndarray, xb: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
-    """(the packed mat-vec's result, the row-by-row integer dots' result) of A times xb."""
+def _products(t: T, A: np.ndarray, xb: np.ndarray, r: int, **blocks: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(the packed product's result, the row-by-row integer dots' result) of A times xb;
+    `blocks`: the packed kernel's cache blocks (l1, l2 bytes)."""
     m = A.shape[0]
     k, nn = xb.shape[-1], xb.shape[2]
     vt = KK.VEC_DOT_TYPE[t]
     nb = k // TYPE_RECORDS[t].block_size
     qw = vt.type_size * k // vt.block_size
     got = np.full((1, 1, nn, m), np.nan, np.float32)
-    KK._packed_kernel(True, t, T.F32, r)(
+    KK._packed_kernel(True, t, T.F32, r, **blocks)(
         qpack.pack(t, A, r), xb, np.empty((1, 1, nn, qw), np.uint8),
         np.empty((1, 1, nn, 2 * (k // 32)), np.uint8), np.empty((1, 1, nn, k // 16), np.int32),
         np.empty((1, 1, nn, k // 32), np.float32), got, k, nb, m)
@@ -72,6 +74,19 @@ def test_packed_matvec_equals_the_row_dots(t):
     A = _weights(t, 2 * qlanes.R + 3, k)  # a partial last group
     xb = np.random.default_rng(2).standard_normal((1, 1, 3, k)).astype(np.float32)
     _close(*_products(t, A, xb, qlanes.R))
+
+
+@pytest.mark.parametrize("t", PACKED, ids=str)
+def test_packed_product_of_many_columns(t):
+    """Columns 4 at a time and the rest one by one, quantized in parallel from 8 columns;
+    with tiny cache blocks the rows are taken a block at a time (their sums kept between)
+    and the columns in chunks of 4: every path of a prompt's product."""
+    k = 1024
+    A = _weights(t, qlanes.R + 5, k, seed=7)
+    for nn in (6, 9):
+        xb = np.random.default_rng(nn).standard_normal((1, 1, nn, k)).astype(np.float32)
+        _close(*_products(t, A, xb, qlanes.R))
+        _close(*_products(t, A, xb, qlanes.R, l1=1, l2=1))
 
 
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K], ids=str)
@@ -128,3 +143,34 @@ def test_decode_reads_the_packed_weights(tmp_path):
     eng2.runner.backend.packs = None   # no packed copies: the row dots
     eng2.eval([1, 2, 3])
     np.testing.assert_allclose(got, eng2.eval([4]), rtol=1e-4, atol=1e-4 * np.abs(got).max())
+
+
+def test_weights_packed_at_load_from_the_file(tmp_path, monkeypatch):
+    """The Engine's CPU backend packs its weights when the worst case is reserved, reading
+    each weight's rows from the file in runs (here a group at a time) rather than through
+    its mapping, and lets the mapped pages go: the copies equal packing the mapped bytes,
+    which still read back the same afterwards."""
+    from ggraph.backends.cpu.packstore import PackStore
+    from ggraph.graphs.engine import Engine, EngineConfig
+    from ggraph.graphs.tiny import TinyDense, write_tiny
+
+    path = write_tiny(tmp_path / "q5.gguf", TinyDense(n_embd=128, n_ff=256, weight_type="q4_1"))
+    monkeypatch.setattr(PackStore, "CHUNK", 1)   # one group of rows per read
+    reads, released = [], []
+    eng = Engine(path, EngineConfig(n_ctx=64, n_ubatch=16, n_threads=1))
+    packs = eng.runner.backend.packs
+    assert packs.source is eng.file and len(packs) == 2 * 7 + 1   # before any evaluation
+    real_read, real_release = eng.file.read_rows, eng.file.release
+    monkeypatch.setattr(eng.file, "read_rows", lambda t, r0, out: (reads.append(r0),
+                                                                     real_read(t, r0, out)))
+    monkeypatch.setattr(eng.file, "release", lambda t: (released.append(t), real_release(t)))
+    fresh = PackStore(eng.file)
+    for t in packs.tensors():
+        before = np.array(t.data)
+        again = fresh.get(t, t.data)
+        assert np.array_equal(again, packs.get(t, t.data))
+        assert np.array_equal(again, qpack.pack(t.type, before.reshape(t.ne[1], -1)))
+        assert np.array_equal(np.asarray(t.data), before)   # released pages read back
+    assert len(released) == 2 * 7 + 1 and len(reads) > len(released)
+    assert any(line.startswith("CPU_REPACK model buffer size") for line in eng.memory_lines())
+    eng.eval([1, 2, 3])

@@ -125,6 +125,10 @@ def test_engine_memory_lines_one_device_and_two(tiny):
     assert isinstance(one.runner, Session) and one.device_names == ["CPU"]
     lines = one.memory_lines()
     assert re.fullmatch(r"CPU_Mapped model buffer size = +[\d.]+ MiB", lines[0])
+    # the packed copies of the quantized weights, as llama.cpp prints its repack buffer
+    packed = one.runner.backend.packs.nbytes
+    assert packed > 0
+    assert lines.pop(1) == f"CPU_REPACK model buffer size = {packed / 2**20:10.2f} MiB"
     assert lines[1].startswith("llama_kv_cache: size =")
     assert re.fullmatch(r"CPU compute buffer size = +[\d.]+ MiB \(ggml-alloc's plan: [\d.]+ "
                         r"MiB\)", lines[2])

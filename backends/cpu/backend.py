@@ -19,8 +19,9 @@ import numba  # noqa: E402
 from ggraph.tensor import Tensor  # noqa: E402
 from ..base import Backend, Session  # noqa: E402
 from . import fusion  # noqa: E402
-from .kernels import KERNELS, compiled_for, compiled_nogil  # noqa: E402
-from .qpack import PackStore  # noqa: E402
+from ggraph.opkind import OpKind  # noqa: E402
+from .kernels import KERNELS, compiled_for, compiled_nogil, packed_weight  # noqa: E402
+from .packstore import PackStore, WeightSource  # noqa: E402
 
 # GGRAPH_ADAPTIVE_THREADS=0: every run uses all the backend's threads (no governor)
 ADAPTIVE = os.environ.get("GGRAPH_ADAPTIVE_THREADS", "1") != "0"
@@ -33,7 +34,7 @@ class CPUBackend(Backend):
 
     def __init__(self, n_threads: int | None = None, blas_threads: int = 1,
                  ggml_exact: bool = False, fuse: bool | None = None,
-                 adaptive: bool | None = None) -> None:
+                 adaptive: bool | None = None, weights: WeightSource | None = None) -> None:
         most = numba.config.NUMBA_NUM_THREADS
         if n_threads is not None and not 1 <= n_threads <= most:
             raise ValueError(f"n_threads={n_threads}: numba runs 1 to {most} threads here "
@@ -52,8 +53,21 @@ class CPUBackend(Backend):
             from .ggml_exact import kernel_table
 
             self.kernels = kernel_table(KERNELS)
-        # weights in the decode mat-vec's packed layout (backends/cpu/qpack.py), made once
-        self.packs = PackStore()
+        # weights in the packed layout of the quantized products (backends/cpu/qpack.py),
+        # made once, read from `weights` (the model file) where given; none for ggml_exact,
+        # whose kernels read the stored blocks
+        self.packs = None if ggml_exact else PackStore(weights)
+
+    def prepare_weights(self, nodes: list[Tensor], session: Session) -> None:
+        """Pack every weight the products of `nodes` will read packed (kernels.packed_weight),
+        before the first run: load time carries it, and the memory lines count it."""
+        for node in nodes:
+            if node.op == OpKind.MUL_MAT:
+                packed_weight(node.src[0], node.src[1], session)
+
+    def model_buffers(self) -> list[tuple[str, int]]:
+        n = self.packs.nbytes if self.packs is not None else 0
+        return [("CPU_REPACK", n)] if n else []
 
     def fuse(self, order: list[Tensor], session: Session) -> Mapping[Tensor, Any]:
         if not self.fusion:

@@ -281,7 +281,7 @@ _P_HASH = source_hash(K.__file__, fastmath.__file__, qsimd.__file__, qvec.__file
 PREFETCH = int(os.environ.get("GGRAPH_PF", 8192))
 
 
-def _packed_weight(a: Tensor, b: Tensor, s: Session) -> np.ndarray | None:
+def packed_weight(a: Tensor, b: Tensor, s: Session) -> np.ndarray | None:
     """The packed copy of weight `a` (backends/cpu/qpack.py) where the decode mat-vec can
     read it: a whole 2-D leaf of a packed type, with its own stored bytes (not a copy this
     Session wrote), times activations that take the integer dots."""
@@ -294,22 +294,32 @@ def _packed_weight(a: Tensor, b: Tensor, s: Session) -> np.ndarray | None:
     return packs.get(a, a.data)
 
 
-def _packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R):
+# a prompt's product works on this many bytes of a group's packed rows at a time (L1), and on
+# columns whose quantized activations for them take this many bytes (L2): qtiles.py
+PACKED_L1, PACKED_L2 = 24 << 10, 1 << 19
+
+
+def _packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_L1,
+                   l2: int = PACKED_L2):
     """k_mul_mat_packed bound to `a`'s tile function (backends/cpu/qtiles.py) for groups of
-    r rows, its activation sums and the codecs that quantize b's columns to a's
-    vec_dot_type."""
+    r rows, for one column and for 4 at a time, with its activation sums and the codecs that
+    quantize b's columns to a's vec_dot_type; l1 and l2 size its cache blocks."""
     tile = TILES[a]
     tag = f"R{r}_{qlanes.flavor()}_pf{PREFETCH}_{qlanes.PF_LOCALITY}_{_P_HASH}"
-    names: dict = {"R": r, "PF": PREFETCH}
-    for h in tile.helpers:
-        names[h.__name__] = TARGET.bind(h, _INLINE_FAST, tag, **names)
+    tiles = {}
+    for c in (1, 4):
+        names: dict = {"R": r, "C": c, "PF": PREFETCH}
+        for h in tile.helpers:
+            names[h.__name__] = TARGET.bind(h, _INLINE_FAST, f"C{c}_{tag}", **names)
+        tiles[f"tile{c}"] = TARGET.bind(tile.fn, _INLINE_FAST, f"{a}_C{c}_{tag}", **names)
+    aux = TARGET.bind(tile.aux, TARGET.device, f"{a}_{_P_HASH}", OFF=tile.off, SUB=tile.sub)
+    quantize = TARGET.bind(qtiles.quantize_column, TARGET.device, f"a{a}_b{b}_{_P_HASH}",
+                           dec_b=TARGET.codec(b).dec, enc_r=TARGET.codec(VEC_DOT_TYPE[a]).enc,
+                           aux=aux)
     return TARGET.bind(qtiles.k_mul_mat_packed, _SERIAL_FAST if serial else _KERNEL_FAST,
-                       f"a{a}_b{b}{'_serial' if serial else ''}_{tag}",
-                       tile=TARGET.bind(tile.fn, _INLINE_FAST, f"{a}_{tag}", **names),
-                       aux=TARGET.bind(tile.aux, TARGET.device, f"{a}_{_P_HASH}", OFF=tile.off,
-                                       SUB=tile.sub), R=r,
-                       TILE=PACKS[a].tile(r), dec_b=TARGET.codec(b).dec,
-                       enc_r=TARGET.codec(VEC_DOT_TYPE[a]).enc)
+                       f"a{a}_b{b}{'_serial' if serial else ''}_{l1}_{l2}_{tag}", R=r,
+                       TILE=PACKS[a].tile(r), quantize_column=quantize, ACT_BYTES=l2,
+                       W_BYTES=l1, **tiles)
 
 
 def _gemm(a: Tensor, b: Tensor, node: Tensor, s: Session):
@@ -371,8 +381,9 @@ def _mul_mat(node: Tensor, s: Session):
                         round_half=_ROUND_HALF)
         return partial(k, af, o3, o2, o1, A.shape[0], A.shape[1], A.shape[2], s.arr(b), D,
                        ROUND_ACTIVATIONS)
-    if n < BLAS_MIN_N and (packed := _packed_weight(a, b, s)) is not None:
-        # decode: R rows at a time from the weight's packed copy (backends/cpu/qpack.py)
+    if (packed := packed_weight(a, b, s)) is not None:
+        # R rows at a time from the weight's packed copy (backends/cpu/qpack.py): a decode
+        # step's few columns and a prompt's many alike
         vt, k = VEC_DOT_TYPE[a.type], b.ne[0]
         Q = np.empty(D.shape[:3] + (vt.type_size * k // vt.block_size,), np.uint8)
         ysb = np.empty(D.shape[:3] + (2 * (k // 32),), np.uint8)

@@ -32,6 +32,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from numba.extending import models, register_model
+
 from .qvec import FEATURES, Vec, load_at, ptr_at, splat, vconst, x86_call
 
 AVX512 = {"+avx512f", "+avx512bw", "+avx512vl"} <= FEATURES
@@ -45,7 +47,7 @@ WIDTHS = (8, 16)
 import os
 PF_LOCALITY = int(os.environ.get("GGRAPH_PFL", 0))
 
-_I1, _I8, _I16, _I32 = (ir.IntType(n) for n in (1, 8, 16, 32))
+_I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 _F32, _F16 = ir.FloatType(), ir.HalfType()
 
 
@@ -82,24 +84,99 @@ def _rows(vec) -> int:
     return vec.n // 4 if vec.kind == "i8" else vec.n
 
 
+class Lanes(types.Type):
+    """An <r * c> LLVM vector: r row lanes for each of c activation columns (column j in lanes
+    j r .. j r + r - 1), of i32 or f32."""
+
+    def __init__(self, r: int, c: int, kind: str) -> None:
+        self.r, self.c, self.kind = r, c, kind
+        super().__init__(name=f"Lanes{r}x{c}{kind}")
+
+
+@register_model(Lanes)
+class _LanesModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        elem = _I32 if fe_type.kind == "i32" else _F32
+        super().__init__(dmm, fe_type, ir.VectorType(elem, fe_type.r * fe_type.c))
+
+
 def UB(r):
+    """4r weight bytes: 4 of each of r rows (the same for every column)."""
     return Vec(4 * r, "i8")
 
 
-def IL(r):
-    return Vec(r, "i32")
+def IL(r, c=1):
+    return Lanes(r, c, "i32")
 
 
-def FL(r):
-    return Vec(r, "f32")
+def FL(r, c=1):
+    return Lanes(r, c, "f32")
 
 
-def _bcast_dword(context, builder, sig, args, a, o, r):
-    """<r x i32>: the 4 bytes of array a at byte o, as one dword in every lane."""
-    vi = _vi(r)
-    w = builder.load(ptr_at(context, builder, sig.args[a], args[a], args[o], _I32), align=1)
-    v = builder.insert_element(ir.Constant(vi, ir.Undefined), w, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(v, ir.Constant(vi, ir.Undefined), vconst(vi, [0] * r))
+def CF(c):
+    """One float per activation column."""
+    return Vec(c, "f32")
+
+
+def _concat(builder, parts):
+    """One vector of the equal-length vectors `parts`, in order."""
+    while len(parts) > 1:
+        nxt = []
+        for a, b in zip(parts[0::2], parts[1::2]):
+            n = a.type.count
+            nxt.append(builder.shuffle_vector(a, b, vconst(ir.VectorType(_I32, 2 * n),
+                                                           range(2 * n))))
+        parts = nxt
+    return parts[0]
+
+
+def _split(builder, v, r, c):
+    """The c column parts (<r x ..> each) of an <r * c> vector."""
+    if c == 1:
+        return [v]
+    return [builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined),
+                                   vconst(ir.VectorType(_I32, r), range(j * r, j * r + r)))
+            for j in range(c)]
+
+
+def _repeat(builder, v, c):
+    """An <r> vector repeated for c columns."""
+    if c == 1:
+        return v
+    r = v.type.count
+    return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined),
+                                  vconst(ir.VectorType(_I32, r * c), [i % r for i in range(r * c)]))
+
+
+def _splat_lanes(builder, x, r):
+    vt = ir.VectorType(x.type, r)
+    v = builder.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vt, ir.Undefined), vconst(ir.VectorType(_I32, r),
+                                                                           [0] * r))
+
+
+def _per_column(builder, xs, r):
+    """<r * c>: scalar xs[j] in every lane of column j."""
+    return _concat(builder, [_splat_lanes(builder, x, r) for x in xs])
+
+
+def _at2(context, builder, aty, arr, row: int, col, colty, t):
+    """Pointer to a value of LLVM type t at element `col` (numba type colty) of row `row` of
+    the 2-D array arr, whose rows are contiguous (col: a byte offset for uint8 arrays, an
+    element index otherwise)."""
+    ary = context.make_array(aty)(context, builder, value=arr)
+    strides = cgutils.unpack_tuple(builder, ary.strides, 2)
+    item = context.get_abi_sizeof(context.get_data_type(aty.dtype))
+    off = builder.add(builder.mul(ir.Constant(_I64, row), strides[0]),
+                      builder.mul(context.cast(builder, col, colty, types.int64),
+                                  ir.Constant(_I64, item)))
+    return builder.inttoptr(builder.add(builder.ptrtoint(ary.data, _I64), off), t.as_pointer())
+
+
+def _col_loads(context, builder, sig, args, a, o, t, c):
+    """The value of type t at element args[o] of each of the first c rows of array args[a]."""
+    return [builder.load(_at2(context, builder, sig.args[a], args[a], j, args[o], sig.args[o], t),
+                         align=1) for j in range(c)]
 
 
 def _dp_bytes(builder, acc, x, y, r):
@@ -240,88 +317,86 @@ def lut16(typingctx, v, arr, off):
     return v(v, arr, off), codegen
 
 
-# ---- integer products ---------------------------------------------------------------------
+# ---- integer products (acc: r rows x c columns; per-column data in 2-D arrays, a row each) -
+
+def _lit(x) -> int | None:
+    return x.literal_value if isinstance(x, types.IntegerLiteral) else None
+
 
 @intrinsic
-def lzero(typingctx, r):
-    n = _width(r)
-    if n is None:
+def lzero(typingctx, r, c):
+    n, k = _width(r), _lit(c)
+    if n is None or k is None:
         return None
 
     def codegen(context, builder, sig, args):
-        return vconst(_vi(n), [0] * n)
+        return vconst(ir.VectorType(_I32, n * k), [0] * (n * k))
 
-    return IL(n)(r), codegen
+    return IL(n, k)(r, c), codegen
 
 
 @intrinsic
 def dpb(typingctx, acc, v, y, yo):
-    """acc + sum_i v[4 l + i] * int8(y[yo + i]) in lane l (the activation dword broadcast)."""
-    n = _rows(acc)
+    """acc + sum_i v[4 l + i] * int8(y[j, yo + i]) in lane l of column j (each column's
+    activation dword broadcast to its r lanes)."""
+    n, k = acc.r, acc.c
 
     def codegen(context, builder, sig, args):
-        yv = builder.bitcast(_bcast_dword(context, builder, sig, args, 2, 3, n), _vb(n))
-        return _dp_bytes(builder, args[0], args[1], yv, n)
+        ys = _col_loads(context, builder, sig, args, 2, 3, _I32, k)
+        parts = _split(builder, args[0], n, k)
+        return _concat(builder, [
+            _dp_bytes(builder, a, args[1], builder.bitcast(_splat_lanes(builder, yj, n), _vb(n)),
+                      n) for a, yj in zip(parts, ys)])
 
     return acc(acc, v, y, yo), codegen
 
 
 @intrinsic
 def dpw(typingctx, acc, arr, off, y, yo, signed):
-    """acc + w[2 l] * s0 + w[2 l + 1] * s1 in lane l: w the 2r bytes at arr[off] (signed or
-    unsigned: `signed` a literal bool), s0, s1 the two i16 at y[yo]."""
+    """acc + w[2 l] * s0 + w[2 l + 1] * s1 in lane l of column j: w the 2r bytes at arr[off]
+    (signed or unsigned: a literal bool), s0, s1 the two i16 at y[j, yo] (a byte offset)."""
     if not isinstance(signed, types.BooleanLiteral):
         return None
-    sgn, n = signed.literal_value, _rows(acc)
+    sgn, n, k = signed.literal_value, acc.r, acc.c
 
     def codegen(context, builder, sig, args):
         b = builder.load(ptr_at(context, builder, sig.args[1], args[1], args[2],
                                 ir.VectorType(_I8, 2 * n)), align=1)
         w = builder.sext(b, _vw(n)) if sgn else builder.zext(b, _vw(n))
-        yv = builder.bitcast(_bcast_dword(context, builder, sig, args, 3, 4, n), _vw(n))
-        return _dp_words(builder, args[0], w, yv, n)
+        ys = _col_loads(context, builder, sig, args, 3, 4, _I32, k)
+        parts = _split(builder, args[0], n, k)
+        return _concat(builder, [
+            _dp_words(builder, a, w, builder.bitcast(_splat_lanes(builder, yj, n), _vw(n)), n)
+            for a, yj in zip(parts, ys)])
 
     return acc(acc, arr, off, y, yo, signed), codegen
 
 
 @intrinsic
 def lmul(typingctx, acc, arr, off, signed):
-    """acc times the r bytes at arr[off], lane by lane (signed or unsigned: a literal bool)."""
+    """acc times the r bytes at arr[off] (one per row, the same for every column), lane by
+    lane (signed or unsigned: a literal bool)."""
     if not isinstance(signed, types.BooleanLiteral):
         return None
-    sgn, n = signed.literal_value, _rows(acc)
+    sgn, n, k = signed.literal_value, acc.r, acc.c
 
     def codegen(context, builder, sig, args):
         b = builder.load(ptr_at(context, builder, sig.args[1], args[1], args[2],
                                 ir.VectorType(_I8, n)), align=1)
-        return builder.mul(args[0], builder.sext(b, _vi(n)) if sgn else builder.zext(b, _vi(n)))
+        e = builder.sext(b, _vi(n)) if sgn else builder.zext(b, _vi(n))
+        return builder.mul(args[0], _repeat(builder, e, k))
 
     return acc(acc, arr, off, signed), codegen
 
 
 @intrinsic
-def lsub(typingctx, acc, x):
-    """acc - x in every lane (x a scalar integer)."""
-    n = _rows(acc)
-
-    def codegen(context, builder, sig, args):
-        return builder.sub(args[0], splat(context, builder, sig.args[1], args[1], _vi(n)))
-
-    return acc(acc, x), codegen
-
-
-@intrinsic
 def lsubm(typingctx, acc, arr, i):
-    """acc - arr[i] in every lane (arr a 1-D int32 array: one broadcast load)."""
-    n = _rows(acc)
+    """acc - arr[j, i] in the lanes of column j (arr a 2-D int32 array)."""
+    n, k = acc.r, acc.c
 
     def codegen(context, builder, sig, args):
-        ary = context.make_array(sig.args[1])(context, builder, value=args[1])
-        x = builder.load(builder.gep(ary.data, [args[2]]))
-        vi = _vi(n)
-        v = builder.insert_element(ir.Constant(vi, ir.Undefined), x, ir.Constant(_I32, 0))
-        return builder.sub(args[0], builder.shuffle_vector(v, ir.Constant(vi, ir.Undefined),
-                                                           vconst(vi, [0] * n)))
+        xs = _col_loads(context, builder, sig, args, 1, 2, _I32, k)
+        return builder.sub(args[0], _per_column(builder, xs, n))
 
     return acc(acc, arr, i), codegen
 
@@ -337,20 +412,20 @@ def ladd(typingctx, a, b):
 # ---- floats -------------------------------------------------------------------------------
 
 @intrinsic
-def fzero(typingctx, r):
-    n = _width(r)
-    if n is None:
+def fzero(typingctx, r, c):
+    n, k = _width(r), _lit(c)
+    if n is None or k is None:
         return None
 
     def codegen(context, builder, sig, args):
-        return vconst(_vf(n), [0.0] * n)
+        return vconst(ir.VectorType(_F32, n * k), [0.0] * (n * k))
 
-    return FL(n)(r), codegen
+    return FL(n, k)(r, c), codegen
 
 
 @intrinsic
 def ldh(typingctx, arr, off, r):
-    """The r f16 values at arr[off] as float32 lanes (vcvtph2ps)."""
+    """The r f16 values at arr[off] (per-row scales) as float32 lanes (vcvtph2ps)."""
     n = _width(r)
     if n is None:
         return None
@@ -360,39 +435,117 @@ def ldh(typingctx, arr, off, r):
                                 ir.VectorType(_F16, n)), align=1)
         return builder.fpext(h, _vf(n))
 
-    return FL(n)(arr, off, r), codegen
+    return FL(n, 1)(arr, off, r), codegen
+
+
+def _scaled(builder, sc, s, n, k):
+    """Per-row scales sc (<r>) times each column's scalar s[j] (<c>), as <r * c>."""
+    cols = [builder.extract_element(s, ir.Constant(_I32, j)) for j in range(k)]
+    return builder.fmul(_repeat(builder, sc, k), _per_column(builder, cols, n))
 
 
 @intrinsic
 def ffma(typingctx, acc, v, sc, s):
-    """acc + float(v) * (sc * s): integer lanes v, per-row float scales sc, a float scalar s."""
-    n = _rows(acc)
+    """acc + float(v) * (sc * s): integer lanes v, per-row float scales sc (ldh), one float
+    per column s."""
+    n, k = acc.r, acc.c
 
     def codegen(context, builder, sig, args):
-        acc, v, sc, s = args
-        f = builder.sitofp(v, _vf(n))
-        k = builder.fmul(sc, splat(context, builder, sig.args[3], s, _vf(n)))
-        return builder.fadd(acc, builder.fmul(f, k, flags=("contract",)), flags=("contract",))
+        f = builder.sitofp(args[1], ir.VectorType(_F32, n * k))
+        m = builder.fmul(f, _scaled(builder, args[2], args[3], n, k), flags=("contract",))
+        return builder.fadd(args[0], m, flags=("contract",))
+
+    return acc(acc, v, sc, s), codegen
+
+
+@intrinsic
+def ffms(typingctx, acc, v, sc, s):
+    """acc - float(v) * (sc * s) (ffma's terms taken off)."""
+    n, k = acc.r, acc.c
+
+    def codegen(context, builder, sig, args):
+        f = builder.sitofp(args[1], ir.VectorType(_F32, n * k))
+        m = builder.fmul(f, _scaled(builder, args[2], args[3], n, k), flags=("contract",))
+        return builder.fsub(args[0], m, flags=("contract",))
 
     return acc(acc, v, sc, s), codegen
 
 
 @intrinsic
 def fmas(typingctx, acc, sc, s):
-    """acc + sc * s (per-row float lanes sc, a float scalar s)."""
-    n = _rows(acc)
+    """acc + sc * s (per-row float lanes sc, one float per column s)."""
+    n, k = acc.r, acc.c
 
     def codegen(context, builder, sig, args):
-        k = builder.fmul(args[1], splat(context, builder, sig.args[2], args[2], _vf(n)),
-                         flags=("contract",))
-        return builder.fadd(args[0], k, flags=("contract",))
+        return builder.fadd(args[0], _scaled(builder, args[1], args[2], n, k),
+                            flags=("contract",))
 
     return acc(acc, sc, s), codegen
 
 
+def _col_vector(context, builder, sig, args, t, k):
+    """<k x t>: the value of type t at element args[1] of each of the first k rows of the
+    2-D array args[0]."""
+    out = ir.Constant(ir.VectorType(t, k), ir.Undefined)
+    for j, x in enumerate(_col_loads(context, builder, sig, args, 0, 1, t, k)):
+        out = builder.insert_element(out, x, ir.Constant(_I32, j))
+    return out
+
+
+@intrinsic
+def cf32(typingctx, y, off, c):
+    """The float32 at element off of each of the c rows of y: Q8_K's d where y holds bytes
+    (off a byte offset, unaligned), a value of a 2-D float32 array otherwise."""
+    k = _lit(c)
+    if k is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _col_vector(context, builder, sig, args, _F32, k)
+
+    return CF(k)(y, off, c), codegen
+
+
+@intrinsic
+def cf16(typingctx, y, off, c):
+    """The little-endian f16 at byte off of each of the c rows of y, as floats (Q8_0's d)."""
+    k = _lit(c)
+    if k is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fpext(_col_vector(context, builder, sig, args, _F16, k),
+                             ir.VectorType(_F32, k))
+
+    return CF(k)(y, off, c), codegen
+
+
+@intrinsic
+def fload(typingctx, d, c0, r, c):
+    """Rows c0 .. c0 + c - 1 of the 2-D float32 array d (r floats each, from element 0), as
+    an <r * c> vector: fstore's inverse."""
+    n, k = _width(r), _lit(c)
+    if n is None or k is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+        strides = cgutils.unpack_tuple(builder, ary.strides, 2)
+        base = builder.ptrtoint(ary.data, _I64)
+        row0 = context.cast(builder, args[1], sig.args[1], types.int64)
+        parts = []
+        for j in range(k):
+            a = builder.add(base, builder.mul(builder.add(row0, ir.Constant(_I64, j)),
+                                              strides[0]))
+            parts.append(builder.load(builder.inttoptr(a, _vf(n).as_pointer()), align=4))
+        return _concat(builder, parts)
+
+    return FL(n, k)(d, c0, r, c), codegen
+
+
 @intrinsic
 def lane(typingctx, v, i):
-    """Lane i of a float vector."""
+    """Lane i of a float vector (column j's row l is lane j r + l)."""
     def codegen(context, builder, sig, args):
         i = context.cast(builder, args[1], sig.args[1], types.int32)
         return builder.extract_element(args[0], i)
@@ -401,17 +554,24 @@ def lane(typingctx, v, i):
 
 
 @intrinsic
-def fstore(typingctx, arr, off, v):
-    """Store the lanes of v into float32 array arr from element off."""
-    n = _rows(v)
+def fstore(typingctx, d, c0, off, v):
+    """Store column j's r lanes of v into d[c0 + j, off:off + r] (d a 2-D float32 array)."""
+    n, k = v.r, v.c
 
     def codegen(context, builder, sig, args):
         ary = context.make_array(sig.args[0])(context, builder, value=args[0])
-        p = builder.gep(ary.data, [args[1]])
-        builder.store(args[2], builder.bitcast(p, _vf(n).as_pointer()), align=4)
+        strides = cgutils.unpack_tuple(builder, ary.strides, 2)
+        base = builder.ptrtoint(ary.data, _I64)
+        row0 = context.cast(builder, args[1], sig.args[1], types.int64)
+        col = builder.mul(context.cast(builder, args[2], sig.args[2], types.int64),
+                          ir.Constant(_I64, 4))
+        for j, part in enumerate(_split(builder, args[3], n, k)):
+            row = builder.add(row0, ir.Constant(_I64, j))
+            a = builder.add(base, builder.add(builder.mul(row, strides[0]), col))
+            builder.store(part, builder.inttoptr(a, _vf(n).as_pointer()), align=4)
         return context.get_dummy_value()
 
-    return types.none(arr, off, v), codegen
+    return types.none(d, c0, off, v), codegen
 
 
 @intrinsic
@@ -431,5 +591,5 @@ def prefetch(typingctx, arr, off):
 
 
 __all__ = ["AVX512", "AVX2", "VNNI512", "VNNI256", "R", "WIDTHS", "flavor", "ldq", "lo4", "hi4",
-           "bit5", "hi2", "lut16", "lzero", "dpb", "dpw", "lmul", "lsub", "lsubm", "ladd", "fzero", "ldh",
-           "ffma", "fmas", "lane", "fstore", "prefetch"]
+           "bit5", "hi2", "lut16", "lzero", "dpb", "dpw", "lmul", "lsubm", "ladd", "fzero", "ldh",
+           "ffma", "ffms", "fmas", "cf32", "cf16", "fload", "lane", "fstore", "prefetch"]

@@ -24,11 +24,11 @@ field sits in a tile (the tile functions of backends/cpu/qtiles.py read them).
 """
 from __future__ import annotations
 
-import threading
-import weakref
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
+from numba import njit, prange
 
 from ggraph.type_records import TYPE_RECORDS
 from ggraph.types import GGMLType
@@ -241,35 +241,112 @@ def _layout(t: GGMLType, r: int) -> tuple[list[int], list[tuple[int, np.ndarray]
             T.IQ4_XS: ([8, 2], [(4 * r, _NAT32)])}[t]
 
 
-def _pack_blocks(t: GGMLType, x: np.ndarray) -> np.ndarray:
-    """(header fields, body streams) of x's tiles, then joined."""
+def _iq4_ls(x: np.ndarray) -> np.ndarray:
+    """IQ4_XS's 8 signed 6-bit scales ls - 32 per block, as bytes."""
+    sh = x[..., 2].astype(np.uint16) | (x[..., 3].astype(np.uint16) << 8)
+    ib = np.arange(8)
+    lo = (x[..., 4 + ib // 2] >> (4 * (ib % 2))) & 15
+    hi = (sh[..., None] >> (2 * ib)) & 3
+    return ((lo | (hi << 4)).astype(np.int16) - 32).astype(np.int8).view(np.uint8)
+
+
+@njit(cache=True)
+def _q5_masks(x, off):
+    """_masks(_q5_bits(...)) for Q5_0/Q5_1 (the 32-bit qh at byte off), as loops: for quant
+    group k, the mask of its low nibbles (bits 4k.. of each row's qh) then of its high ones
+    (bits 16 + 4k..), two rows a byte."""
+    g, r, nb = x.shape[0], x.shape[1], x.shape[2]
+    out = np.empty((g, nb, 4 * r), np.uint8)
+    for gi in range(g):
+        for b in range(nb):
+            for lr in range(r):
+                h = (np.uint32(x[gi, lr, b, off]) | (np.uint32(x[gi, lr, b, off + 1]) << 8)
+                     | (np.uint32(x[gi, lr, b, off + 2]) << 16)
+                     | (np.uint32(x[gi, lr, b, off + 3]) << 24))
+                for k in range(4):
+                    for hi in range(2):
+                        nib = (h >> (4 * k + 16 * hi)) & 15
+                        o = k * r + hi * (r // 2) + lr // 2
+                        if lr % 2 == 0:
+                            out[gi, b, o] = nib
+                        else:
+                            out[gi, b, o] |= nib << 4
+    return out
+
+
+@njit(cache=True)
+def _q5k_masks(x):
+    """_masks(_q5k_bits(...)) for Q5_K, as loops: for quant group 8 p + k, bit 2p (low
+    nibbles) or 2p + 1 (high) of plane bytes 4k..4k+3 of each row, two rows a byte."""
+    g, r, nb = x.shape[0], x.shape[1], x.shape[2]
+    out = np.empty((g, nb, 32 * r), np.uint8)
+    for gi in range(g):
+        for b in range(nb):
+            for lr in range(r):
+                for p in range(4):
+                    for k in range(8):
+                        for hi in range(2):
+                            nib = 0
+                            for i in range(4):
+                                nib |= ((x[gi, lr, b, 16 + 4 * k + i] >> (2 * p + hi)) & 1) << i
+                            o = (8 * p + k) * r + hi * (r // 2) + lr // 2
+                            if lr % 2 == 0:
+                                out[gi, b, o] = nib
+                            else:
+                                out[gi, b, o] |= nib << 4
+    return out
+
+
+# the fields of a tile that are not copies of stored bytes, per type, in the order
+# _pack_blocks places them: each x (G, r, nb, size) -> its bytes (G, nb, n), in tile order
+_FIELDS = {
+    T.Q5_0: (lambda x: _q5_masks(x, 2),),
+    T.Q5_1: (lambda x: _q5_masks(x, 4),),
+    T.Q4_K: (lambda x: _per_row(_k4_scales(x[..., 4:16])[0]),
+             lambda x: _pairs(_k4_scales(x[..., 4:16])[1])),
+    T.Q5_K: (lambda x: _per_row(_k4_scales(x[..., 4:16])[0]),
+             lambda x: _pairs(_k4_scales(x[..., 4:16])[1]),
+             _q5k_masks),
+    T.IQ4_XS: (lambda x: _per_row(_iq4_ls(x)),),
+}
+XOR = 1 << 40   # a group map entry whose byte is stored + 128 (Q8_0's quants)
+
+
+def _pack_blocks(t: GGMLType, x: np.ndarray, mark: bool = False) -> np.ndarray:
+    """The tiles (G, nb, tile) of x (G, r, nb, size): header fields, then the body streams
+    in steps. With `mark`, x holds source indices (int64) and the result says where each
+    tile byte comes from: an index (+ XOR where it is stored + 128), or -1 - f where it is
+    _FIELDS[t][f]'s (computed, not copied)."""
+    def field(f: int) -> np.ndarray:
+        fn = _FIELDS[t][f]
+        if not mark:
+            return fn(x)
+        shape = fn(np.zeros(x.shape, np.uint8)).shape
+        return np.full(shape, -1 - f, np.int64)
+
     head: list[np.ndarray]
     if t in (T.Q4_0, T.Q4_1, T.Q8_0, T.Q5_0, T.Q5_1):
         nh = 2 if t in (T.Q4_1, T.Q5_1) else 1
         head = [_halves(x[..., 0:2 * nh], nh)]
         q0 = 2 * nh + (4 if t in (T.Q5_0, T.Q5_1) else 0)
-        q = x[..., q0:] ^ np.uint8(128) if t == T.Q8_0 else x[..., q0:]
+        q = x[..., q0:]
+        if t == T.Q8_0:
+            q = q | XOR if mark else q ^ np.uint8(128)
         body = [_dwords(q)]
         if t in (T.Q5_0, T.Q5_1):
-            body.append(_masks(_q5_bits(x[..., 2 * nh:2 * nh + 4])))
+            body.append(field(0))
     elif t in (T.Q4_K, T.Q5_K):
-        sc, mn = _k4_scales(x[..., 4:16])
-        head = [_per_row(sc), _pairs(mn), _halves(x[..., 0:4], 2)]
+        head = [field(0), field(1), _halves(x[..., 0:4], 2)]
         q0 = 16 if t == T.Q4_K else 48
         body = [_dwords(x[..., q0:q0 + 128])]
         if t == T.Q5_K:
-            body.append(_masks(_q5k_bits(x[..., 16:48])))
+            body.append(field(2))
     elif t == T.Q6_K:
         head = [_per_row(x[..., 192:208]), _halves(x[..., 208:210], 1)]
         ql = _dwords(x[..., 0:128])
         body = [ql, ql, _dwords(x[..., 128:192])]
     elif t == T.IQ4_XS:
-        sh = x[..., 2].astype(np.uint16) | (x[..., 3].astype(np.uint16) << 8)
-        ib = np.arange(8)
-        lo = (x[..., 4 + ib // 2] >> (4 * (ib % 2))) & 15
-        hi = (sh[..., None] >> (2 * ib)) & 3
-        ls = (lo | (hi << 4)).astype(np.int16) - 32
-        head = [_per_row(ls.astype(np.int8).view(np.uint8)), _halves(x[..., 0:2], 1)]
+        head = [field(0), _halves(x[..., 0:2], 1)]
         body = [_dwords(x[..., 8:136])]
     else:
         raise KeyError(f"{t} has no packed layout")
@@ -324,22 +401,98 @@ def _unpack_blocks(t: GGMLType, p: np.ndarray, r: int) -> np.ndarray:
     return x
 
 
-def pack(t: GGMLType, rows: np.ndarray, r: int = R, block_chunk: int = 1 << 14) -> np.ndarray:
+@lru_cache(maxsize=128)
+def group_map(t: GGMLType, r: int, nb: int
+              ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+    """Where each byte of a packed group of r rows of nb blocks comes from (an index into the
+    group's stored bytes, row by row; + XOR where stored + 128; < 0 where computed), the
+    same per 4 bytes (_word_map), and the positions of each computed field (_FIELDS[t][f])
+    in the group."""
+    size = TYPE_RECORDS[t].type_size
+    idx = (np.arange(r, dtype=np.int64)[:, None, None] * (nb * size)
+           + np.arange(nb, dtype=np.int64)[None, :, None] * size
+           + np.arange(size, dtype=np.int64)[None, None, :])[None]
+    g = _pack_blocks(t, idx, mark=True).reshape(-1)
+    return g, _word_map(g), tuple(np.flatnonzero(g == -1 - f)
+                                  for f in range(len(_FIELDS.get(t, ()))))
+
+
+def _word_map(g: np.ndarray) -> np.ndarray:
+    """Per 4 bytes of a group map: the source index of its first byte where the 4 are 4
+    consecutive stored bytes (+ XOR alike), else -1 (copied byte by byte, or computed)."""
+    w = g.reshape(-1, 4)
+    ok = (w[:, 0] >= 0) & np.all(w[:, 1:] - w[:, :-1] == 1, axis=1)
+    return np.where(ok, w[:, 0], -1)
+
+
+@njit(parallel=True, cache=True)
+def _gather(rows, m, width, gmap, wmap, out, out32, r):
+    """out[g, i] = byte gmap[i] of group g's stored rows (the rows of 1-D `rows`, m of them,
+    `width` bytes each; rows past m read as zero bytes), + 128 where gmap[i] has XOR; four at
+    a time where wmap says they are consecutive; entries < 0 are left for computed fields."""
+    for g in prange(out.shape[0]):
+        base = g * r * width
+        avail = min(r, m - g * r) * width
+        o, o32 = out[g], out32[g]
+        for j in range(wmap.size):
+            v = wmap[j]
+            if v >= 0:
+                src = v & (XOR - 1)
+                if src + 3 < avail:
+                    a = base + src
+                    u = (np.uint32(rows[a]) | (np.uint32(rows[a + 1]) << 8)
+                         | (np.uint32(rows[a + 2]) << 16) | (np.uint32(rows[a + 3]) << 24))
+                else:
+                    u = np.uint32(0)
+                o32[j] = u ^ np.uint32(0x80808080) if v >= XOR else u
+                continue
+            for i in range(4 * j, 4 * j + 4):
+                v = gmap[i]
+                if v < 0:
+                    continue
+                src = v & (XOR - 1)
+                b = rows[base + src] if src < avail else np.uint8(0)
+                o[i] = b ^ np.uint8(128) if v >= XOR else b
+
+
+def pack(t: GGMLType, rows: np.ndarray, r: int = R, out: np.ndarray | None = None,
+         block_chunk: int = 1 << 16) -> np.ndarray:
     """The packed layout (1-D uint8) of a weight's stored bytes `rows` (M, row bytes) in
-    groups of r rows, worked through in runs of groups so the temporaries stay small."""
+    groups of r rows: the copied bytes gathered by one parallel pass over the group map, the
+    computed fields (K-quant scales, fifth-bit masks, IQ4_XS scales) by numpy, in runs of
+    groups so the temporaries stay small. `out` may provide the memory (packed_nbytes)."""
     size = TYPE_RECORDS[t].type_size
     m, width = rows.shape
     nb = width // size
     groups = -(-m // r)
-    out = np.empty((groups, nb, PACKS[t].tile(r)), np.uint8)
-    step = max(1, block_chunk // max(nb, 1))
-    for g0 in range(0, groups, step):
-        g1 = min(groups, g0 + step)
-        x = np.zeros(((g1 - g0) * r, width), np.uint8)
-        have = rows[g0 * r:min(m, g1 * r)]
-        x[:len(have)] = have
-        out[g0:g1] = _pack_blocks(t, x.reshape(g1 - g0, r, nb, size))
-    return out.reshape(-1)
+    tile = PACKS[t].tile(r)
+    if out is None:
+        out = np.empty(groups * nb * tile, np.uint8)
+    o = out.reshape(groups, nb * tile)
+    gmap, wmap, fields = group_map(t, r, nb)
+    _gather(np.ascontiguousarray(rows).reshape(-1), m, width, gmap, wmap, o, o.view(np.uint32), r)
+    if fields:
+        step = max(1, block_chunk // max(nb, 1))
+        for g0 in range(0, groups, step):
+            g1 = min(groups, g0 + step)
+            have = rows[g0 * r:min(m, g1 * r)]
+            if len(have) < (g1 - g0) * r:   # the last group: zero rows after the weight's
+                x = np.zeros(((g1 - g0) * r, width), np.uint8)
+                x[:len(have)] = have
+                have = x
+            x = have.reshape(g1 - g0, r, nb, size)
+            for fn, pos in zip(_FIELDS[t], fields):
+                o[g0:g1, pos] = fn(x).reshape(g1 - g0, -1)
+    return out
+
+
+def pack_reference(t: GGMLType, rows: np.ndarray, r: int = R) -> np.ndarray:
+    """pack() computed by numpy alone, field by field (what the tests compare pack with)."""
+    size = TYPE_RECORDS[t].type_size
+    m, width = rows.shape
+    x = np.zeros((-(-m // r) * r, width), np.uint8)
+    x[:m] = rows
+    return _pack_blocks(t, x.reshape(-1, r, width // size, size)).reshape(-1)
 
 
 def unpack(t: GGMLType, packed: np.ndarray, m: int, nb: int, r: int = R) -> np.ndarray:
@@ -348,30 +501,3 @@ def unpack(t: GGMLType, packed: np.ndarray, m: int, nb: int, r: int = R) -> np.n
     groups = -(-m // r)
     p = packed.reshape(groups, nb, PACKS[t].tile(r))
     return _unpack_blocks(t, p, r).reshape(groups * r, nb * size)[:m]
-
-
-class PackStore:
-    """The packed copies of one backend's weights, made on first use and kept while their
-    tensor lives; `nbytes` is the memory they hold (llama.cpp's CPU_REPACK buffer)."""
-
-    def __init__(self) -> None:
-        self._packed: "weakref.WeakKeyDictionary[object, np.ndarray]" = \
-            weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
-
-    def get(self, t, data: np.ndarray) -> np.ndarray:
-        """The packed layout of weight t (type t.type, shape t.ne) whose stored bytes are
-        `data`, packing it on the first call."""
-        with self._lock:
-            p = self._packed.get(t)
-            if p is None:
-                p = self._packed[t] = pack(t.type, np.asarray(data).reshape(t.ne[1], -1))
-            return p
-
-    @property
-    def nbytes(self) -> int:
-        with self._lock:
-            return sum(p.nbytes for p in self._packed.values())
-
-    def __len__(self) -> int:
-        return len(self._packed)

@@ -28,8 +28,9 @@ import numpy as np
 from numba import njit, prange
 
 from ggraph.types import GGMLType
-from .qlanes import (R, bit5, dpb, dpw, ffma, fmas, fstore, fzero, hi2, hi4, ladd, lane,
-                     ldh, ldq, lmul, lo4, lsubm, lut16, lzero, prefetch)
+from .qlanes import (R, bit5, cf16, cf32, dpb, dpw, ffma, ffms, fload, fmas, fstore, fzero,
+                     hi2,
+                     hi4, ladd, lane, ldh, ldq, lmul, lo4, lsubm, lut16, lzero, prefetch)
 
 # IQ4_NL's 16 values + 128: unsigned bytes for vpdpbusd (128 * sum(quants) is taken off)
 IQ4_U8 = (np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
@@ -41,7 +42,7 @@ IQ4_U8 = (np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53,
 def nib_sum(w, o, q, p, five):
     """sum of a 32-element block's nibbles times the activation quants at q[p:]: 4 steps
     from byte o of 4R quant bytes (and, where `five`, their two fifth-bit masks after)."""
-    s0, s1 = lzero(R), lzero(R)
+    s0, s1 = lzero(R, C), lzero(R, C)
     for k in range(4):
         at = o + (4 + five) * R * k
         prefetch(w, at + PF)  # noqa: F821
@@ -55,37 +56,37 @@ def nib_sum(w, o, q, p, five):
 
 def tile_q4_0(acc, w, t, q, ysb, ysi, ysf, b):
     s = lsubm(nib_sum(w, t + 2 * R, q, 34 * b + 2, 0), ysi, b)  # noqa: F821
-    return ffma(acc, s, ldh(w, t, R), _half_row(q, 34 * b))  # noqa: F821
+    return ffma(acc, s, ldh(w, t, R), cf16(q, 34 * b, C))
 
 
 def tile_q4_1(acc, w, t, q, ysb, ysi, ysf, b):
     s = nib_sum(w, t + 4 * R, q, 34 * b + 2, 0)  # noqa: F821
-    acc = ffma(acc, s, ldh(w, t, R), _half_row(q, 34 * b))  # noqa: F821
-    return fmas(acc, ldh(w, t + 2 * R, R), ysf[b])
+    acc = ffma(acc, s, ldh(w, t, R), cf16(q, 34 * b, C))
+    return fmas(acc, ldh(w, t + 2 * R, R), cf32(ysf, b, C))
 
 
 def tile_q5_0(acc, w, t, q, ysb, ysi, ysf, b):
     s = nib_sum(w, t + 2 * R, q, 34 * b + 2, 1)  # noqa: F821
     s = lsubm(s, ysi, b)
-    return ffma(acc, s, ldh(w, t, R), _half_row(q, 34 * b))  # noqa: F821
+    return ffma(acc, s, ldh(w, t, R), cf16(q, 34 * b, C))
 
 
 def tile_q5_1(acc, w, t, q, ysb, ysi, ysf, b):
     s = nib_sum(w, t + 4 * R, q, 34 * b + 2, 1)  # noqa: F821
-    acc = ffma(acc, s, ldh(w, t, R), _half_row(q, 34 * b))  # noqa: F821
-    return fmas(acc, ldh(w, t + 2 * R, R), ysf[b])
+    acc = ffma(acc, s, ldh(w, t, R), cf16(q, 34 * b, C))
+    return fmas(acc, ldh(w, t + 2 * R, R), cf32(ysf, b, C))
 
 
 def tile_q8_0(acc, w, t, q, ysb, ysi, ysf, b):
     p = 34 * b + 2
-    s0, s1 = lzero(R), lzero(R)
+    s0, s1 = lzero(R, C), lzero(R, C)
     for k in range(0, 8, 2):
         prefetch(w, t + 2 * R + 4 * R * k + PF)  # noqa: F821
         prefetch(w, t + 6 * R + 4 * R * k + PF)  # noqa: F821
         s0 = dpb(s0, ldq(w, t + 2 * R + 4 * R * k, R), q, p + 4 * k)
         s1 = dpb(s1, ldq(w, t + 6 * R + 4 * R * k, R), q, p + 4 * k + 4)
     s = lsubm(ladd(s0, s1), ysi, b)
-    return ffma(acc, s, ldh(w, t, R), _half_row(q, 34 * b))  # noqa: F821
+    return ffma(acc, s, ldh(w, t, R), cf16(q, 34 * b, C))
 
 
 # ---- 256-element super-blocks (activations: Q8_K, 292 bytes: f32 d, 256 int8, 16 int16) ---
@@ -95,11 +96,11 @@ def tile_q8_0(acc, w, t, q, ysb, ysi, ysf, b):
 def k4_sums(w, o, q, p, t, five):
     """Q4_K/Q5_K: sum_j scale_j * dot_j over the 8 sub-blocks: steps from byte o, scales in
     the header at t."""
-    isum = lzero(R)
+    isum = lzero(R, C)
     for jp in range(4):
         # four sums in flight (even and odd steps apart): vpdpbusd's latency, not its
         # throughput, bounds one chain
-        s0, s1, s2, s3 = lzero(R), lzero(R), lzero(R), lzero(R)
+        s0, s1, s2, s3 = lzero(R, C), lzero(R, C), lzero(R, C), lzero(R, C)
         for k in range(0, 8, 2):
             at = o + (4 + five) * R * (8 * jp + k)
             bt = at + (4 + five) * R
@@ -121,12 +122,12 @@ def k4_sums(w, o, q, p, t, five):
 def k4_tile(acc, w, t, q, ysb, b, five):
     """Q4_K/Q5_K: d * sum_j scale_j dot_j - dmin * sum_j min_j sum_j(quants)."""
     isum = k4_sums(w, t + 20 * R, q, 292 * b + 4, t, five)  # noqa: F821
-    msum = lzero(R)
+    msum = lzero(R, C)
     for pr in range(4):  # mins by pairs of sub-blocks against pairs of activation sums
         msum = dpw(msum, w, t + 8 * R + 2 * R * pr, ysb, 16 * b + 4 * pr, False)
-    dq = _f32_row(q, 292 * b)  # noqa: F821
+    dq = cf32(q, 292 * b, C)
     acc = ffma(acc, isum, ldh(w, t + 16 * R, R), dq)
-    return ffma(acc, msum, ldh(w, t + 18 * R, R), -dq)
+    return ffms(acc, msum, ldh(w, t + 18 * R, R), dq)
 
 
 def tile_q4_k(acc, w, t, q, ysb, ysi, ysf, b):
@@ -143,10 +144,10 @@ def tile_q6_k(acc, w, t, q, ysb, ysi, ysf, b):
     16 bytes a row, sub-block j at t + j R, then R f16 d); 16 steps of 12R bytes from t + 18R,
     each the two quant groups and the 2-bit group of 4 values l of each row."""
     p = 292 * b + 4
-    isum = lzero(R)
+    isum = lzero(R, C)
     for n in range(2):
         for h in range(2):
-            a0, a1, a2, a3 = lzero(R), lzero(R), lzero(R), lzero(R)
+            a0, a1, a2, a3 = lzero(R, C), lzero(R, C), lzero(R, C), lzero(R, C)
             for kk in range(4):
                 k = 4 * h + kk
                 at = t + 18 * R + 12 * R * (8 * n + k)
@@ -164,15 +165,15 @@ def tile_q6_k(acc, w, t, q, ysb, ysi, ysf, b):
             isum = ladd(isum, lmul(lsubm(a1, ysi, bs + 2), w, sc + 2 * R, True))
             isum = ladd(isum, lmul(lsubm(a2, ysi, bs + 4), w, sc + 4 * R, True))
             isum = ladd(isum, lmul(lsubm(a3, ysi, bs + 6), w, sc + 6 * R, True))
-    return ffma(acc, isum, ldh(w, t + 16 * R, R), _f32_row(q, 292 * b))  # noqa: F821
+    return ffma(acc, isum, ldh(w, t + 16 * R, R), cf32(q, 292 * b, C))
 
 
 def tile_iq4_xs(acc, w, t, q, ysb, ysi, ysf, b):
     """Header: 8 signed scale bytes a row (ls - 32), R f16 d; then 32 steps of quants."""
     p = 292 * b + 4
-    isum = lzero(R)
+    isum = lzero(R, C)
     for j in range(8):
-        s0, s1 = lzero(R), lzero(R)
+        s0, s1 = lzero(R, C), lzero(R, C)
         for k in range(4):
             prefetch(w, t + 10 * R + 4 * R * (4 * j + k) + PF)  # noqa: F821
             v = ldq(w, t + 10 * R + 4 * R * (4 * j + k), R)
@@ -180,7 +181,7 @@ def tile_iq4_xs(acc, w, t, q, ysb, ysi, ysf, b):
             s1 = dpb(s1, lut16(hi4(v), IQ4_U8, 0), q, p + 32 * j + 16 + 4 * k)
         s = lsubm(ladd(s0, s1), ysi, 8 * b + j)
         isum = ladd(isum, lmul(s, w, t + j * R, True))
-    return ffma(acc, isum, ldh(w, t + 8 * R, R), _f32_row(q, 292 * b))  # noqa: F821
+    return ffma(acc, isum, ldh(w, t + 8 * R, R), cf32(q, 292 * b, C))
 
 
 # ---- activation sums ----------------------------------------------------------------------
@@ -214,33 +215,65 @@ def aux_q8_k(q, ysb, ysi, ysf, kk):
             ysi[j] = OFF * s  # noqa: F821
 
 
-# ---- the mat-vec --------------------------------------------------------------------------
+# ---- the product ---------------------------------------------------------------------------
 
 def k_mul_mat_packed(w, b, q, ysb, ysi, ysf, d, kk, nb, m):
     """d[i3, i2, n, :m] = packed weight w (m rows, nb blocks of kk / nb elements) times
-    column b[i3, i2, n], for the few columns of a decode step (see the module docstring)."""
+    column b[i3, i2, n]: the columns quantized first (in parallel when there are many), then
+    threads take runs of row groups, each streaming its own part of the weight and dotting
+    every group with the columns 4 at a time (`tile4`: each weight load serves 4 columns)
+    and the rest one by one (`tile1`) while the group is in L1/L2."""
     n3, n2, nn = d.shape[0], d.shape[1], d.shape[2]
+    cols = n3 * n2 * nn
+    if cols >= 8:
+        for s in prange(cols):
+            quantize_column(b, q, ysb, ysi, ysf, s // (n2 * nn), (s // nn) % n2, s % nn,  # noqa
+                            kk)
+    else:
+        for s in range(cols):
+            quantize_column(b, q, ysb, ysi, ysf, s // (n2 * nn), (s // nn) % n2, s % nn,  # noqa
+                            kk)
+    q2, yb, yi = q.reshape(cols, q.shape[3]), ysb.reshape(cols, ysb.shape[3]), \
+        ysi.reshape(cols, ysi.shape[3])
+    yf, d2 = ysf.reshape(cols, ysf.shape[3]), d.reshape(cols, d.shape[3])
+    # Prompt-sized batches are blocked for the caches: the columns in chunks whose quantized
+    # activations for kc blocks stay in L2, and each group's rows kc blocks at a time, which
+    # stay in L1 while every column block of the chunk passes over them; the group's sums
+    # wait in `part` between the runs of blocks. A decode step (< 4 columns) streams each
+    # group's whole rows in one run.
+    kc = nb if cols < 4 else max(1, W_BYTES // TILE)  # noqa: F821
+    chunk = cols if cols < 4 else max(4, ACT_BYTES // ((q.shape[3] // nb) * kc) // 4 * 4)  # noqa
+    for c0 in range(0, cols, chunk):
+        c1 = min(cols, c0 + chunk)
+        full = c0 + (c1 - c0) // 4 * 4
+        for g in prange((m + R - 1) // R):
+            base, r0 = g * nb * TILE, g * R  # noqa: F821
+            part = np.empty((c1 - c0, R), np.float32)
+            for k0 in range(0, nb, kc):
+                k1 = min(nb, k0 + kc)
+                for c in range(c0, full, 4):
+                    acc = fzero(R, 4) if k0 == 0 else fload(part, c - c0, R, 4)
+                    qc, bc, ic, fc = q2[c:c + 4], yb[c:c + 4], yi[c:c + 4], yf[c:c + 4]
+                    for blk in range(k0, k1):
+                        acc = tile4(acc, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
+                    fstore(part, c - c0, 0, acc)
+                for c in range(full, c1):
+                    acc1 = fzero(R, 1) if k0 == 0 else fload(part, c - c0, R, 1)
+                    qc, bc, ic, fc = q2[c:c + 1], yb[c:c + 1], yi[c:c + 1], yf[c:c + 1]
+                    for blk in range(k0, k1):
+                        acc1 = tile1(acc1, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
+                    fstore(part, c - c0, 0, acc1)
+            rows = min(R, m - r0)
+            for j in range(c1 - c0):
+                d2[c0 + j, r0:r0 + rows] = part[j, :rows]
+
+
+def quantize_column(b, q, ysb, ysi, ysf, i3, i2, n, kk):
+    """Column b[i3, i2, n] encoded to the weights' vec_dot_type (q) and its sums (aux)."""
     x = np.empty(kk, np.float32)
-    for s in range(n3 * n2 * nn):
-        i3, i2, n = s // (n2 * nn), (s // nn) % n2, s % nn
-        dec_b(b, i3, i2, n, x, kk)  # noqa: F821
-        enc_r(x, q, i3, i2, n, kk)  # noqa: F821
-        aux(q[i3, i2, n], ysb[i3, i2, n], ysi[i3, i2, n], ysf[i3, i2, n], kk)  # noqa: F821
-    groups = (m + R - 1) // R
-    for g in prange(groups):
-        base = g * nb * TILE  # noqa: F821
-        r0 = g * R
-        for s in range(n3 * n2 * nn):
-            i3, i2, n = s // (n2 * nn), (s // nn) % n2, s % nn
-            qc, yb, yi, yf = q[i3, i2, n], ysb[i3, i2, n], ysi[i3, i2, n], ysf[i3, i2, n]
-            acc = fzero(R)
-            for blk in range(nb):
-                acc = tile(acc, w, base + blk * TILE, qc, yb, yi, yf, blk)  # noqa: F821
-            if r0 + R <= m:
-                fstore(d[i3, i2, n], r0, acc)
-            else:
-                for r in range(m - r0):
-                    d[i3, i2, n, r0 + r] = lane(acc, r)
+    dec_b(b, i3, i2, n, x, kk)  # noqa: F821
+    enc_r(x, q, i3, i2, n, kk)  # noqa: F821
+    aux(q[i3, i2, n], ysb[i3, i2, n], ysi[i3, i2, n], ysf[i3, i2, n], kk)  # noqa: F821
 
 
 @dataclass(frozen=True)
