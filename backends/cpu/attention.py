@@ -1,20 +1,33 @@
-"""flash_attn_ext on the CPU for batches of queries: blockwise online softmax over K/V chunks
-with the products done by BLAS.
+"""A prompt's attention on the CPU, by blocks of queries that skip the cells their mask hides:
+flash_attn_ext's batches of queries (here), and the math the fused non-flash group shares with
+it (backends/cpu/attn_fusion.py): the visible ranges of a mask, the softmax of a block's rows,
+queries rounded to F16.
 
-Each K/V head is decoded once to float32 (numpy's F16 conversion, or the shared row decoders
-for BF16 and quantized caches) and serves all the query heads that map to it (GQA). Scores are
-computed for CHUNK cells at a time, so memory stays O(queries x CHUNK) whatever n_kv is; the
-running max, sum and output are rescaled as each chunk arrives, exactly the flash-attention
-recurrence. Single queries (decode) keep the numba kernel, which has no BLAS call overhead.
+A causal mask hides half of a prompt's score matrix, a sliding window most of it. Queries go
+in blocks of Q_BLOCK, and each block multiplies only the cells [lo, hi) outside which the mask
+is -inf for every one of its queries: those cells' weights are exactly 0, so leaving them out
+changes nothing but the order of the sums. For flash_attn_ext a block's whole visible range is
+one product, so its softmax is exact (no running rescale), and the query heads of one K/V
+head (GQA) go together where they share a mask and a slope: one product of all their rows.
+
+The numbers are ggml's: queries rounded to F16 for an F16 K (K's vec_dot_type), the weights
+rounded to F16 for an F16 V; a row no cell is visible to gives zeros. Units of (sequence, K/V
+head or query head, query block) run on the BLAS thread pool (backends/cpu/blas.py: numpy
+releases the GIL in its products), each a fixed piece whatever the thread count. Single
+queries (decode) keep the numba kernels, which have no BLAS call overhead.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType as T
+from .blas import run_units
 
-CHUNK = 1024
+Q_BLOCK = 64  # queries per unit: smaller skips more of a causal mask, larger calls BLAS less
 
 
 def decode_heads(arr: np.ndarray, t: Tensor, dec) -> np.ndarray:
@@ -31,37 +44,117 @@ def decode_heads(arr: np.ndarray, t: Tensor, dec) -> np.ndarray:
     return out
 
 
-def flash_attn_blocks(Q: np.ndarray, K: np.ndarray, V: np.ndarray, M: np.ndarray | None,
-                      D: np.ndarray, scale: float, softcap: float, slopes: np.ndarray) -> None:
-    """Q (S, H, T, Dk), K (Sk, Hkv, n_kv, Dk), V (Sk, Hkv, n_kv, Dv) float32; M (Sm, Hm, >=T,
-    n_kv) or None; D (S, T, H, Dv). scale is pre-divided by softcap when softcap is set."""
-    ns, nh, nt, _ = Q.shape
+def visible_ranges(M: np.ndarray, nt: int, nkv: int) -> dict[tuple[int, int, int], tuple[int, int]]:
+    """(mask slice i3, i2, query block) -> the [lo, hi) of cells some query of the block sees
+    (the whole row where none does)."""
+    out = {}
+    for i3 in range(M.shape[0]):
+        for i2 in range(M.shape[1]):
+            seen = ~np.isneginf(M[i3, i2, :nt, :nkv])
+            for b in range(0, nt, Q_BLOCK):
+                cols = np.flatnonzero(seen[b:b + Q_BLOCK].any(axis=0))
+                out[i3, i2, b] = (int(cols[0]), int(cols[-1]) + 1) if cols.size else (0, nkv)
+    return out
+
+
+@dataclass
+class SharedMask:
+    """A mask as the attention nodes of one graph read it, computed by the first of them each
+    run (the layers share it): float32 values and each query block's visible range."""
+    m: np.ndarray | None = None
+    ranges: dict = field(default_factory=dict)
+
+    def update(self, raw: np.ndarray, t: Tensor, nt: int, nkv: int) -> None:
+        self.m = raw.view(np.float16).astype(np.float32) if t.type == T.F16 else raw
+        self.ranges = visible_ranges(self.m, nt, nkv)
+
+
+# ---- numba templates (round_half: F16C's round trip; expf: backends/cpu/fastmath.py) ------
+
+def k_round_half(x):
+    """x (2-D float32) rounded to F16 precision in place (ties to even)."""
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            x[i, j] = round_half(x[i, j])  # noqa: F821
+
+
+def k_soft_max_rows(x, m, slope, scale, has_mask, to_half, empty_zero):
+    """Rows of x replaced by soft_max_ext's: x * scale (+ slope * m), max, expf, the sum in
+    float64, times 1 / sum; rounded to F16 precision where to_half (V is F16). A row whose
+    every value is -inf becomes zeros where empty_zero (flash attention's), NaN otherwise
+    (soft_max_ext's)."""
+    for i in range(x.shape[0]):
+        mx = np.float32(-np.inf)
+        for j in range(x.shape[1]):
+            v = x[i, j] * scale + (slope * m[i, j] if has_mask else np.float32(0.0))
+            x[i, j] = v
+            mx = max(mx, v)
+        if empty_zero and mx == -np.inf:
+            for j in range(x.shape[1]):
+                x[i, j] = 0.0
+            continue
+        t = 0.0
+        for j in range(x.shape[1]):
+            e = expf(x[i, j] - mx)  # noqa: F821
+            x[i, j] = e
+            t += e
+        inv = 1.0 / t
+        for j in range(x.shape[1]):
+            p = np.float32(x[i, j] * inv)
+            x[i, j] = round_half(p) if to_half else p  # noqa: F821
+
+
+@dataclass(frozen=True)
+class BlockMath:
+    """What a block's unit needs besides its arrays: the score scale (softcap: see
+    flash_attn_args), the softcap, each query head's ALiBi slope, whether K and V are F16,
+    and the compiled templates above (made to run in the pool's threads)."""
+    scale: np.float32
+    softcap: float
+    slopes: np.ndarray
+    k16: bool
+    v16: bool
+    round_half: Callable
+    soft_max: Callable
+
+
+_NO_MASK = np.zeros((1, 1), np.float32)
+
+
+def flash_attn_blocks(Q: np.ndarray, K: np.ndarray, V: np.ndarray, mask: SharedMask | None,
+                      D: np.ndarray, w: BlockMath) -> None:
+    """Q (S, H, T, Dk), K (Sk, Hkv, n_kv, Dk), V (Sk, Hkv, n_kv, Dv) float32; the mask's
+    M (Sm, Hm, >=T, n_kv); D (S, T, H, Dv)."""
+    ns, nh, nt, dk = Q.shape
     hkv, nkv = K.shape[1], K.shape[2]
     rk2, rk3 = nh // hkv, ns // K.shape[0]
-    for s in range(ns):
-        for g in range(hkv):
-            heads = range(g * rk2, (g + 1) * rk2)
-            q = Q[s, g * rk2:(g + 1) * rk2].reshape(rk2 * nt, -1)   # the group's queries
-            k, v = K[s // rk3, g], V[s // rk3, g]
-            slope = np.repeat(slopes[g * rk2:(g + 1) * rk2], nt)[:, None]
-            mx = np.full((rk2 * nt, 1), -np.inf, np.float32)
-            ssum = np.zeros((rk2 * nt, 1), np.float32)
-            acc = np.zeros((rk2 * nt, V.shape[3]), np.float32)
-            for c0 in range(0, nkv, CHUNK):
-                c1 = min(nkv, c0 + CHUNK)
-                sc = q @ k[c0:c1].T * np.float32(scale)
-                if softcap:
-                    sc = np.float32(softcap) * np.tanh(sc)
-                if M is not None:
-                    m = np.stack([M[s % M.shape[0], h % M.shape[1], :nt, c0:c1] for h in heads])
-                    sc = sc + slope * m.reshape(rk2 * nt, c1 - c0)
-                new = np.maximum(mx, sc.max(axis=1, keepdims=True))
-                ok = new > -np.inf            # rows with a visible cell so far
-                corr = np.where(ok, np.exp(np.where(ok, mx - new, 0.0)), 1.0)
-                p = np.exp(sc - np.where(ok, new, 0.0))
-                p[~ok[:, 0]] = 0.0
-                acc = acc * corr + p @ v[c0:c1]
-                ssum = ssum * corr + p.sum(axis=1, keepdims=True)
-                mx = new
-            out = np.divide(acc, ssum, out=np.zeros_like(acc), where=ssum > 0)
-            D[s, :, g * rk2:(g + 1) * rk2, :] = out.reshape(rk2, nt, -1).transpose(1, 0, 2)
+    M = mask.m if mask is not None else None
+    # the heads of a K/V head share one product where they share the mask and the slope
+    together = (M is None or M.shape[1] == 1) and bool(np.all(w.slopes == w.slopes[0]))
+    groups = [range(g * rk2, (g + 1) * rk2) for g in range(hkv)] if together else \
+        [range(h, h + 1) for h in range(nh)]
+    units = [(s, hs, b) for s in range(ns) for hs in groups for b in range(0, nt, Q_BLOCK)]
+
+    def unit(s: int, heads: range, b: int) -> None:
+        b1, h0 = min(nt, b + Q_BLOCK), heads[0]
+        ks, kh = s // rk3, h0 // rk2
+        lo, hi = (0, nkv) if M is None else mask.ranges[s % M.shape[0], h0 % M.shape[1], b]
+        q = np.array(Q[s, heads.start:heads.stop, b:b1], np.float32).reshape(-1, dk)
+        if w.k16:
+            w.round_half(q)
+        x = q @ K[ks, kh, lo:hi].T
+        scale = w.scale
+        if w.softcap:
+            x = (np.float32(w.softcap) * np.tanh(x * w.scale)).astype(np.float32)
+            scale = np.float32(1.0)
+        m = _NO_MASK
+        if M is not None:
+            m = M[s % M.shape[0], h0 % M.shape[1], b:b1, lo:hi]
+            if len(heads) > 1:
+                m = np.tile(m, (len(heads), 1))
+        w.soft_max(x, m, w.slopes[h0], scale, M is not None, w.v16, True)
+        out = (x @ V[ks, kh, lo:hi]).reshape(len(heads), b1 - b, -1)
+        for i, h in enumerate(heads):
+            D[s, b:b1, h] = out[i]
+
+    run_units(unit, units)

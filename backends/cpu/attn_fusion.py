@@ -13,11 +13,12 @@ The numbers are the unfused nodes': K*Q and V*p are products of F16 caches with 
 rounded to F16 (the vec_dot_type ggml converts them to), the softmax is soft_max_ext's
 (x * scale + slope * mask, max, exp, sum in float64, times 1 / sum). Units of (sequence, head,
 query block) run on the BLAS thread pool (backends/cpu/blas.py: numpy releases the GIL in its
-products and exps), each a fixed piece whatever the thread count.
+products and exps), each a fixed piece whatever the thread count. The blockwise math (visible
+ranges, the row softmax) is flash attention's too: backends/cpu/attention.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -27,9 +28,8 @@ from ggraph.ops.attention import alibi_slopes
 from ggraph.tensor import Tensor
 from ggraph.types import GGMLType as T
 from ..shared.kernel_args import soft_max_args
+from .attention import Q_BLOCK, SharedMask, k_round_half, k_soft_max_rows
 from .blas import run_units
-
-Q_BLOCK = 64  # queries per unit: smaller skips more of a causal mask, larger calls BLAS less
 MIN_QUERIES = 16  # fewer (decode) keep the unfused nodes: their numba mat-vecs beat BLAS calls
 CACHE_TYPES = (T.F16, T.F32)
 
@@ -60,43 +60,6 @@ def _floats(arr: np.ndarray, t: Tensor) -> np.ndarray:
     return arr.view(np.float16).astype(np.float32) if t.type == T.F16 else arr
 
 
-# ---- numba templates (round_half: F16C's round trip; expf: backends/cpu/fastmath.py) ------
-
-def k_round_half(x):
-    """x (2-D float32) rounded to F16 precision in place (ties to even)."""
-    for i in range(x.shape[0]):
-        for j in range(x.shape[1]):
-            x[i, j] = round_half(x[i, j])  # noqa: F821
-
-
-def k_soft_max_rows(x, m, slope, scale, has_mask, to_half):
-    """Rows of x replaced by soft_max_ext's: x * scale (+ slope * m), max, expf, the sum in
-    float64, times 1 / sum; rounded to F16 precision where to_half (V is F16)."""
-    for i in range(x.shape[0]):
-        mx = np.float32(-np.inf)
-        for j in range(x.shape[1]):
-            v = x[i, j] * scale + (slope * m[i, j] if has_mask else np.float32(0.0))
-            x[i, j] = v
-            mx = max(mx, v)
-        t = 0.0
-        for j in range(x.shape[1]):
-            e = expf(x[i, j] - mx)  # noqa: F821
-            x[i, j] = e
-            t += e
-        inv = 1.0 / t
-        for j in range(x.shape[1]):
-            p = np.float32(x[i, j] * inv)
-            x[i, j] = round_half(p) if to_half else p  # noqa: F821
-
-
-@dataclass
-class _Mask:
-    """A mask as the groups of one graph read it, computed by the first of them each run:
-    float32 values and each query block's range of visible cells."""
-    m: np.ndarray | None = None
-    ranges: dict = field(default_factory=dict)
-
-
 def bind(chain: list[Tensor], s: Any, apart: bool, nogil_for: Callable[[Callable], Any]
          ) -> Callable[[], None]:
     """The group's call: reads k, q, v and the mask where the run finds them, writes kqv.
@@ -114,7 +77,7 @@ def bind(chain: list[Tensor], s: Any, apart: bool, nogil_for: Callable[[Callable
     if mask is not None:  # the layers share their mask: the first group of a run reads it
         key = ("attn mask", mask, q.ne[1], k.ne[1])  # its ranges are for these query/cell counts
         first = key not in s.bind_memo
-        shared = s.bind_memo.setdefault(key, _Mask())
+        shared = s.bind_memo.setdefault(key, SharedMask())
     K_, Q_, V_, M_, out = (s.arr(k), s.arr(q), s.arr(v),
                            s.arr(mask) if mask is not None else None, s.arr(kqv))
     scale, max_bias, h0, n_head = soft_max_args(sm)
@@ -124,8 +87,7 @@ def bind(chain: list[Tensor], s: Any, apart: bool, nogil_for: Callable[[Callable
 
     def call() -> None:
         if first:
-            shared.m = _floats(M_, mask)
-            shared.ranges = _ranges(shared.m, Q_.shape[2], K_.shape[2])
+            shared.update(M_, mask, Q_.shape[2], K_.shape[2])
         run(_floats(K_, k), Q_, _floats(V_, v), shared, D, work)
         if D is not out:
             out[...] = D
@@ -142,23 +104,10 @@ class _Work:
     soft_max: Callable
 
 
-def _ranges(M: np.ndarray, nt: int, nkv: int) -> dict[tuple[int, int, int], tuple[int, int]]:
-    """(mask slice i3, i2, query block) -> the [lo, hi) of cells some query of the block sees
-    (the whole row where none does: softmax then gives what the unfused node gives)."""
-    out = {}
-    for i3 in range(M.shape[0]):
-        for i2 in range(M.shape[1]):
-            seen = ~np.isneginf(M[i3, i2, :nt, :nkv])
-            for b in range(0, nt, Q_BLOCK):
-                cols = np.flatnonzero(seen[b:b + Q_BLOCK].any(axis=0))
-                out[i3, i2, b] = (int(cols[0]), int(cols[-1]) + 1) if cols.size else (0, nkv)
-    return out
-
-
 _NO_MASK = np.zeros((1, 1), np.float32)
 
 
-def run(K: np.ndarray, Q: np.ndarray, V: np.ndarray, mask: _Mask | None, D: np.ndarray,
+def run(K: np.ndarray, Q: np.ndarray, V: np.ndarray, mask: SharedMask | None, D: np.ndarray,
         w: _Work) -> None:
     """K (S, Hkv, n_kv, Dk), Q (S, H, T, Dk), V (S, Hkv, Dv, n_kv) float32 (V transposed, as
     the non-flash cache stores it); the mask's M (Sm, Hm, >=T, n_kv); D (S, H, T, Dv)."""
@@ -176,7 +125,7 @@ def run(K: np.ndarray, Q: np.ndarray, V: np.ndarray, mask: _Mask | None, D: np.n
             w.round_half(q)
         x = q @ K[j3, jh, lo:hi].T
         m = M[i3 % M.shape[0], h % M.shape[1], b:b1, lo:hi] if M is not None else _NO_MASK
-        w.soft_max(x, m, w.slopes[h], w.scale, M is not None, w.v16)
+        w.soft_max(x, m, w.slopes[h], w.scale, M is not None, w.v16, False)
         np.matmul(x, V[j3, jh, :, lo:hi].T, out=D[i3, h, b:b1])
 
     run_units(unit, units)

@@ -27,7 +27,8 @@ from ..jit import Target, source_hash
 from ..shared.kernel_args import (argsort_args, binary_args, flash_attn_args, norm_args,
                                   raw_copy, rope_args, soft_max_args, unary_args)
 from . import fastmath
-from .attention import decode_heads, flash_attn_blocks
+from .attention import (BlockMath, SharedMask, decode_heads, flash_attn_blocks, k_round_half,
+                        k_soft_max_rows)
 from .blas import mul_mat_blas
 from . import templates as K
 
@@ -167,9 +168,7 @@ def _flash_attn(node: Tensor, s: Session):
     q, k, v, mask = node.src
     args = flash_attn_args(node)
     if q.ne[1] >= BLOCK_MIN_QUERIES:
-        return partial(_flash_attn_blocks, node, s.arr(q), s.arr(k), s.arr(v),
-                       s.arr(mask) if mask is not None else None, s.arr(node).reshape(node.shape),
-                       *args)
+        return _flash_attn_blocks(node, s, *args)
     mt = mask.type if mask is not None else T.F32
     K_, V_ = s.arr(k), s.arr(v)
     if k.type == v.type == T.F16 and (fk := _flat_rows(K_)) is not None and (
@@ -185,15 +184,27 @@ def _flash_attn(node: Tensor, s: Session):
                    s.arr(node).reshape(node.shape), *args, mask is not None)
 
 
-def _flash_attn_blocks(node, Q, Kr, Vr, Mr, D, scale, max_bias, softcap, h0, n_head) -> None:
-    _, k, v, mask = node.src
-    K_ = decode_heads(Kr, k, TARGET.codec(k.type).dec)
-    V_ = decode_heads(Vr, v, TARGET.codec(v.type).dec)
-    M_ = None
-    if mask is not None:
-        M_ = Mr.view(np.float16).astype(np.float32) if mask.type == T.F16 else Mr
-    slopes = alibi_slopes(node.src[0].ne[2], max_bias, h0, n_head).astype(np.float32)
-    flash_attn_blocks(Q, K_, V_, M_, D, scale, softcap, slopes)
+def _flash_attn_blocks(node: Tensor, s: Session, scale, max_bias, softcap, h0, n_head):
+    """A prompt's flash attention by query blocks (backends/cpu/attention.py): K and V decoded
+    to float32 each run, the mask's visible ranges computed by the first layer of a run."""
+    q, k, v, mask = node.src
+    Kr, Vr, Q, D = s.arr(k), s.arr(v), s.arr(q), s.arr(node).reshape(node.shape)
+    shared = first = None
+    Mr = s.arr(mask) if mask is not None else None
+    if mask is not None:  # the layers share their mask: the first node of a run reads it
+        key = ("attn mask", mask, q.ne[1], k.ne[1])
+        first = key not in s.bind_memo
+        shared = s.bind_memo.setdefault(key, SharedMask())
+    math = BlockMath(np.float32(scale), softcap, alibi_slopes(q.ne[2], max_bias, h0, n_head)
+                     .astype(np.float32), k.type == T.F16, v.type == T.F16,
+                     compiled_nogil(k_round_half), compiled_nogil(k_soft_max_rows))
+    dk, dv = TARGET.codec(k.type).dec, TARGET.codec(v.type).dec
+
+    def call() -> None:
+        if first:
+            shared.update(Mr, mask, Q.shape[2], Kr.shape[2])
+        flash_attn_blocks(Q, decode_heads(Kr, k, dk), decode_heads(Vr, v, dv), shared, D, math)
+    return call
 
 
 # -- matrix products ------------------------------------------------------------------------
