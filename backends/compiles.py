@@ -1,20 +1,27 @@
 """Counting numba compilations: what a run compiles because numba's on-disk cache did not have
 it (a first run, or a kernel edited since), so callers can announce the compile and keep it
 out of their timings. numba signals each compilation with a "numba:compile" event; a kernel
-loaded from the cache signals nothing.
+loaded from the cache signals nothing. A kernel compiles the helpers it calls inside its own
+compilation (nested events): `count` counts every function, `kernels` and `seconds` only the
+outermost compilations, so the seconds are wall time spent compiling, not counted twice.
 """
 from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Iterator
 
 
 @dataclass
 class Compiles:
     """Compilations seen so far inside `counting()`."""
-    count: int = 0
+    count: int = 0        # numba functions compiled, helpers inside a kernel included
+    kernels: int = 0      # outermost compilations (what a caller asked for)
+    seconds: float = 0.0  # wall time inside the outermost compilations
+    # each outermost compilation in order: (its function's qualified name, seconds)
+    each: list[tuple[str, float]] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -25,14 +32,27 @@ def counting() -> Iterator[Compiles]:
 
     seen = Compiles()
     lock = threading.Lock()
+    nest = threading.local()   # per thread: open compilations, when the outermost began
 
     class Listener(event.Listener):
         def on_start(self, ev: event.Event) -> None:
+            depth = getattr(nest, "depth", 0)
+            if depth == 0:
+                nest.t0 = time.perf_counter()
+            nest.depth = depth + 1
             with lock:
                 seen.count += 1
+                seen.kernels += depth == 0
 
         def on_end(self, ev: event.Event) -> None:
-            pass
+            nest.depth = getattr(nest, "depth", 1) - 1
+            if nest.depth == 0:
+                d = ev.data.get("dispatcher") if isinstance(ev.data, dict) else None
+                name = getattr(getattr(d, "py_func", None), "__qualname__", "?")
+                dt = time.perf_counter() - nest.t0
+                with lock:
+                    seen.seconds += dt
+                    seen.each.append((name, dt))
 
     with event.install_listener("numba:compile", Listener()):
         yield seen

@@ -10,6 +10,22 @@ then `reps` times; a sample's random tokens start with BOS where the model adds 
 peer, the engines take turns within each repetition (and swap who goes first every
 repetition) so that whatever else loads the machine weighs on both alike.
 
+At a depth (llama-bench's -d, "pp512 @ d4096"), n_depth random tokens are already in the
+cache when the timing starts, and the context holds depth + test tokens. Differences from
+llama-bench, the same on every engine: the prefix is evaluated once per test and engine
+(untimed), and each repetition cuts the cache back to it (ggraph: Engine.truncate;
+llama-cpp-python: llama_memory_seq_rm and Llama.n_tokens), where llama-bench restores a saved
+state (older versions evaluated the prefix before every repetition); and the warmup runs at
+the depth, so that kernels a long cache needs compile there. A sliding-window cache that no
+longer holds the window before the depth once a long test ran (ggraph refuses the cut) gets
+its prefix evaluated again, untimed.
+
+n_gpu_layers and devices are llama-bench's -ngl and ggraph's --devices: the last
+n_gpu_layers layers go to the offload devices ("cuda", "cuda,cuda", or "cpu": a second CPU
+backend standing in for one), the output layer too once n_gpu_layers exceeds the layer count
+(llama.cpp's rule, graphs/placement.py; -1: all). llama-cpp-python
+gets n_gpu_layers too; a build without GPU offload (this project's CPU machines) ignores it.
+
 This file owns the measuring and the result records; tools/bench.py owns the command line
 and the output formats.
 """
@@ -20,7 +36,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -41,6 +57,9 @@ class BenchTest:
     type_v: str = "f16"
     flash_attn: bool = False
     n_threads: int = 1
+    n_depth: int = 0           # tokens already in the cache when the timing starts
+    n_gpu_layers: int = -1     # layers on the offload devices (-1: all of them)
+    devices: str = ""          # ggraph's offload devices ("": none, the host CPU only)
 
     def __post_init__(self) -> None:
         if self.n_prompt < 0 or self.n_gen < 0 or self.n_prompt + self.n_gen == 0:
@@ -49,15 +68,25 @@ class BenchTest:
         for name in ("n_batch", "n_ubatch", "n_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.n_depth < 0:
+            raise ValueError(f"n_depth must be >= 0, got {self.n_depth}")
+        if self.n_gpu_layers < -1:
+            raise ValueError(f"n_gpu_layers must be >= -1 (-1: all), got {self.n_gpu_layers}")
+        if self.n_gpu_layers > 0 and not self.devices:
+            raise ValueError(f"n_gpu_layers={self.n_gpu_layers} offloads layers: it needs "
+                             f"offload devices (cuda, or cpu standing in for one)")
 
     @property
     def name(self) -> str:
-        """llama-bench's test name: pp512, tg128 or pp512+tg128."""
+        """llama-bench's test name: pp512, tg128 or pp512+tg128, then " @ d4096" at a
+        depth."""
         if self.n_gen == 0:
-            return f"pp{self.n_prompt}"
-        if self.n_prompt == 0:
-            return f"tg{self.n_gen}"
-        return f"pp{self.n_prompt}+tg{self.n_gen}"
+            name = f"pp{self.n_prompt}"
+        elif self.n_prompt == 0:
+            name = f"tg{self.n_gen}"
+        else:
+            name = f"pp{self.n_prompt}+tg{self.n_gen}"
+        return f"{name} @ d{self.n_depth}" if self.n_depth else name
 
     @property
     def n_tokens(self) -> int:
@@ -65,24 +94,29 @@ class BenchTest:
 
     @property
     def n_ctx(self) -> int:
-        return self.n_prompt + self.n_gen   # llama-bench's context: exactly what a test needs
+        # llama-bench's context: exactly what a test needs, its depth included
+        return self.n_depth + self.n_prompt + self.n_gen
 
 
 def expand(models: Sequence[str], n_prompt: Sequence[int] = (512,),
            n_gen: Sequence[int] = (128,), n_pg: Sequence[tuple[int, int]] = (),
            n_batch: Sequence[int] = (2048,), n_ubatch: Sequence[int] = (512,),
            type_k: Sequence[str] = ("f16",), type_v: Sequence[str] = ("f16",),
-           flash_attn: Sequence[bool] = (False,), n_threads: Sequence[int] = (1,)
-           ) -> list[BenchTest]:
+           flash_attn: Sequence[bool] = (False,), n_threads: Sequence[int] = (1,),
+           n_depth: Sequence[int] = (0,), n_gpu_layers: Sequence[int] = (-1,),
+           devices: str = "") -> list[BenchTest]:
     """Every combination of the settings, in llama-bench's order: per model, per setting
-    combination (batch, ubatch, type_k, type_v, fa, threads, the last varying fastest), the
-    pp tests, then tg, then pg. Sizes of 0 are skipped, as llama-bench skips them."""
+    combination (ngl, batch, ubatch, type_k, type_v, fa, threads, depth, the last varying
+    fastest), the pp tests, then tg, then pg. Sizes of 0 are skipped, as llama-bench skips
+    them."""
     tests = []
     for m in models:
-        for nb, nub, tk, tv, fa, nt in itertools.product(n_batch, n_ubatch, type_k, type_v,
-                                                         flash_attn, n_threads):
+        for ngl, nb, nub, tk, tv, fa, nt, nd in itertools.product(
+                n_gpu_layers, n_batch, n_ubatch, type_k, type_v, flash_attn, n_threads,
+                n_depth):
             kw = dict(model=m, n_batch=nb, n_ubatch=nub, type_k=tk, type_v=tv,
-                      flash_attn=bool(fa), n_threads=nt)
+                      flash_attn=bool(fa), n_threads=nt, n_depth=nd, n_gpu_layers=ngl,
+                      devices=devices)
             sizes = ([(p, 0) for p in n_prompt if p] + [(0, g) for g in n_gen if g]
                      + [(p, g) for p, g in n_pg if p or g])
             tests += [BenchTest(n_prompt=p, n_gen=g, **kw) for p, g in sizes]
@@ -197,6 +231,7 @@ class BenchResult:
     version: str                 # the engine's version
     model: ModelInfo
     backend: str = "CPU"
+    devices: str = "CPU"         # where it ran: ggraph's runner names ("CPU1/CPU"), or CPU
     samples_ns: list[int] = field(default_factory=list)
     test_time: str = ""          # when the test started (ISO 8601, UTC)
     load_avg: tuple[float, float, float] = (0.0, 0.0, 0.0)   # when it ended
@@ -230,8 +265,9 @@ class BenchResult:
                     model_type=self.model.model_type, model_size=self.model.size,
                     model_n_params=self.model.n_params, backends=self.backend,
                     n_threads=t.n_threads, n_batch=t.n_batch, n_ubatch=t.n_ubatch,
-                    type_k=t.type_k, type_v=t.type_v, flash_attn=t.flash_attn,
-                    n_prompt=t.n_prompt, n_gen=t.n_gen, test=t.name,
+                    type_k=t.type_k, type_v=t.type_v, n_gpu_layers=t.n_gpu_layers,
+                    flash_attn=t.flash_attn, devices=self.devices, n_prompt=t.n_prompt,
+                    n_gen=t.n_gen, n_depth=t.n_depth, test=t.name,
                     test_time=self.test_time, avg_ns=round(self.avg_ns),
                     stddev_ns=round(self.stddev_ns), avg_ts=self.avg_ts,
                     stddev_ts=self.stddev_ts, samples_ns=list(self.samples_ns),
@@ -243,9 +279,16 @@ class Bencher(Protocol):
     engine: str
     version: str
     n_vocab: int
+    backend: str
+    devices: str
 
     def reset(self) -> None:
         """Empty the KV cache."""
+        ...
+
+    def cut(self, n: int) -> bool:
+        """Cut the sequence back to its first n tokens; False where the cache cannot (the
+        sequence is then unchanged)."""
         ...
 
     def eval(self, tokens: list[int]) -> None:
@@ -267,13 +310,26 @@ class GgraphBencher:
         cfg = EngineConfig(n_ctx=test.n_ctx, n_ubatch=test.n_ubatch, type_k=test.type_k,
                            type_v=test.type_v, flash_attn=test.flash_attn,
                            n_threads=test.n_threads, warmup=False, reserve_outputs="last",
-                           adaptive_threads=False)
+                           adaptive_threads=False, devices=test.devices,
+                           n_gpu_layers=test.n_gpu_layers)
         self.eng = Engine(test.model, cfg)
         self.version = version
         self.n_vocab = self.eng.model.hp.n_vocab
+        names = self.eng.device_names
+        self.devices = "/".join(names)
+        # llama-bench's backends column: the kinds of device beside the host CPU
+        kinds = [n.rstrip("0123456789") for n in names]
+        self.backend = ",".join(dict.fromkeys(k for k in kinds if k != "CPU")) or "CPU"
 
     def reset(self) -> None:
         self.eng.reset()
+
+    def cut(self, n: int) -> bool:
+        try:
+            self.eng.truncate(n)
+        except ValueError:   # a sliding-window ring that lost the window before n
+            return False
+        return True
 
     def eval(self, tokens: list[int]) -> None:
         self.eng.eval(tokens)
@@ -298,12 +354,26 @@ class LlamaCppBencher:
             model_path=test.model, n_ctx=test.n_ctx, n_batch=test.n_batch,
             n_ubatch=test.n_ubatch, n_threads=test.n_threads, n_threads_batch=test.n_threads,
             flash_attn=test.flash_attn, type_k=int(GGMLType.parse(test.type_k)),
-            type_v=int(GGMLType.parse(test.type_v)), swa_full=False, verbose=False)
+            type_v=int(GGMLType.parse(test.type_v)), swa_full=False, verbose=False,
+            n_gpu_layers=test.n_gpu_layers)
+        self._llama_cpp = llama_cpp
         self.version = llama_cpp.__version__
         self.n_vocab = int(self.llm.n_vocab())
+        # a build without GPU offload runs every layer on the CPU whatever n_gpu_layers says
+        self.backend = "GPU" if llama_cpp.llama_supports_gpu_offload() else "CPU"
+        self.devices = "auto" if llama_cpp.llama_supports_gpu_offload() else "CPU"
 
     def reset(self) -> None:
         self.llm.reset()
+
+    def cut(self, n: int) -> bool:
+        # the cells from n on leave the cache now, outside the timing (Llama.eval would
+        # remove them itself from n_tokens on, inside it); a sliding-window cache never
+        # refuses: cells of the window that a long test overwrote are simply gone
+        lc = self._llama_cpp
+        lc.llama_memory_seq_rm(lc.llama_get_memory(self.llm.ctx), 0, n, -1)
+        self.llm.n_tokens = n
+        return True
 
     def eval(self, tokens: list[int]) -> None:
         self.llm.eval(tokens)
@@ -327,9 +397,14 @@ def bench_tokens(rng: np.random.Generator, n: int, n_vocab: int, bos: int | None
     return toks
 
 
-def run_once(b: Bencher, test: BenchTest, prompt: list[int], gen: list[int]) -> int:
-    """One timed sample in nanoseconds: the cache is emptied first, outside the timing."""
-    b.reset()
+def run_once(b: Bencher, test: BenchTest, prompt: list[int], gen: list[int],
+             start: Callable[[Bencher], None] | None = None) -> int:
+    """One timed sample in nanoseconds. Outside the timing the cache is emptied first, or
+    `start(b)` brings it to the test's depth."""
+    if start is None:
+        b.reset()
+    else:
+        start(b)
     t0 = time.perf_counter_ns()
     for i in range(0, len(prompt), test.n_batch):
         b.eval(prompt[i:i + test.n_batch])
@@ -348,11 +423,40 @@ def bos_token(path: str) -> int | None:
     return int(bos) if add and isinstance(bos, int) else None
 
 
+class Depth:
+    """A test's depth prefix: evaluated once per engine from an empty cache (untimed, in
+    n_batch pieces, saying how far it got every few seconds), then restored before each
+    sample by cutting the cache back to it."""
+
+    PROGRESS_S = 5.0   # seconds between progress lines
+
+    def __init__(self, test: BenchTest, tokens: list[int],
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.test, self.tokens, self.progress = test, tokens, progress
+
+    def fill(self, b: Bencher) -> None:
+        b.reset()
+        n, t0 = len(self.tokens), time.perf_counter()
+        last = t0
+        for i in range(0, n, self.test.n_batch):
+            b.eval(self.tokens[i:i + self.test.n_batch])
+            now = time.perf_counter()
+            done = min(i + self.test.n_batch, n)
+            if self.progress and (now - last >= self.PROGRESS_S or done == n):
+                last = now
+                self.progress(f"depth {done}/{n} tokens on {b.engine} ({now - t0:.1f} s)")
+
+    def start(self, b: Bencher) -> None:
+        if not b.cut(len(self.tokens)):
+            self.fill(b)   # the cache could not keep the prefix: evaluate it again
+
+
 def run_test(test: BenchTest, reps: int = 5, peers: Sequence[str] = (), warmup: bool = True,
-             seed: int = 0, model: ModelInfo | None = None) -> list[BenchResult]:
-    """Measure `test` on ggraph and on each peer: a warmup run each, then `reps` samples,
-    the engines taking turns within each repetition. Results in engine order (ggraph
-    first)."""
+             seed: int = 0, model: ModelInfo | None = None,
+             progress: Callable[[str], None] | None = None) -> list[BenchResult]:
+    """Measure `test` on ggraph and on each peer: the depth prefix and a warmup run each,
+    then `reps` samples, the engines taking turns within each repetition. Results in engine
+    order (ggraph first). `progress` gets a line now and then while a depth prefix runs."""
     if reps < 1:
         raise ValueError(f"repetitions must be >= 1, got {reps}")
     unknown = [p for p in peers if p not in PEERS]
@@ -366,19 +470,27 @@ def run_test(test: BenchTest, reps: int = 5, peers: Sequence[str] = (), warmup: 
         n_vocab = min(b.n_vocab for b in benchers)
         bos = bos_token(test.model)
         rng = np.random.default_rng(seed)
-        if warmup:
-            # llama-bench's warmup: the whole prompt, or one generated token
-            for b in benchers:
+        depth = (Depth(test, bench_tokens(rng, test.n_depth, n_vocab, bos), progress)
+                 if test.n_depth else None)
+        start = depth.start if depth else None
+        for b in benchers:
+            if depth:
+                depth.fill(b)
+            if warmup:
+                # llama-bench's warmup (the whole prompt, or one generated token), here at
+                # the depth: what a long cache compiles is compiled before the timing
                 toks = bench_tokens(rng, test.n_prompt or 1, n_vocab, bos)
-                run_once(b, test, toks if test.n_prompt else [], [] if test.n_prompt else toks)
+                run_once(b, test, toks if test.n_prompt else [], [] if test.n_prompt else toks,
+                         start)
         results = [BenchResult(test=test, engine=b.engine, version=b.version, model=model,
-                               test_time=started) for b in benchers]
+                               backend=b.backend, devices=b.devices, test_time=started)
+                   for b in benchers]
         for r in range(reps):
             prompt = bench_tokens(rng, test.n_prompt, n_vocab, bos)
             gen = bench_tokens(rng, test.n_gen, n_vocab, None if test.n_prompt else bos)
             order = range(len(benchers)) if r % 2 == 0 else reversed(range(len(benchers)))
             for i in order:
-                results[i].samples_ns.append(run_once(benchers[i], test, prompt, gen))
+                results[i].samples_ns.append(run_once(benchers[i], test, prompt, gen, start))
         for res in results:
             res.load_avg = load_average()
         return results

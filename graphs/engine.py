@@ -337,10 +337,7 @@ class Engine:
                 raise ValueError(f"token id out of range [0, {self.model.hp.n_vocab})")
             self.file.check_unchanged()  # one fstat: a truncated mapping would be SIGBUS
             if n_past is not None:
-                if not 0 <= n_past <= self.cache.n_used:
-                    raise ValueError(f"n_past={n_past}: the sequence holds "
-                                     f"{self.cache.n_used} tokens")
-                self.cache.n_used = int(n_past)
+                self.truncate(n_past)
             if self.cache.n_used + len(toks) > cfg.n_ctx:
                 raise ValueError(f"{self.cache.n_used + len(toks)} tokens exceed the context "
                                  f"of {cfg.n_ctx}")
@@ -360,6 +357,17 @@ class Engine:
                     # with remote stages overlaps the next ubatch with this one's last stages
                     out.append(self.runner.read(mg.logits).reshape(len(rows), -1))
             return np.concatenate(out) if all_logits else out[-1][-1]
+
+    def truncate(self, n_past: int) -> None:
+        """Cut the sequence back to its first n_past tokens (llama.cpp's seq_rm(n_past, -1)).
+        A sliding-window cache refuses (ValueError) once its ring no longer holds the window
+        before n_past; the sequence is then unchanged."""
+        with self.lock:
+            if not 0 <= n_past <= self.cache.n_used:
+                raise ValueError(f"n_past={n_past}: the sequence holds "
+                                 f"{self.cache.n_used} tokens")
+            self.cache.n_used = int(n_past)
+            self._kv_epoch += 1
 
     def warmup(self) -> float:
         """Evaluate a prompt-sized batch (the mat-mat and blockwise attention paths) and one

@@ -71,6 +71,7 @@ _NUMERIC: dict[ValueType, tuple[str, str]] = {
     ValueType.UINT64: ("<u8", "<Q"), ValueType.INT64: ("<i8", "<q"),
     ValueType.FLOAT64: ("<f8", "<d"),
 }
+_U64 = struct.Struct("<Q")   # a string's length
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,28 @@ class _Cursor:
         except UnicodeDecodeError as e:
             raise self.fail(f"{what} is not valid UTF-8 (byte {e.start} of {n})", at) from None
 
+    def strings(self, n: int) -> list[str] | None:
+        """n strings read with the checks `string` makes (lengths within the file, UTF-8)
+        but without naming each one: a vocabulary and its merges are 300k strings, and
+        their descriptions cost more than the reading. None, the cursor where it was, on
+        any problem: the caller reads them again one by one for the error."""
+        buf, pos, size, out = self.buf, self.pos, self.size, []
+        length = _U64.unpack_from
+        try:
+            for _ in range(n):
+                if size - pos < 8:
+                    return None
+                k = length(buf, pos)[0]
+                pos += 8
+                if k > size - pos:
+                    return None
+                out.append(str(buf[pos:pos + k], "utf-8"))
+                pos += k
+        except UnicodeDecodeError:
+            return None
+        self.pos = pos
+        return out
+
     def value(self, vt: ValueType, what: str) -> Any:
         if vt == ValueType.STRING:
             return self.string(what)
@@ -206,6 +229,10 @@ class _Cursor:
                             f"left in the file hold at most {self.left() // min_size}",
                             self.pos - 8)
         if et == ValueType.STRING:
+            fast = self.strings(n) if self.trace is None else None
+            if fast is not None:
+                return fast, et
+            # traced, or a problem: element by element, naming the element that fails
             return [self.string(f"{what}[{i}]") for i in range(n)], et
         dt = _NUMERIC[et][0]
         arr = np.frombuffer(self.buf, dtype=dt, count=n, offset=self.pos)

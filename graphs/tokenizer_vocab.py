@@ -105,10 +105,11 @@ class Vocab:
     def specials(self, parse_special: bool) -> list[tuple[str, int]]:
         """The (text, id) pairs partition() cuts out, longest first as llama.cpp sorts them
         (by UTF-8 length; ids break ties, which llama.cpp's unstable sort leaves open)."""
-        key = Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN
-        skip = Attr(0) if parse_special else Attr.CONTROL | Attr.UNKNOWN
+        key = int(Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN)
+        skip = 0 if parse_special else int(Attr.CONTROL | Attr.UNKNOWN)
+        # plain int arithmetic: IntFlag's & makes a flag object per token (150k of them)
         found = [(t, i) for i, (t, a) in enumerate(zip(self.tokens, self.attrs))
-                 if a & key and not a & skip]
+                 if int.__and__(a, key) and not int.__and__(a, skip)]
         found.sort(key=lambda p: (-len(p[0].encode("utf-8")), p[1]))
         return found
 
@@ -191,7 +192,7 @@ def _attrs(tokens: list[str], types: list[int] | None) -> list[Attr]:
         a = attrs[i]
         if t in _FORCED_CONTROL:
             a |= Attr.CONTROL
-        if a & Attr.CONTROL and "unused" in t:
+        if "unused" in t and a & Attr.CONTROL:   # the cheap test first: 150k tokens
             a |= Attr.UNUSED
         if t in _ALWAYS_USER_DEFINED:
             a = Attr.USER_DEFINED

@@ -52,6 +52,23 @@ def test_expand_is_the_cartesian_product_in_llama_bench_order():
     assert tests[2].n_tokens == tests[2].n_ctx == 10
 
 
+def test_expand_depth_and_ngl_in_llama_bench_order():
+    tests = bench.expand(["a"], n_prompt=[16], n_gen=[4], n_threads=[1, 2], n_depth=[0, 32],
+                         n_gpu_layers=[0, 1], devices="cpu")
+    # ngl varies slowest among the settings, the depth fastest (llama-bench's loops)
+    assert [(t.n_gpu_layers, t.n_threads, t.n_depth, t.name) for t in tests[:6]] == [
+        (0, 1, 0, "pp16"), (0, 1, 0, "tg4"), (0, 1, 32, "pp16 @ d32"),
+        (0, 1, 32, "tg4 @ d32"), (0, 2, 0, "pp16"), (0, 2, 0, "tg4")]
+    assert {t.n_gpu_layers for t in tests[8:]} == {1} and len(tests) == 16
+    assert tests[2].n_ctx == 48 and tests[2].n_tokens == 16   # the depth is not counted
+    assert all(t.devices == "cpu" for t in tests)
+    assert bench.BenchTest(model="a", n_prompt=8, n_gen=2, n_depth=4).name == "pp8+tg2 @ d4"
+    with pytest.raises(ValueError, match="needs offload devices"):
+        bench.BenchTest(model="a", n_gen=1, n_gpu_layers=3)
+    with pytest.raises(ValueError, match="n_depth"):
+        bench.BenchTest(model="a", n_gen=1, n_depth=-1)
+
+
 def test_run_test_results(tiny):
     t = bench.BenchTest(model=tiny, n_prompt=12, n_batch=5, n_ubatch=4, n_threads=1)
     (r,) = bench.run_test(t, reps=3)
@@ -66,6 +83,79 @@ def test_run_test_results(tiny):
     assert rec["test"] == "pp12" and rec["n_prompt"] == 12 and rec["n_gen"] == 0
     assert rec["avg_ns"] == round(statistics.fmean(r.samples_ns))
     assert len(rec["load_avg"]) == 3
+
+
+def spy(monkeypatch, cls, calls: list) -> None:
+    """Record every eval (cache length before it, tokens) and cut (length before, n) of a
+    Bencher class."""
+    length = {bench.GgraphBencher: lambda b: b.eng.cache.n_used,
+              bench.LlamaCppBencher: lambda b: b.llm.n_tokens}[cls]
+    ev, cut = cls.eval, cls.cut
+
+    def eval_(self, toks):
+        calls.append(("eval", length(self), len(toks)))
+        ev(self, toks)
+
+    def cut_(self, n):
+        calls.append(("cut", length(self), n))
+        return cut(self, n)
+
+    monkeypatch.setattr(cls, "eval", eval_)
+    monkeypatch.setattr(cls, "cut", cut_)
+
+
+def test_depth_prefix_is_evaluated_once_and_cut_back(tiny, monkeypatch):
+    calls: list = []
+    spy(monkeypatch, bench.GgraphBencher, calls)
+    lines: list[str] = []
+    t = bench.BenchTest(model=tiny, n_prompt=4, n_depth=8, n_batch=5, n_ubatch=4)
+    (r,) = bench.run_test(t, reps=3, progress=lines.append)
+    assert t.n_ctx == 12 and len(r.samples_ns) == 3
+    # the prefix from an empty cache in n_batch pieces, once; then the warmup and every
+    # repetition start from the cache cut back to 8 tokens
+    assert calls[:2] == [("eval", 0, 5), ("eval", 5, 3)]
+    assert calls[2:] == [("cut", 8, 8), ("eval", 8, 4)] + [("cut", 12, 8), ("eval", 8, 4)] * 3
+    assert lines and lines[-1].startswith("depth 8/8 tokens on ggraph")
+    rec = r.record(bench.machine_info())
+    assert rec["test"] == "pp4 @ d8" and rec["n_depth"] == 8 and rec["n_prompt"] == 4
+    assert rec["samples_ts"] == pytest.approx([4e9 / ns for ns in r.samples_ns])
+
+
+def test_depth_on_a_sliding_window_cache_refills_when_the_ring_lost_it(tmp_path, monkeypatch):
+    from ggraph.graphs.tiny_gemma3 import write_tiny_gguf as write_gemma3
+
+    path = write_gemma3(tmp_path / "g3.gguf", n_swa=16)
+    calls: list = []
+    spy(monkeypatch, bench.GgraphBencher, calls)
+    # ring: pad256(16 + 64) = 256 cells; 300 tokens after a depth of 20 overwrite its window
+    t = bench.BenchTest(model=path, n_prompt=300, n_depth=20, n_batch=300, n_ubatch=64)
+    (r,) = bench.run_test(t, reps=2, warmup=False)
+    assert len(r.samples_ns) == 2
+    # the first sample starts on the fresh prefix; the second one's cut is refused, so the
+    # prefix is evaluated again from an empty cache before it
+    assert calls == [("eval", 0, 20), ("cut", 20, 20), ("eval", 20, 300),
+                     ("cut", 320, 20), ("eval", 0, 20), ("eval", 20, 300)]
+
+
+def test_ngl_with_a_cpu_standing_in_for_a_device(capsys, tiny):
+    # llama.cpp's rule on 2 layers: -ngl 1 offloads the last one, -ngl 3 the output too
+    for ngl, layers, output in ((1, (1, 0), 1), (2, (0, 0), 1), (3, (0, 0), 0)):
+        b = bench.GgraphBencher(bench.BenchTest(model=tiny, n_gen=2, n_gpu_layers=ngl,
+                                                devices="cpu"))
+        assert (b.eng.layers.layers, b.eng.layers.output) == (layers, output)
+    assert b.devices == "CPU1/CPU" and b.backend == "CPU"
+    rc, out, err = cli(capsys, "-m", tiny, "-p", "6", "-n", "2", "-r", "1", "-t", "1",
+                       "-ngl", "0,3", "-dev", "cpu", "-d", "0,4", "-oe", "json")
+    assert rc == 0
+    head, _, *body = md_rows(out)
+    assert head[4:7] == ["threads", "ngl", "dev"]
+    assert [(r[5], r[6], r[head.index("test")]) for r in body] == [
+        (n, "CPU1/CPU", name) for n in ("0", "3") for name in ("pp6", "tg2", "pp6 @ d4",
+                                                               "tg2 @ d4")]
+    recs = json.loads(err)
+    assert [(r["n_gpu_layers"], r["n_depth"]) for r in recs] == [
+        (n, d) for n in (0, 3) for d in (0, 0, 4, 4)]
+    assert all(r["devices"] == "CPU1/CPU" and r["backends"] == "CPU" for r in recs)
 
 
 def test_run_test_rejects_bad_values(tiny):
@@ -145,6 +235,12 @@ def test_csv_and_json_formats_parse(capsys, tiny):
     (["-pg", "5"], "-pg: '5' is not PP,TG"),
     (["-r", "0"], "-r/--repetitions must be >= 1"),
     (["-p", "0", "-n", "0"], "no tests"),
+    (["-d", "-1"], "-d/--n-depth must be >= 0"),
+    (["-d", "x"], "-d/--n-depth: 'x' is not an integer"),
+    (["-ngl", "-2"], "-ngl/--n-gpu-layers must be >= -1"),
+    (["-ngl", "0,2"], "-ngl/--n-gpu-layers 2 needs offload devices: give -dev/--devices"),
+    (["-ngl", "1", "-dev", "24GiB"], "-dev/--devices '24GiB': benchmarks need backends"),
+    (["-dev", "tpu"], "-dev/--devices: device list entry 'tpu'"),
 ])
 def test_bad_values_are_one_line_errors(capsys, tiny, argv, msg):
     rc, out, err = cli(capsys, "-m", tiny, *argv)
@@ -176,3 +272,35 @@ def test_vs_llama_cpp(capsys, tiny):
     assert g["ratio_vs_llama_cpp"] == pytest.approx(g["avg_ts"] / peer["avg_ts"])
     assert float(last[-1]) == pytest.approx(g["avg_ts"] / peer["avg_ts"], abs=0.006)
     assert len(peer["samples_ns"]) == 2
+
+
+def test_vs_llama_cpp_at_depth(capsys, tiny, monkeypatch):
+    llama_cpp = pytest.importorskip("llama_cpp",
+                                    reason="--vs llama.cpp measures llama-cpp-python")
+    calls: list = []
+    spy(monkeypatch, bench.LlamaCppBencher, calls)
+    kept: list[int] = []
+    cut = bench.LlamaCppBencher.cut
+
+    def cut_and_look(self, n):   # the cells past the depth have really left the cache
+        ok = cut(self, n)
+        kept.append(llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(self.llm.ctx), 0))
+        return ok
+
+    monkeypatch.setattr(bench.LlamaCppBencher, "cut", cut_and_look)
+    rc, out, err = cli(capsys, "-m", tiny, "-p", "4", "-n", "2", "-d", "6", "-r", "2", "-t", "1",
+                       "-b", "4", "-ngl", "0", "--vs", "llama.cpp", "-fa", "0,1", "-o", "json")
+    assert rc == 0
+    recs = json.loads(out)
+    assert [(r["engine"], r["test"], r["flash_attn"]) for r in recs] == [
+        (e, name, fa) for fa in (False, True) for name in ("pp4 @ d6", "tg2 @ d6")
+        for e in ("ggraph", "llama.cpp")]
+    assert all(r["n_depth"] == 6 and r["n_gpu_layers"] == 0 and len(r["samples_ns"]) == 2
+               for r in recs)
+    assert {r["devices"] for r in recs if r["engine"] == "llama.cpp"} == {"CPU"}
+    # per test: the prefix once (n_batch pieces from empty), the warmup and each sample
+    # from the cache cut back to 6 tokens
+    pp = [("eval", 0, 4), ("eval", 4, 2), ("cut", 6, 6), ("eval", 6, 4),
+          ("cut", 10, 6), ("eval", 6, 4), ("cut", 10, 6), ("eval", 6, 4)]
+    assert calls[:len(pp)] == pp
+    assert kept and set(kept) == {5}

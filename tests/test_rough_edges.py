@@ -265,5 +265,7 @@ def test_compilation_is_counted():
     from ggraph.backends.compiles import counting
 
     with counting() as c:
-        numba.njit(lambda x: x + 1)(1)        # not cached: compiled here
-    assert c.count >= 1
+        helper = numba.njit(lambda x: x * 2)
+        numba.njit(lambda x: helper(x) + 1)(1)   # not cached: compiled here, helper inside
+    assert c.count >= 2 and c.kernels == 1 and c.seconds > 0
+    assert [name for name, _ in c.each] == ["test_compilation_is_counted.<locals>.<lambda>"]

@@ -3,9 +3,10 @@
 deviation of the tokens/s. Every option takes a comma-separated list of values (or may be
 given several times); the tests are every combination of them, in llama-bench's order.
 
-    ggraph bench -m MODEL[,MODEL...] [-p 512] [-n 128] [-pg PP,TG] [-r 5] [-t 1,2]
-                 [-fa 0,1] [-ctk f16] [-ctv f16] [-b 2048] [-ub 512]
-                 [-o md|csv|json|jsonl] [-oe md|csv|json|jsonl|none] [--vs llama.cpp]
+    ggraph bench -m MODEL[,MODEL...] [-p 512] [-n 128] [-pg PP,TG] [-d 0,4096] [-r 5]
+                 [-t 1,2] [-fa 0,1] [-ctk f16] [-ctv f16] [-b 2048] [-ub 512]
+                 [-ngl 99 -dev cuda] [-o md|csv|json|jsonl] [-oe md|csv|json|jsonl|none]
+                 [--vs llama.cpp] [--progress]
 
 MODEL: a GGUF path or a model name (default, smollm2, gemma3). With `--vs llama.cpp` every
 test is measured on llama-cpp-python as well, in this process, the two taking turns within
@@ -14,7 +15,20 @@ CPU (its model name and AVX-512/AVX2/AMX flags) and the load average are printed
 table and kept in every csv/json record: speeds on a shared machine mean little without them.
 
 -fa takes on/off/auto (or 1/0) and defaults to auto, which is on as in `ggraph run`
-(tools/defaults.py). Differences from llama-bench: there is no -ngl, -sm, -mmp or -d; -oe
+(tools/defaults.py).
+
+-d N runs each test with N random tokens already in the KV cache ("tg32 @ d4096"; the
+context holds depth + test tokens). Unlike llama-bench, the prefix is evaluated once per test
+and engine, untimed, and every repetition cuts the cache back to it (a 16384-token prefix
+takes minutes on a small CPU); the warmup runs at the depth. --progress says how far a long
+prefix got. llama-cpp-python is measured the same way.
+
+-ngl N puts the last N layers on the offload devices of -dev/--devices (ggraph's list: cuda,
+cuda,cuda, cuda:1, or cpu for a second CPU backend standing in for a device), the output
+layer too once N exceeds the layer count (llama.cpp's rule; -1, the default: all); -ngl > 0
+needs -dev. llama-cpp-python gets n_gpu_layers as well; a build without GPU offload (this
+project's CPU machines) ignores it and runs every layer on the CPU. Other differences from
+llama-bench: there is no -sm or -mmp, and -dev is one device list for the whole run. -oe
 prints a second format on standard error, as llama-bench's does.
 """
 from __future__ import annotations
@@ -55,6 +69,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"on/off/auto or 1/0 (default {FLASH_ATTN}: on, as in ggraph run)")
     add("-t", "--threads", dest="n_threads", action="append",
         help="(default: the CPUs this process may use)")
+    add("-d", "--n-depth", dest="n_depth", action="append",
+        help="tokens already in the KV cache when each test starts (default 0)")
+    add("-ngl", "--n-gpu-layers", dest="n_gpu_layers", action="append",
+        help="the last layers on the -dev devices, the output layer too past the layer "
+             "count (default -1: all)")
+    add("-dev", "--devices", default="", metavar="LIST",
+        help="ggraph's offload devices beside the host CPU: cuda, cuda,cuda, cuda:1, or cpu "
+             "(a second CPU backend standing in for one); default none")
     add("-r", "--repetitions", type=int, default=5, help="timed runs per test (default 5)")
     add("-o", "--output", choices=FORMATS, default="md", help="standard output's format")
     add("-oe", "--output-err", choices=FORMATS + ("none",), default="none",
@@ -136,6 +158,9 @@ class Settings:
     type_v: list[str]
     flash_attn: list[bool]
     n_threads: list[int]
+    n_depth: list[int]
+    n_gpu_layers: list[int]
+    devices: str
     # the columns llama-bench adds to its table: settings given several values or a
     # value other than the default
     varied: list[str]
@@ -158,11 +183,32 @@ def settings(args: argparse.Namespace) -> Settings:
         type_v=type_list("-ctv/--cache-type-v", args.type_v, DEFAULTS["type_v"]),
         flash_attn=bool_list("-fa/--flash-attn", args.flash_attn, DEFAULTS["flash_attn"]),
         n_threads=int_list("-t/--threads", args.n_threads, str(machine_info().n_cpus), 1),
-        varied=[])
+        n_depth=int_list("-d/--n-depth", args.n_depth, "0", 0),
+        n_gpu_layers=int_list("-ngl/--n-gpu-layers", args.n_gpu_layers, "-1", -1),
+        devices=args.devices.strip(), varied=[])
+    offload = [n for n in s.n_gpu_layers if n > 0]
+    if offload and not s.devices:
+        raise ValueError(f"-ngl/--n-gpu-layers {offload[0]} needs offload devices: give "
+                         f"-dev/--devices (cuda, or cpu standing in for one)")
+    if s.devices:
+        from ggraph.graphs.placement import parse_devices
+
+        try:
+            devs = parse_devices(s.devices, flag="-dev/--devices")
+        except ValueError as e:
+            raise ValueError(f"-dev/--devices: {e}") from None
+        if any(d.kind == "virtual" for d in devs):
+            raise ValueError(f"-dev/--devices {s.devices!r}: benchmarks need backends (cuda, "
+                             f"cpu); sizes such as 24GiB are for `ggraph plan`")
     defaults: dict[str, list[Any]] = dict(n_batch=[2048], n_ubatch=[512], type_k=["f16"],
                                           type_v=["f16"],
                                           flash_attn=[flash_attn_on(FLASH_ATTN)])
     s.varied = [name for name, d in defaults.items() if getattr(s, name) != d]
+    # llama-bench shows ngl where layers can go elsewhere than the CPU
+    if s.devices or s.n_gpu_layers != [-1]:
+        s.varied.insert(0, "n_gpu_layers")
+    if s.devices:
+        s.varied.append("devices")
     return s
 
 
@@ -172,7 +218,8 @@ COLUMNS: dict[str, tuple[str, int]] = {
     "model": ("model", -30), "size": ("size", 10), "params": ("params", 10),
     "backend": ("backend", 10), "n_threads": ("threads", 7), "n_batch": ("n_batch", 7),
     "n_ubatch": ("n_ubatch", 8), "type_k": ("type_k", -6), "type_v": ("type_v", -6),
-    "flash_attn": ("fa", 2), "test": ("test", 15), "t/s": ("t/s", 20),
+    "flash_attn": ("fa", 2), "n_gpu_layers": ("ngl", 3), "devices": ("dev", -12),
+    "test": ("test", 15), "t/s": ("t/s", 20),
     "ggraph": ("ggraph t/s", 20), "llama.cpp": ("llama.cpp t/s", 20),
     "ratio": ("ggraph/llama.cpp", 16),
 }
@@ -195,6 +242,8 @@ def cell(key: str, rs: Sequence[BenchResult]) -> str:
         return f"{m.n_params / 1e9:.2f} B" if m.n_params >= 1e9 else f"{m.n_params / 1e6:.2f} M"
     if key == "backend":
         return r.backend
+    if key == "devices":
+        return r.devices
     if key == "test":
         return t.name
     if key == "flash_attn":
@@ -290,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.redirect_stdout(sys.stderr):   # a download's messages are not output
         paths = [resolve_model(m) for m in s.models]
     tests = expand(paths, s.n_prompt, s.n_gen, s.n_pg, s.n_batch, s.n_ubatch, s.type_k,
-                   s.type_v, s.flash_attn, s.n_threads)
+                   s.type_v, s.flash_attn, s.n_threads, s.n_depth, s.n_gpu_layers, s.devices)
     if not tests:
         raise ValueError("no tests: every -p, -n and -pg size is 0")
     machine = machine_info()
@@ -306,11 +355,14 @@ def run(args: argparse.Namespace) -> int:
     start = load_average()
     each(lambda pr: pr.header(start))
     for i, t in enumerate(tests, 1):
+        def say(line: str, i: int = i) -> None:
+            print(f"ggraph bench: test {i}/{len(tests)}: {line}", file=sys.stderr, flush=True)
+
         if args.progress:
-            print(f"ggraph bench: test {i}/{len(tests)}: {infos[t.model].model_type} {t.name} "
-                  f"t={t.n_threads} fa={int(t.flash_attn)}", file=sys.stderr, flush=True)
+            say(f"{infos[t.model].model_type} {t.name} t={t.n_threads} fa={int(t.flash_attn)}"
+                + (f" ngl={t.n_gpu_layers}" if s.devices else ""))
         rs = run_test(t, reps=args.repetitions, peers=peers, warmup=not args.no_warmup,
-                      model=infos[t.model])
+                      model=infos[t.model], progress=say if args.progress else None)
         each(lambda pr: pr.test(rs))
     end = load_average()
     each(lambda pr: pr.footer(end))
