@@ -26,7 +26,7 @@ from ..base import Kernel, Session
 from ..jit import Target, source_hash
 from ..shared.kernel_args import (argsort_args, binary_args, flash_attn_args, norm_args,
                                   raw_copy, rope_args, soft_max_args, unary_args)
-from . import fastmath
+from . import attn_decode, fastmath
 from .attention import (BlockMath, SharedMask, decode_heads, flash_attn_blocks, k_round_half,
                         k_soft_max_rows)
 from .blas import mul_mat_blas
@@ -164,6 +164,11 @@ def _rope(node: Tensor, s: Session) -> None:
                    partial(k, s.arr(a), *table, s.arr(node), n_dims, neox))
 
 
+# a decode step's flash attention: cells per unit (attn_decode.py)
+DECODE_CELLS = 256
+_A_HASH = source_hash(K.__file__, fastmath.__file__, attn_decode.__file__)
+
+
 def _flash_attn(node: Tensor, s: Session):
     q, k, v, mask = node.src
     args = flash_attn_args(node)
@@ -173,9 +178,10 @@ def _flash_attn(node: Tensor, s: Session):
     K_, V_ = s.arr(k), s.arr(v)
     if k.type == v.type == T.F16 and (fk := _flat_rows(K_)) is not None and (
             fv := _flat_rows(V_)) is not None:
-        kern = TARGET.bind(K.k_flash_attn_half, _SERIAL_FAST if _small(node) else _KERNEL_FAST,
-                           f"m{mt}{'_serial' if _small(node) else ''}_{SOURCE_HASH}",
-                           dec_m=TARGET.codec(mt).dec, expf=_EXPF)
+        kern = TARGET.bind(attn_decode.k_flash_attn_decode,
+                           _SERIAL_FAST if _small(node) else _KERNEL_FAST,
+                           f"m{mt}{'_serial' if _small(node) else ''}_{_A_HASH}",
+                           dec_m=TARGET.codec(mt).dec, expf=_EXPF, CELLS=DECODE_CELLS)
         return partial(kern, s.arr(q), fk[0], *fk[1], fv[0], *fv[1], *K_.shape[:3],
                        s.arr(mask) if mask is not None else _DUMMY,
                        s.arr(node).reshape(node.shape), *args, mask is not None)

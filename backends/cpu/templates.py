@@ -331,62 +331,6 @@ def k_flash_attn(q, k, v, m, d, scale, max_bias, softcap, h0, n_head, has_mask):
             d[s, t, h, i] = acc[i] * inv
 
 
-def k_flash_attn_half(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, scale, max_bias,
-                      softcap, h0, n_head, has_mask):
-    """k_flash_attn for an F16 K/V cache and few queries (decode). kf / vf: the flat uint16
-    memory the K / V views span, row (s, h, j) at s*k3 + h*k2 + j*k1 (k_mul_mat_half's layout),
-    so each row is a contiguous slice whose conversion vectorizes. Two passes per query head:
-    all scores, then the softmax weights times the V rows (no rescaling per cell). sk, hkv,
-    nkv: K's sequences, heads and cells."""
-    ns, nh, nt, dk = q.shape
-    dv = d.shape[3]
-    rk2, rk3 = nh // hkv, ns // sk
-    for r in prange(ns * nh * nt):
-        s, h, t = r // (nh * nt), (r // nt) % nh, r % nt
-        ks, kh = s // rk3, h // rk2
-        qr = np.empty(dk, np.float32)
-        for i in range(dk):
-            qr[i] = q[s, h, t, i]
-        mrow = np.zeros(nkv, np.float32)
-        if has_mask:
-            dec_m(m, s % m.shape[0], h % m.shape[1], t, mrow, nkv)  # noqa: F821
-        slope = alibi_slope(h0 + h, n_head, max_bias)  # noqa: F821
-        sc = np.empty(nkv, np.float32)
-        mx = np.float32(-np.inf)
-        for j in range(nkv):
-            if mrow[j] == -np.inf:
-                sc[j] = -np.inf
-                continue
-            o = ks * k3 + kh * k2 + j * k1
-            src = kf[o:o + dk]
-            dot = np.float32(0.0)
-            for i in range(dk):
-                dot += half_to_f32(src[i]) * qr[i]  # noqa: F821
-            x = dot * scale
-            if softcap != 0.0:
-                x = softcap * math.tanh(x)
-            x = np.float32(x + slope * mrow[j])
-            sc[j] = x
-            mx = max(mx, x)
-        acc = np.zeros(dv, np.float32)
-        ssum = np.float32(0.0)
-        if mx != -np.inf:
-            for j in range(nkv):  # the weights, masked cells 0 (a vectorized loop)
-                sc[j] = expf(sc[j] - mx)  # noqa: F821
-            for j in range(nkv):
-                w = sc[j]
-                if w == 0.0:
-                    continue
-                ssum += w
-                o = ks * v3 + kh * v2 + j * v1
-                src = vf[o:o + dv]
-                for i in range(dv):
-                    acc[i] += w * half_to_f32(src[i])  # noqa: F821
-        inv = np.float32(1.0) / ssum if ssum > 0.0 else np.float32(0.0)
-        for i in range(dv):
-            d[s, t, h, i] = acc[i] * inv
-
-
 def k_round_half_rows(b, out):
     """out = float32 b rounded to F16 and back, element by element (F16 weights' vec-dot
     type: k_round_rows without an encoded row between)."""

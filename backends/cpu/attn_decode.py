@@ -1,0 +1,120 @@
+"""flash_attn_ext for a few queries (decode) over an F16 K/V cache: the numba template.
+
+Decode reads the whole cache once per token, so its cost is memory: each K and V row must be
+read once, not once per query head. Work goes in units of (sequence, K/V head, run of CELLS
+cells): a unit converts each of its K rows once and dots it with the queries of every query
+head that maps to its K/V head (GQA), keeps its cells' scores, then adds each V row, converted
+once, times every head's weights. Each unit leaves its heads' partial softmax (running max,
+sum, weighted V sum); a second pass combines the runs of cells (the split-KV flash-attention
+recurrence). Units of one K/V head and sequence are consecutive, so a thread streams its own
+stretch of the cache; many units keep every thread busy even where K/V heads are few.
+
+kf / vf: the flat uint16 memory the K / V views span, row (s, h, j) at s*k3 + h*k2 + j*k1, each
+row a contiguous slice whose F16 conversion vectorizes. The names `half_to_f32`, `expf`,
+`dec_m` (the mask's row decoder), `alibi_slope` and CELLS are bound per binding
+(backends/cpu/kernels.py).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import prange
+
+
+def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, scale,
+                        max_bias, softcap, h0, n_head, has_mask):
+    """q (S, H, T, Dk) float32; d (S, T, H, Dv); sk, hkv, nkv: K's sequences, heads, cells."""
+    ns, nh, nt, dk = q.shape
+    dv = d.shape[3]
+    rk2, rk3 = nh // hkv, ns // sk
+    nr = rk2 * nt                               # the (head, query) rows of one K/V head
+    runs = (nkv + CELLS - 1) // CELLS  # noqa: F821
+    units = ns * hkv * runs
+    # the mask's rows as float32, once (a row per sequence, head and query of the mask)
+    m3, m2 = (m.shape[0], m.shape[1]) if has_mask else (1, 1)
+    mf = np.zeros((m3, m2, nt, nkv if has_mask else 1), np.float32)
+    if has_mask:
+        for w in prange(m3 * m2 * nt):
+            a, b, t = w // (m2 * nt), (w // nt) % m2, w % nt
+            dec_m(m, a, b, t, mf[a, b, t], nkv)  # noqa: F821
+    pm = np.empty((units, nr), np.float32)      # each unit's running max, sum, weighted sum
+    ps = np.empty((units, nr), np.float32)
+    pa = np.empty((units, nr, dv), np.float32)
+    for u in prange(units):
+        s, g, c = u // (hkv * runs), (u // runs) % hkv, u % runs
+        ks = s // rk3
+        j0, j1 = c * CELLS, min(nkv, (c + 1) * CELLS)  # noqa: F821
+        qs = np.empty((nr, dk), np.float32)
+        slope = np.empty(nr, np.float32)
+        for r in range(nr):
+            h = g * rk2 + r // nt
+            slope[r] = alibi_slope(h0 + h, n_head, max_bias)  # noqa: F821
+            for i in range(dk):
+                qs[r, i] = q[s, h, r % nt, i]
+        sc = np.empty((nr, j1 - j0), np.float32)
+        kr = np.empty(dk, np.float32)
+        for j in range(j0, j1):
+            o = ks * k3 + g * k2 + j * k1
+            for i in range(dk):
+                kr[i] = half_to_f32(kf[o + i])  # noqa: F821
+            for r in range(nr):
+                mv = mf[s % m3, (g * rk2 + r // nt) % m2, r % nt, j] if has_mask else \
+                    np.float32(0.0)
+                if mv == -np.inf:
+                    sc[r, j - j0] = -np.inf
+                    continue
+                x = np.float32(0.0)
+                for i in range(dk):
+                    x += kr[i] * qs[r, i]
+                x = x * scale
+                if softcap != 0.0:
+                    x = softcap * math.tanh(x)
+                sc[r, j - j0] = x + slope[r] * mv
+        acc = pa[u]
+        acc[:, :] = 0.0
+        for r in range(nr):
+            mx = np.float32(-np.inf)
+            for j in range(j1 - j0):
+                mx = max(mx, sc[r, j])
+            pm[u, r] = mx
+            t = np.float32(0.0)
+            if mx != -np.inf:
+                for j in range(j1 - j0):
+                    e = expf(sc[r, j] - mx)  # noqa: F821
+                    sc[r, j] = e
+                    t += e
+            else:
+                for j in range(j1 - j0):
+                    sc[r, j] = 0.0
+            ps[u, r] = t
+        vr = np.empty(dv, np.float32)
+        for j in range(j0, j1):
+            o = ks * v3 + g * v2 + j * v1
+            for i in range(dv):
+                vr[i] = half_to_f32(vf[o + i])  # noqa: F821
+            for r in range(nr):
+                wgt = sc[r, j - j0]
+                if wgt != 0.0:
+                    for i in range(dv):
+                        acc[r, i] += wgt * vr[i]
+    for w in prange(ns * hkv * nr):
+        s, g, r = w // (hkv * nr), (w // nr) % hkv, w % nr
+        base = (s * hkv + g) * runs
+        mx = np.float32(-np.inf)
+        for c in range(runs):
+            if ps[base + c, r] > 0.0:
+                mx = max(mx, pm[base + c, r])
+        out = np.zeros(dv, np.float32)
+        tot = np.float32(0.0)
+        if mx != -np.inf:
+            for c in range(runs):
+                if ps[base + c, r] > 0.0:
+                    f = expf(pm[base + c, r] - mx)  # noqa: F821
+                    tot += f * ps[base + c, r]
+                    for i in range(dv):
+                        out[i] += f * pa[base + c, r, i]
+        inv = np.float32(1.0) / tot if tot > 0.0 else np.float32(0.0)
+        h, t = g * rk2 + r // nt, r % nt
+        for i in range(dv):
+            d[s, t, h, i] = out[i] * inv

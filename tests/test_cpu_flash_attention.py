@@ -1,0 +1,63 @@
+"""The CPU's flash_attn_ext kernels against the reference executor where their work splits:
+decode's runs of cells (backends/cpu/attn_decode.py: several runs, a run wholly masked, a
+query that sees nothing, GQA heads sharing K/V rows, per-head masks, ALiBi, softcap) and a
+prompt's query blocks (backends/cpu/attention.py: causal and sliding-window masks whose blocks
+skip cells, heads together or apart)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggraph import Context, build_graph, ops
+from ggraph.backends import get_backend
+from ggraph.backends.cpu import kernels
+from ggraph.reference import run_reference
+
+
+def _case(nt: int, n_kv: int, nh: int, nkv_h: int, mask_heads: int, visible, dk: int = 64,
+          seed: int = 0, **kw):
+    ctx = Context()
+    q = ctx.new_tensor("f32", (dk, nt, nh), name="q").set_input()
+    k = ctx.new_tensor("f16", (dk, n_kv, nkv_h), name="k").set_input()
+    v = ctx.new_tensor("f16", (dk, n_kv, nkv_h), name="v").set_input()
+    m = ctx.new_tensor("f16", (n_kv, nt, mask_heads), name="mask").set_input()
+    out = ops.flash_attn_ext(q, k, v, m, scale=dk ** -0.5, **kw).set_output()
+    g = build_graph(out)
+    rng = np.random.default_rng(seed)
+    inputs = {t: rng.uniform(-1, 1, t.shape).astype(np.float32) for t in (q, k, v)}
+    mm = np.full((mask_heads, nt, n_kv), -np.inf, np.float32)
+    for h in range(mask_heads):
+        for t in range(nt):
+            mm[h, t, visible(h, t)] = 0.0
+    inputs[m] = mm.reshape(m.shape)
+    want = run_reference(g, inputs).read(out)
+    got = get_backend("cpu", n_threads=2).session().run(g, inputs).read(out)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, atol=3e-3, rtol=3e-3)
+    return got
+
+
+@pytest.mark.parametrize("nh,nkv_h", [(6, 1), (4, 4), (4, 2)])
+def test_decode_runs_of_cells(nh, nkv_h):
+    n_kv = 3 * kernels.DECODE_CELLS + 37
+    # query 0 sees a middle stretch (the first run wholly masked), query 1 everything but the
+    # last cells, query 2 nothing (its output is zeros)
+    spans = [slice(kernels.DECODE_CELLS + 5, n_kv - 9), slice(0, n_kv - 3), slice(0, 0)]
+    got = _case(3, n_kv, nh, nkv_h, 1, lambda h, t: spans[t])
+    assert np.all(got.reshape(3, nh, 64)[2] == 0.0)   # (T, H, Dv): query 2 sees nothing
+
+
+def test_decode_per_head_masks_alibi_softcap():
+    n_kv = 2 * kernels.DECODE_CELLS + 11
+    _case(1, n_kv, 4, 2, 4, lambda h, t: slice(17 * h, n_kv - h), max_bias=8.0, softcap=30.0)
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_prompt_blocks_skip_hidden_cells(together):
+    nt, n_kv = 150, 300   # three query blocks, the first cells already in the cache
+    past = n_kv - nt
+    window = 40
+    causal = (lambda h, t: slice(0, past + t + 1)) if together else \
+        (lambda h, t: slice(max(0, past + t + 1 - window - 7 * h), past + t + 1))
+    _case(nt, n_kv, 4, 2, 1 if together else 4, causal,
+          **({} if together else {"max_bias": 4.0}))
