@@ -52,52 +52,56 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
             slope[r] = alibi_slope(h0 + h, n_head, max_bias)  # noqa: F821
             for i in range(dk):
                 qs[r, i] = q[s, h, r % nt, i]
-        sc = np.empty((nr, j1 - j0), np.float32)
-        kr = np.empty(dk, np.float32)
-        for j in range(j0, j1):
-            o = ks * k3 + g * k2 + j * k1
-            for i in range(dk):
-                kr[i] = half_to_f32(kf[o + i])  # noqa: F821
+        nc = j1 - j0
+        sc = np.empty((nr, nc), np.float32)
+        mr = np.zeros((nr, nc), np.float32)   # each row's mask values over these cells
+        if has_mask:
             for r in range(nr):
-                mv = mf[s % m3, (g * rk2 + r // nt) % m2, r % nt, j] if has_mask else \
-                    np.float32(0.0)
-                if mv == -np.inf:
-                    sc[r, j - j0] = -np.inf
-                    continue
+                mrow = mf[s % m3, (g * rk2 + r // nt) % m2, r % nt]
+                for j in range(nc):
+                    mr[r, j] = slope[r] * mrow[j0 + j]
+        kr = np.empty(dk, np.float32)
+        for j in range(nc):
+            o = ks * k3 + g * k2 + (j0 + j) * k1
+            src = kf[o:o + dk]   # a slice: indices that cannot wrap, so loads that vectorize
+            for i in range(dk):
+                kr[i] = half_to_f32(src[i])  # noqa: F821
+            for r in range(nr):
                 x = np.float32(0.0)
+                qr = qs[r]
                 for i in range(dk):
-                    x += kr[i] * qs[r, i]
+                    x += kr[i] * qr[i]
                 x = x * scale
                 if softcap != 0.0:
                     x = softcap * math.tanh(x)
-                sc[r, j - j0] = x + slope[r] * mv
+                sc[r, j] = x + mr[r, j]   # a hidden cell: -inf
         acc = pa[u]
         acc[:, :] = 0.0
         for r in range(nr):
             mx = np.float32(-np.inf)
-            for j in range(j1 - j0):
+            for j in range(nc):
                 mx = max(mx, sc[r, j])
             pm[u, r] = mx
             t = np.float32(0.0)
             if mx != -np.inf:
-                for j in range(j1 - j0):
+                for j in range(nc):
                     e = expf(sc[r, j] - mx)  # noqa: F821
                     sc[r, j] = e
                     t += e
             else:
-                for j in range(j1 - j0):
-                    sc[r, j] = 0.0
+                sc[r, :] = 0.0
             ps[u, r] = t
         vr = np.empty(dv, np.float32)
-        for j in range(j0, j1):
-            o = ks * v3 + g * v2 + j * v1
+        for j in range(nc):
+            o = ks * v3 + g * v2 + (j0 + j) * v1
+            src = vf[o:o + dv]
             for i in range(dv):
-                vr[i] = half_to_f32(vf[o + i])  # noqa: F821
+                vr[i] = half_to_f32(src[i])  # noqa: F821
             for r in range(nr):
-                wgt = sc[r, j - j0]
-                if wgt != 0.0:
-                    for i in range(dv):
-                        acc[r, i] += wgt * vr[i]
+                wgt = sc[r, j]
+                ar = acc[r]
+                for i in range(dv):
+                    ar[i] += wgt * vr[i]
     for w in prange(ns * hkv * nr):
         s, g, r = w // (hkv * nr), (w // nr) % hkv, w % nr
         base = (s * hkv + g) * runs
