@@ -575,6 +575,16 @@ def fstore(typingctx, d, c0, off, v):
 
 
 @intrinsic
+def load_u32(typingctx, arr, off):
+    """The little-endian uint32 at byte off of a uint8 array (one unaligned load)."""
+    def codegen(context, builder, sig, args):
+        return builder.load(ptr_at(context, builder, sig.args[0], args[0], args[1], _I32),
+                            align=1)
+
+    return types.uint32(arr, off), codegen
+
+
+@intrinsic
 def prefetch(typingctx, arr, off):
     """Ask for the cache line of arr at byte off ahead of its use (a hint: never faults, so
     off may run past the array's end)."""
@@ -592,4 +602,5 @@ def prefetch(typingctx, arr, off):
 
 __all__ = ["AVX512", "AVX2", "VNNI512", "VNNI256", "R", "WIDTHS", "flavor", "ldq", "lo4", "hi4",
            "bit5", "hi2", "lut16", "lzero", "dpb", "dpw", "lmul", "lsubm", "ladd", "fzero", "ldh",
-           "ffma", "ffms", "fmas", "cf32", "cf16", "fload", "lane", "fstore", "prefetch"]
+           "ffma", "ffms", "fmas", "cf32", "cf16", "fload", "lane", "fstore", "load_u32",
+           "prefetch"]

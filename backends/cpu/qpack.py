@@ -32,7 +32,7 @@ from numba import njit, prange
 
 from ggraph.type_records import TYPE_RECORDS
 from ggraph.types import GGMLType
-from .qlanes import AVX2, AVX512, R, VNNI256, VNNI512
+from .qlanes import AVX2, AVX512, R, VNNI256, VNNI512, load_u32
 
 T = GGMLType
 
@@ -297,16 +297,35 @@ def _q5k_masks(x):
     return out
 
 
+@njit(cache=True)
+def _k4_fields(x, mins):
+    """_per_row of Q4_K/Q5_K's decoded scales (mins False) or _pairs of their mins (True),
+    as loops over x (G, r, nb, size): one pass instead of numpy's dozen."""
+    g, r, nb = x.shape[0], x.shape[1], x.shape[2]
+    out = np.empty((g, nb, 8 * r), np.uint8)
+    for gi in range(g):
+        for b in range(nb):
+            for lr in range(r):
+                q = x[gi, lr, b, 4:16]
+                for j in range(8):
+                    if j < 4:
+                        v = (q[j + 4] if mins else q[j]) & 63
+                    elif mins:
+                        v = (q[j + 4] >> 4) | ((q[j] >> 6) << 4)
+                    else:
+                        v = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4)
+                    o = ((j // 2) * r + lr) * 2 + j % 2 if mins else j * r + lr
+                    out[gi, b, o] = v
+    return out
+
+
 # the fields of a tile that are not copies of stored bytes, per type, in the order
 # _pack_blocks places them: each x (G, r, nb, size) -> its bytes (G, nb, n), in tile order
 _FIELDS = {
     T.Q5_0: (lambda x: _q5_masks(x, 2),),
     T.Q5_1: (lambda x: _q5_masks(x, 4),),
-    T.Q4_K: (lambda x: _per_row(_k4_scales(x[..., 4:16])[0]),
-             lambda x: _pairs(_k4_scales(x[..., 4:16])[1])),
-    T.Q5_K: (lambda x: _per_row(_k4_scales(x[..., 4:16])[0]),
-             lambda x: _pairs(_k4_scales(x[..., 4:16])[1]),
-             _q5k_masks),
+    T.Q4_K: (lambda x: _k4_fields(x, False), lambda x: _k4_fields(x, True)),
+    T.Q5_K: (lambda x: _k4_fields(x, False), lambda x: _k4_fields(x, True), _q5k_masks),
     T.IQ4_XS: (lambda x: _per_row(_iq4_ls(x)),),
 }
 XOR = 1 << 40   # a group map entry whose byte is stored + 128 (Q8_0's quants)
@@ -439,9 +458,7 @@ def _gather(rows, m, width, gmap, wmap, out, out32, r):
             if v >= 0:
                 src = v & (XOR - 1)
                 if src + 3 < avail:
-                    a = base + src
-                    u = (np.uint32(rows[a]) | (np.uint32(rows[a + 1]) << 8)
-                         | (np.uint32(rows[a + 2]) << 16) | (np.uint32(rows[a + 3]) << 24))
+                    u = load_u32(rows, base + src)
                 else:
                     u = np.uint32(0)
                 o32[j] = u ^ np.uint32(0x80808080) if v >= XOR else u
