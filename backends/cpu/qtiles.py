@@ -98,29 +98,25 @@ def k4_sums(w, o, q, p, t, five):
     the header at t."""
     isum = lzero(R, C)
     for jp in range(4):
-        # four sums in flight (even and odd steps apart): vpdpbusd's latency, not its
-        # throughput, bounds one chain
-        s0, s1, s2, s3 = lzero(R, C), lzero(R, C), lzero(R, C), lzero(R, C)
-        for k in range(0, 8, 2):
+        s0, s1 = lzero(R, C), lzero(R, C)
+        for k in range(8):
             at = o + (4 + five) * R * (8 * jp + k)
-            bt = at + (4 + five) * R
             prefetch(w, at + PF)  # noqa: F821
-            prefetch(w, bt + PF)  # noqa: F821
-            v, u = ldq(w, at, R), ldq(w, bt, R)
-            lo, hi, lu, hu = lo4(v), hi4(v), lo4(u), hi4(u)
+            v = ldq(w, at, R)
+            lo, hi = lo4(v), hi4(v)
             if five:
                 lo, hi = bit5(lo, w, at + 4 * R), bit5(hi, w, at + 4 * R + R // 2)
-                lu, hu = bit5(lu, w, bt + 4 * R), bit5(hu, w, bt + 4 * R + R // 2)
             y = p + 64 * jp + 4 * k
             s0, s1 = dpb(s0, lo, q, y), dpb(s1, hi, q, y + 32)
-            s2, s3 = dpb(s2, lu, q, y + 4), dpb(s3, hu, q, y + 36)
-        isum = ladd(isum, ladd(lmul(ladd(s0, s2), w, t + 2 * jp * R, False),
-                               lmul(ladd(s1, s3), w, t + (2 * jp + 1) * R, False)))
+        isum = ladd(isum, ladd(lmul(s0, w, t + 2 * jp * R, False),
+                               lmul(s1, w, t + (2 * jp + 1) * R, False)))
     return isum
 
 
 def k4_tile(acc, w, t, q, ysb, b, five):
     """Q4_K/Q5_K: d * sum_j scale_j dot_j - dmin * sum_j min_j sum_j(quants)."""
+    for o in range(0, 20 * R, 64):   # the header of the tile PF ahead (the steps cover bodies)
+        prefetch(w, t + PF + o)  # noqa: F821
     isum = k4_sums(w, t + 20 * R, q, 292 * b + 4, t, five)  # noqa: F821
     msum = lzero(R, C)
     for pr in range(4):  # mins by pairs of sub-blocks against pairs of activation sums
@@ -143,6 +139,8 @@ def tile_q6_k(acc, w, t, q, ysb, ysi, ysf, b):
     l + 32, l + 96), their 2 high bits in qh byte l; sub-blocks of 16, signed scales (header:
     16 bytes a row, sub-block j at t + j R, then R f16 d); 16 steps of 12R bytes from t + 18R,
     each the two quant groups and the 2-bit group of 4 values l of each row."""
+    for o in range(0, 18 * R, 64):   # the header of the tile PF ahead (the steps cover bodies)
+        prefetch(w, t + PF + o)  # noqa: F821
     p = 292 * b + 4
     isum = lzero(R, C)
     for n in range(2):
@@ -170,6 +168,8 @@ def tile_q6_k(acc, w, t, q, ysb, ysi, ysf, b):
 
 def tile_iq4_xs(acc, w, t, q, ysb, ysi, ysf, b):
     """Header: 8 signed scale bytes a row (ls - 32), R f16 d; then 32 steps of quants."""
+    for o in range(0, 10 * R, 64):   # the header of the tile PF ahead (the steps cover bodies)
+        prefetch(w, t + PF + o)  # noqa: F821
     p = 292 * b + 4
     isum = lzero(R, C)
     for j in range(8):
