@@ -44,8 +44,9 @@ VNNI256 = "+avxvnni" in FEATURES or ({"+avx512vnni", "+avx512vl"} <= FEATURES)
 # built and run for the other width too: every intrinsic takes its width from its arguments)
 R = 16 if AVX512 else 8
 WIDTHS = (8, 16)
-import os
-PF_LOCALITY = int(os.environ.get("GGRAPH_PFL", 0))
+# prefetches of streamed weights are non-temporal (llvm.prefetch locality 0: prefetchnta):
+# each line is read once per token, and keeping it out of L2/L3 leaves them to what is reused
+PF_LOCALITY = 0
 
 _I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 _F32, _F16 = ir.FloatType(), ir.HalfType()
