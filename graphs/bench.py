@@ -138,11 +138,14 @@ def stddev(v: Sequence[float]) -> float:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What llama-bench prints of a model."""
+    """What llama-bench prints of a model, and the bytes of weights a generated token reads
+    (every tensor but the token embeddings, of which it reads one row, unless the output
+    layer multiplies by them too: the share of the read bandwidth a tg figure is)."""
     path: str
     model_type: str      # "{arch} {size label} {file type}", like llama_model_desc
     size: int            # bytes of the tensors
     n_params: int
+    token_bytes: int = 0
 
     @property
     def filename(self) -> str:
@@ -177,7 +180,11 @@ def model_info(path: str) -> ModelInfo:
         label = (f"{n_params / 1e9:.1f}B" if n_params >= 1e9 else
                  f"{n_params / 1e6:.0f}M" if n_params >= 1e6 else f"{n_params / 1e3:.0f}K")
     desc = f"{f.arch} {label} {file_type_name(f.metadata.get('general.file_type'))}"
-    return ModelInfo(path=str(path), model_type=desc, size=f.tensor_bytes, n_params=n_params)
+    embd = "token_embd.weight"
+    tied = "output.weight" not in f.tensors
+    token = f.tensor_bytes - (f.tensor_size(embd) if embd in f.tensors and not tied else 0)
+    return ModelInfo(path=str(path), model_type=desc, size=f.tensor_bytes, n_params=n_params,
+                     token_bytes=token)
 
 
 @dataclass(frozen=True)
@@ -235,6 +242,15 @@ class BenchResult:
     samples_ns: list[int] = field(default_factory=list)
     test_time: str = ""          # when the test started (ISO 8601, UTC)
     load_avg: tuple[float, float, float] = (0.0, 0.0, 0.0)   # when it ended
+    read_gbs: float = 0.0        # the machine's read bandwidth at the test's threads (0: none)
+
+    @property
+    def bw_share(self) -> float | None:
+        """A generation test's weights read per second over the read bandwidth (None for
+        tests with a prompt, or without a bandwidth)."""
+        if self.test.n_prompt or not self.read_gbs or not self.samples_ns:
+            return None
+        return self.model.token_bytes * self.avg_ts / (self.read_gbs * 1e9)
 
     @property
     def samples_ts(self) -> list[float]:
@@ -271,7 +287,8 @@ class BenchResult:
                     test_time=self.test_time, avg_ns=round(self.avg_ns),
                     stddev_ns=round(self.stddev_ns), avg_ts=self.avg_ts,
                     stddev_ts=self.stddev_ts, samples_ns=list(self.samples_ns),
-                    samples_ts=self.samples_ts)
+                    samples_ts=self.samples_ts, weights_per_token=self.model.token_bytes,
+                    read_gbs=self.read_gbs or None, bw_share=self.bw_share)
 
 
 class Bencher(Protocol):

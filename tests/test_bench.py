@@ -23,6 +23,10 @@ def tiny(tmp_path_factory) -> str:
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """ggraph bench's exit code and output; without the bandwidth measurement (1 GiB read a
+    few times) unless a test asks for it with --bandwidth."""
+    argv = tuple(a for a in argv if a != "--bandwidth") if "--bandwidth" in argv else \
+        argv + ("--no-bandwidth",)
     rc = main(["bench", *argv])
     out, err = capsys.readouterr()
     return rc, out, err
@@ -304,3 +308,24 @@ def test_vs_llama_cpp_at_depth(capsys, tiny, monkeypatch):
           ("cut", 10, 6), ("eval", 6, 4), ("cut", 10, 6), ("eval", 6, 4)]
     assert calls[:len(pp)] == pp
     assert kept and set(kept) == {5}
+
+
+def test_bandwidth_share_of_generation(capsys, tiny, monkeypatch):
+    """bw%: the weights a token reads times tokens/s over the read bandwidth measured in the
+    run (here a stand-in figure), for generation tests only."""
+    from ggraph.backends.cpu import membw
+
+    monkeypatch.setattr(membw, "read_bandwidth", lambda n: 10.0 * n)
+    rc, out, _ = cli(capsys, "-m", tiny, "-p", "8", "-n", "3", "-r", "1", "-t", "1,2",
+                     "--bandwidth", "-o", "json")
+    assert rc == 0
+    recs = json.loads(out)
+    info = bench.model_info(tiny)
+    assert info.token_bytes == info.size   # tied output: the embeddings are read in full
+    for r in recs:
+        assert r["read_gbs"] == 10.0 * r["n_threads"]
+        if r["n_prompt"]:
+            assert r["bw_share"] is None
+        else:
+            assert r["bw_share"] == pytest.approx(
+                r["weights_per_token"] * r["avg_ts"] / (r["read_gbs"] * 1e9))

@@ -23,6 +23,11 @@ and engine, untimed, and every repetition cuts the cache back to it (a 16384-tok
 takes minutes on a small CPU); the warmup runs at the depth. --progress says how far a long
 prefix got. llama-cpp-python is measured the same way.
 
+bw% (generation tests): the weights a token reads (every tensor but the token embeddings,
+unless the output layer reads them too) times tokens/s, over the machine's read bandwidth at
+the test's thread count, measured at the start of the run (a numba reduction over 1 GiB;
+--no-bandwidth skips it): how close decoding is to the memory's speed.
+
 -ngl N puts the last N layers on the offload devices of -dev/--devices (ggraph's list: cuda,
 cuda,cuda, cuda:1, or cpu for a second CPU backend standing in for a device), the output
 layer too once N exceeds the layer count (llama.cpp's rule; -1, the default: all); -ngl > 0
@@ -84,6 +89,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add("--vs", choices=("llama.cpp",), action="append", default=[],
         help="measure llama-cpp-python on the same tests, in this process")
     add("--no-warmup", action="store_true", help="no untimed run before each test")
+    add("--no-bandwidth", action="store_true", help="skip the read-bandwidth measurement "
+        "behind the bw%% column of generation tests")
     add("--progress", action="store_true", help="say on standard error which test runs")
     p.set_defaults(func=run)
 
@@ -161,6 +168,7 @@ class Settings:
     n_depth: list[int]
     n_gpu_layers: list[int]
     devices: str
+    bandwidth: bool              # measure the read bandwidth for the tg tests' bw% column
     # the columns llama-bench adds to its table: settings given several values or a
     # value other than the default
     varied: list[str]
@@ -185,7 +193,8 @@ def settings(args: argparse.Namespace) -> Settings:
         n_threads=int_list("-t/--threads", args.n_threads, str(machine_info().n_cpus), 1),
         n_depth=int_list("-d/--n-depth", args.n_depth, "0", 0),
         n_gpu_layers=int_list("-ngl/--n-gpu-layers", args.n_gpu_layers, "-1", -1),
-        devices=args.devices.strip(), varied=[])
+        devices=args.devices.strip(), bandwidth=not args.no_bandwidth, varied=[])
+    s.bandwidth = s.bandwidth and any(s.n_gen) and not s.devices
     offload = [n for n in s.n_gpu_layers if n > 0]
     if offload and not s.devices:
         raise ValueError(f"-ngl/--n-gpu-layers {offload[0]} needs offload devices: give "
@@ -221,7 +230,7 @@ COLUMNS: dict[str, tuple[str, int]] = {
     "flash_attn": ("fa", 2), "n_gpu_layers": ("ngl", 3), "devices": ("dev", -12),
     "test": ("test", 15), "t/s": ("t/s", 20),
     "ggraph": ("ggraph t/s", 20), "llama.cpp": ("llama.cpp t/s", 20),
-    "ratio": ("ggraph/llama.cpp", 16),
+    "ratio": ("ggraph/llama.cpp", 16), "bw": ("bw%", 5), "peer bw": ("peer bw%", 8),
 }
 
 
@@ -252,6 +261,9 @@ def cell(key: str, rs: Sequence[BenchResult]) -> str:
         return speed(r)
     if key == "ratio":
         return f"{r.avg_ts / rs[1].avg_ts:.2f}" if rs[1].avg_ts else "-"
+    if key in ("bw", "peer bw"):
+        share = (r if key == "bw" else rs[1]).bw_share
+        return "-" if share is None else f"{100 * share:.0f}"
     peer = [x for x in rs if x.engine == key]
     if peer:
         return speed(peer[0])
@@ -266,11 +278,14 @@ class Printer:
                  peers: Sequence[str]) -> None:
         self.fmt, self.out, self.machine, self.peers = fmt, out, machine, peers
         speeds = ["ggraph", *peers, "ratio"] if peers else ["t/s"]
+        if s.bandwidth:
+            speeds += ["bw", "peer bw"] if peers else ["bw"]
         self.columns = ["model", "size", "params", "backend", "n_threads", *s.varied, "test",
                         *speeds]
         self.records: list[dict[str, Any]] = []
         self.csv: Any = None
         self.load_start = (0.0, 0.0, 0.0)
+        self.bandwidth: dict[int, float] = {}   # threads -> GB/s, set by run()
 
     def fmt_row(self, values: Sequence[str]) -> str:
         parts = []
@@ -319,6 +334,10 @@ class Printer:
             if self.peers:
                 print("ggraph/llama.cpp: the ratio of the mean tokens/s, measured in one "
                       "process taking turns", file=self.out)
+            if self.bandwidth:
+                bw = ", ".join(f"{n} threads {gbs:.1f} GB/s" for n, gbs in self.bandwidth.items())
+                print(f"bw%: a generation test's weights read per second over the machine's "
+                      f"read bandwidth, measured in this run ({bw})", file=self.out)
         elif self.fmt == "json":
             json.dump(self.records, self.out, indent=1)
             print(file=self.out)
@@ -352,6 +371,13 @@ def run(args: argparse.Namespace) -> int:
         for pr in printers:
             f(pr)
 
+    bandwidth: dict[int, float] = {}
+    if s.bandwidth:   # the machine's read bandwidth at each thread count, in this run
+        from ggraph.backends.cpu.membw import read_bandwidth
+
+        bandwidth = {n: read_bandwidth(n) for n in s.n_threads}
+        for pr in printers:
+            pr.bandwidth = bandwidth
     start = load_average()
     each(lambda pr: pr.header(start))
     for i, t in enumerate(tests, 1):
@@ -363,6 +389,8 @@ def run(args: argparse.Namespace) -> int:
                 + (f" ngl={t.n_gpu_layers}" if s.devices else ""))
         rs = run_test(t, reps=args.repetitions, peers=peers, warmup=not args.no_warmup,
                       model=infos[t.model], progress=say if args.progress else None)
+        for r in rs:
+            r.read_gbs = bandwidth.get(t.n_threads, 0.0)
         each(lambda pr: pr.test(rs))
     end = load_average()
     each(lambda pr: pr.footer(end))
