@@ -4,7 +4,6 @@ what llama.cpp calls its CPU_REPACK buffer.
 """
 from __future__ import annotations
 
-import mmap
 import threading
 import weakref
 from typing import Any, Protocol
@@ -12,21 +11,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from .qpack import R, pack, packed_nbytes
-
-
-def huge_pages(nbytes: int) -> np.ndarray:
-    """nbytes of anonymous memory (uint8) in transparent huge pages where Linux grants them
-    (madvise mode): a packed weight is streamed front to back by every token, and 2 MiB
-    pages take a 512th of the page faults when it is written and of the TLB misses when it
-    is read. Plain numpy memory below a huge page or where madvise is missing."""
-    if nbytes < (2 << 20) or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return np.empty(nbytes, np.uint8)
-    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        m.madvise(mmap.MADV_HUGEPAGE)
-    except OSError:   # a kernel without transparent huge pages: ordinary pages
-        pass
-    return np.frombuffer(m, np.uint8)
 
 
 class WeightSource(Protocol):
@@ -67,11 +51,11 @@ class PackStore:
         if self.source is None:
             return pack(t.type, np.asarray(data).reshape(m, -1))
         width = t.nbytes // m
-        out = huge_pages(packed_nbytes(t.type, t.ne))
+        out = np.empty(packed_nbytes(t.type, t.ne), np.uint8)
         per_group = out.nbytes // -(-m // R)
         step = max(R, self.CHUNK // max(width, 1) // R * R)
         if self._buf.nbytes < min(step, m) * width:
-            self._buf = huge_pages(min(step, m) * width)
+            self._buf = np.empty(min(step, m) * width, np.uint8)
         buf = self._buf[:min(step, m) * width].reshape(-1, width)
         for row0 in range(0, m, step):
             n = min(step, m - row0)

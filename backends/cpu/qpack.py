@@ -320,13 +320,15 @@ def _k4_fields(x, mins):
 
 
 # the fields of a tile that are not copies of stored bytes, per type, in the order
-# _pack_blocks places them: each x (G, r, nb, size) -> its bytes (G, nb, n), in tile order
+# _pack_blocks places them: each x (G, r, nb, size) -> its bytes (G, nb, n * r) in tile
+# order, n its bytes per row
 _FIELDS = {
-    T.Q5_0: (lambda x: _q5_masks(x, 2),),
-    T.Q5_1: (lambda x: _q5_masks(x, 4),),
-    T.Q4_K: (lambda x: _k4_fields(x, False), lambda x: _k4_fields(x, True)),
-    T.Q5_K: (lambda x: _k4_fields(x, False), lambda x: _k4_fields(x, True), _q5k_masks),
-    T.IQ4_XS: (lambda x: _per_row(_iq4_ls(x)),),
+    T.Q5_0: ((lambda x: _q5_masks(x, 2), 4),),
+    T.Q5_1: ((lambda x: _q5_masks(x, 4), 4),),
+    T.Q4_K: ((lambda x: _k4_fields(x, False), 8), (lambda x: _k4_fields(x, True), 8)),
+    T.Q5_K: ((lambda x: _k4_fields(x, False), 8), (lambda x: _k4_fields(x, True), 8),
+             (_q5k_masks, 32)),
+    T.IQ4_XS: ((lambda x: _per_row(_iq4_ls(x)), 8),),
 }
 XOR = 1 << 40   # a group map entry whose byte is stored + 128 (Q8_0's quants)
 
@@ -337,11 +339,10 @@ def _pack_blocks(t: GGMLType, x: np.ndarray, mark: bool = False) -> np.ndarray:
     tile byte comes from: an index (+ XOR where it is stored + 128), or -1 - f where it is
     _FIELDS[t][f]'s (computed, not copied)."""
     def field(f: int) -> np.ndarray:
-        fn = _FIELDS[t][f]
+        fn, n = _FIELDS[t][f]
         if not mark:
             return fn(x)
-        shape = fn(np.zeros(x.shape, np.uint8)).shape
-        return np.full(shape, -1 - f, np.int64)
+        return np.full((x.shape[0], x.shape[2], n * x.shape[1]), -1 - f, np.int64)
 
     head: list[np.ndarray]
     if t in (T.Q4_0, T.Q4_1, T.Q8_0, T.Q5_0, T.Q5_1):
@@ -498,7 +499,7 @@ def pack(t: GGMLType, rows: np.ndarray, r: int = R, out: np.ndarray | None = Non
                 x[:len(have)] = have
                 have = x
             x = have.reshape(g1 - g0, r, nb, size)
-            for fn, pos in zip(_FIELDS[t], fields):
+            for (fn, _), pos in zip(_FIELDS[t], fields):
                 o[g0:g1, pos] = fn(x).reshape(g1 - g0, -1)
     return out
 
