@@ -232,6 +232,11 @@ class DeepSeek2HParams:
                 problems.append(f"expert_group_count={self.n_expert_groups} must divide "
                                 f"expert_count={self.n_expert} and exceed "
                                 f"expert_group_used_count={self.n_group_used} > 0")
+            elif self.n_expert_groups > 1 and self.n_expert // self.n_expert_groups < 2:
+                # a group's score is the sum of its top 2 experts (llama.cpp asserts there)
+                problems.append(f"expert_group_count={self.n_expert_groups} leaves "
+                                f"{self.n_expert // self.n_expert_groups} expert per group of "
+                                f"expert_count={self.n_expert}; a group is scored by its top 2")
         if self.n_layer_dense_lead > 0 and self.n_ff <= 0:
             problems.append("feed_forward_length is missing for the dense leading layers")
         if self.rope_scaling_type not in ("none", "linear", "yarn"):

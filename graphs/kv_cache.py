@@ -155,6 +155,8 @@ def shift_graph(ctx: Context, moves: Sequence[CellMoves], rope: RopeShift
 
     for mv in moves:
         c, m = mv.cache, mv.src.size
+        if not c.k:   # a cache part holding no layer (the global one when every layer slides)
+            continue
         src, dst = index("shift_src", "i32", mv.src), index("shift_dst", "i64", mv.dst)
         pos = index("shift_pos", "i32", np.full(m, mv.delta))
         for i, k in enumerate(c.k):
@@ -198,6 +200,18 @@ def cache_type(role: str, t: GGMLType | str) -> GGMLType:
         raise ValueError(f"{role} cache type {parsed} is not supported; use one of "
                          f"{', '.join(str(x) for x in CACHE_TYPES)}")
     return parsed
+
+
+def check_head_blocks(head_k: int, head_v: int, type_k: GGMLType | str,
+                      type_v: GGMLType | str) -> None:
+    """llama.cpp's check when a context is made: attention reads the cache one head at a
+    time, so a quantized type's blocks must divide the head size (a row of the whole cache
+    fitting whole blocks is not enough)."""
+    for role, t, n in (("K", cache_type("K", type_k), head_k),
+                       ("V", cache_type("V", type_v), head_v)):
+        if t.is_quantized and n % t.block_size:
+            raise ValueError(f"{role} cache type {t} with block size {t.block_size} does not "
+                             f"divide the head size {n} (llama.cpp refuses it too)")
 
 
 def kv_cache_bytes(n_layer: int, n_embd_k: int, n_embd_v: int, size: int, type_k: GGMLType,

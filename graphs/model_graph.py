@@ -141,6 +141,9 @@ def iswa_batch(mg: ModelGraph[IswaInputs], cache: IswaKVCache, tokens: np.ndarra
     sliding-window layers' ring cells and window mask (IswaKVCache.swa_cells_and_mask)."""
     values = causal_batch(mg, cache.base, tokens, n_past, out_rows)
     inp = mg.inputs
+    if cache.base.n_layer == 0:   # every layer slides: no graph reads the global mask or cells
+        for t in (inp.kq_mask, inp.k_idxs, inp.v_idxs):
+            values.pop(t, None)   # type: ignore[arg-type]
     cells, mask = cache.swa_cells_and_mask(n_past, len(tokens), inp.n_kv_swa)
     values.update(cell_values(cache.swa, inp.swa.kq_mask, mask, inp.swa.k_idxs,
                               inp.swa.v_idxs, cells))

@@ -17,6 +17,8 @@ from gguf.constants import MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TEN
 from gguf.constants import TENSOR_NAMES as GGUF_TENSOR_NAMES
 
 from ggraph.tensor import Tensor
+from ggraph.type_records import weight_types
+from ggraph.types import GGMLType
 
 from .gguf_file import GGUFError, GGUFModel
 
@@ -64,6 +66,10 @@ class TensorNames:
         return f"{template.format(bid=il)}.{suffix}"
 
 
+# what a norm or bias may be stored as (the element-wise ops' second operand)
+VECTOR_TYPES = (GGMLType.F32, GGMLType.F16)
+
+
 def expect_tensor(gguf: GGUFModel, names: TensorNames, logical: str, ne: tuple[int, ...],
                   il: int | None = None, *, optional: bool = False,
                   suffix: str = "weight") -> Tensor | None:
@@ -79,6 +85,13 @@ def expect_tensor(gguf: GGUFModel, names: TensorNames, logical: str, ne: tuple[i
     if t.ne != want:
         raise GGUFError(f"{gguf.path}: tensor {name!r} has ne={list(t.ne[:len(ne)])}, "
                         f"expected {list(ne)} for this model's hyperparameters")
+    # matrices go to mul_mat / get_rows, vectors (norms, biases) to element-wise ops: a type
+    # they cannot take (I64, Q8_K, a quantized norm) is the file's error, not a graph's
+    allowed = weight_types() if len(ne) > 1 else VECTOR_TYPES
+    if t.type not in allowed:
+        raise GGUFError(f"{gguf.path}: tensor {name!r} has type {t.type}; a "
+                        f"{'matrix' if len(ne) > 1 else 'vector'} weight must be "
+                        f"{'/'.join(str(x) for x in allowed)}")
     return t
 
 

@@ -11,11 +11,12 @@ can read its arguments but never reach Python internals. A file without a templa
 """
 from __future__ import annotations
 
+import contextlib
 import operator
 import sys
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -35,7 +36,6 @@ def _compile_template(source: str, path: str) -> Any:
     try:
         import jinja2
         import jinja2.ext
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError:
         return None
     import json
@@ -52,32 +52,20 @@ def _compile_template(source: str, path: str) -> Any:
     def strftime_now(fmt: str) -> str:
         return datetime.now().strftime(fmt)
 
-    from jinja2.exceptions import SecurityError
+    from .template_sandbox import BoundedSandbox
 
-    class BoundedSandbox(ImmutableSandboxedEnvironment):
-        """The sandbox stops code execution, not a template building a string of 10^11
-        characters or a number of 10^9 digits: cap what `*`, `**` and `+` may make."""
-        intercepted_binops = frozenset({"*", "**", "+"})
-
-        def call_binop(self, context: Any, op: str, left: Any, right: Any) -> Any:
-            sizes = [len(x) for x in (left, right) if isinstance(x, (str, list, tuple))]
-            counts = [x for x in (left, right) if isinstance(x, int)]
-            if op == "*" and sizes and counts and sizes[0] * max(counts[0], 0) > _MAX_VALUE:
-                raise SecurityError(f"a repetition of {sizes[0]} x {counts[0]} items")
-            if op == "+" and len(sizes) == 2 and sum(sizes) > _MAX_VALUE:
-                raise SecurityError(f"a concatenation of {sum(sizes)} items")
-            if op == "**" and isinstance(right, int) and abs(right) > 1024 and \
-                    isinstance(left, (int, float)) and abs(left) > 1:
-                raise SecurityError(f"a power with exponent {right}")
-            return super().call_binop(context, op, left, right)
-
+    # every value a template builds is bounded (graphs/template_sandbox.py)
     env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True,
                          extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
+    env.set_filter("tojson", tojson)
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     try:
-        return env.from_string(source)
+        with _deadline():   # compiling costs about 10 us a character: a huge template is slow
+            return env.from_string(source)
+    except _TemplateTimeout:
+        raise GGUFError(f"{path}: {_TEMPLATE} ({len(source)} characters) was still compiling "
+                        f"after {_RENDER_SECONDS:.0f} s and was stopped") from None
     except jinja2.TemplateSyntaxError as e:
         raise GGUFError(f"{path}: {_TEMPLATE} does not parse (line {e.lineno}: "
                         f"{_one_line(e.message)})") from None
@@ -94,7 +82,6 @@ class _TemplateTimeout(Exception):
     """A template still rendering after _RENDER_SECONDS (a hostile loop)."""
 
 
-_MAX_VALUE = 1 << 20       # items a template may build with one `*` or `+`
 _RENDER_SECONDS = 5.0      # a real chat template renders in milliseconds
 
 
@@ -102,10 +89,11 @@ class _TemplateTooLong(Exception):
     """A template's output passed the cap its caller gave (what a context can hold)."""
 
 
-def _render_bounded(template: Any, max_chars: int | None = None, **kw: Any) -> str:
-    """template.render(**kw), stopped after _RENDER_SECONDS, or once its output passes
-    max_chars: Jinja compiles templates to Python, so a trace function sees every line of a
-    loop and can end it, and generate() hands the output over as it is made."""
+@contextlib.contextmanager
+def _deadline() -> Iterator[None]:
+    """Raise _TemplateTimeout in the code run inside once _RENDER_SECONDS have passed: Jinja
+    compiles templates to Python, so a trace function sees every line of a loop and can end
+    it (a single C call is bounded by graphs/template_sandbox.py instead)."""
     deadline = time.monotonic() + _RENDER_SECONDS
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
@@ -115,17 +103,24 @@ def _render_bounded(template: Any, max_chars: int | None = None, **kw: Any) -> s
 
     previous = sys.gettrace()
     sys.settrace(tracer)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
+
+
+def _render_bounded(template: Any, max_chars: int | None = None, **kw: Any) -> str:
+    """template.render(**kw), stopped after _RENDER_SECONDS, or once its output passes
+    max_chars (generate() hands the output over as it is made)."""
     out: list[str] = []
     size = 0
-    try:
+    with _deadline():
         for part in template.generate(**kw):
             out.append(part)
             size += len(part)
             if max_chars is not None and size > max_chars:
                 raise _TemplateTooLong()
         return "".join(out)
-    finally:
-        sys.settrace(previous)
 
 
 def _template_line(e: BaseException) -> str:
@@ -144,6 +139,9 @@ def _flag(md: dict[str, Any], key: str, default: bool, path: str) -> bool:
 
 class TooManyTokens(ValueError):
     """encode(max_tokens=N) met a text of more than N tokens (args: message, N)."""
+
+    def __str__(self) -> str:  # the message, not the args tuple a second arg would print
+        return str(self.args[0]) if self.args else ""
 
 
 class Tokenizer:
@@ -202,6 +200,8 @@ class Tokenizer:
         is never added. Long text is tokenized in pieces that give the same ids
         (graphs/text_pieces.py); with `max_tokens`, a text of more tokens is a ValueError as
         soon as that is known. Lone surrogates (bytes that were not UTF-8) read as U+FFFD."""
+        if max_tokens is not None and max_tokens < 0:
+            raise ValueError(f"encode: max_tokens={max_tokens} must be at least 0")
         parts = partition(valid_text(text), self._specials[special])
         if self.model == "llama":
             # a space before the text and after each special token when the file asks for it

@@ -31,7 +31,7 @@ from ..arch import Architecture, KShift
 from ..attention import AttentionShape, build_attention, split_heads
 from ..gguf_file import GGUFError, GGUFModel
 from ..hparams import LlamaHParams, key, settle_heads
-from ..kv_cache import KVCache, check_graph_fits
+from ..kv_cache import KVCache, check_graph_fits, check_head_blocks
 from ..model_graph import GraphInputs, ModelGraph, causal_batch
 from ..moe import build_ffn
 from ..tensor_names import io_weights
@@ -125,6 +125,7 @@ class DenseDecoder(Architecture, KShift):
 
     def new_cache(self, ctx: Context, size: int, type_k: str = "f16", type_v: str = "f16",
                   flash_attn: bool = False, n_ubatch: int = 512) -> KVCache:
+        check_head_blocks(self.hp.head_dim, self.hp.head_dim, type_k, type_v)
         return KVCache.create(ctx, self.hp.n_layer, self.hp.n_embd_gqa, self.hp.n_embd_gqa,
                               size, type_k, type_v, flash_attn)
 

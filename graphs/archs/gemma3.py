@@ -34,7 +34,7 @@ from ..arch import Architecture, KShift, register_arch
 from ..attention import AttentionShape, build_attention, split_heads, store_kv
 from ..gguf_file import GGUFError, GGUFModel
 from ..hparams import key, settle_heads
-from ..kv_cache import IswaKVCache, KVCache, check_graph_fits
+from ..kv_cache import IswaKVCache, KVCache, check_graph_fits, check_head_blocks
 from ..model_graph import (GraphInputs, IswaInputs, KindInputs, ModelGraph, causal_batch,
                            iswa_batch)
 from ..tensor_names import TensorNames, io_weights
@@ -166,6 +166,7 @@ class Gemma3Model(Architecture, KShift):
         pad256(min(size, n_swa + n_ubatch)) cells for the sliding ones), or a single cache
         when no layer slides."""
         hp = self.hp
+        check_head_blocks(hp.head_dim, hp.head_dim, type_k, type_v)
         if not self.iswa:
             return KVCache.create(ctx, hp.n_layer, hp.n_embd_gqa, hp.n_embd_gqa, size, type_k,
                                   type_v, flash_attn)
