@@ -11,7 +11,9 @@ Mutations, each from a fixed seed (case i of a run is the same mutant every time
   NaN patterns in float and f16 scale fields).
 
 Each mutant runs in a worker process (`python -m ggraph.graphs.gguf_fuzz --worker`), with a
-memory limit and a per-case timeout, so a crash or a hang is seen and counted, never inherited.
+memory limit and a per-case timeout, so a crash or a hang is seen and counted, never inherited
+(`Worker` and `serve`, which the structured fuzzer of graphs/fuzz_structured.py uses too, as
+it uses `byte_mutant` for its `bytes` mutations and `FuzzReport` for its tables).
 Outcomes: `clean error` (GGUFError/ValueError with a one-line message), `same output` (logits
 bit-equal to the unmutated file's), `different output`, and the three that must stay at 0:
 `traceback` (any other exception, or a multi-line message), `signal` and `timeout`.
@@ -53,27 +55,38 @@ class CaseResult:
     mutant: Mutant
     outcome: str
     detail: str = ""
+    # structured cases (graphs/fuzz_structured.py): the file it came from, the setting, the
+    # way it ran ("api" or "cli") and a command that runs it again
+    base: str = ""
+    setting: str = ""
+    via: str = ""
+    repro: str = ""
+
+
+def _by_kind(r: CaseResult) -> str:
+    return r.mutant.kind
 
 
 @dataclass
 class FuzzReport:
     results: list[CaseResult] = field(default_factory=list)
 
-    def counts(self) -> dict[str, Counter]:
-        by_kind: dict[str, Counter] = {}
+    def counts(self, by: Callable[[CaseResult], str] = _by_kind) -> dict[str, Counter]:
+        groups: dict[str, Counter] = {}
         for r in self.results:
-            by_kind.setdefault(r.mutant.kind, Counter())[r.outcome] += 1
-        return by_kind
+            groups.setdefault(by(r), Counter())[r.outcome] += 1
+        return groups
 
     def bad(self) -> list[CaseResult]:
         return [r for r in self.results if r.outcome in BAD_OUTCOMES]
 
-    def table(self) -> str:
-        """A markdown table: mutation kind x outcome."""
-        rows = ["| mutation | cases | " + " | ".join(OUTCOMES) + " |",
+    def table(self, by: Callable[[CaseResult], str] = _by_kind, title: str = "mutation"
+              ) -> str:
+        """A markdown table: group (the mutation kind unless `by` says) x outcome."""
+        rows = [f"| {title} | cases | " + " | ".join(OUTCOMES) + " |",
                 "|---|---:|" + "---:|" * len(OUTCOMES)]
         total: Counter = Counter()
-        for kind, c in sorted(self.counts().items()):
+        for kind, c in sorted(self.counts(by).items()):
             total.update(c)
             rows.append(f"| {kind} | {sum(c.values())} | " +
                         " | ".join(str(c[o]) for o in OUTCOMES) + " |")
@@ -93,9 +106,15 @@ def _edge_values(f: HeaderField, file_size: int) -> list[int]:
     return sorted({x & top for x in vals if x >= 0})
 
 
-def mutants(base: bytes, n: int, seed: int = 0, kinds: tuple[str, ...] = KINDS
-            ) -> Iterator[Mutant]:
-    """n mutants of the GGUF bytes `base`, case i drawn from seed (seed, i)."""
+@dataclass(frozen=True)
+class ByteLayout:
+    """Where a file's header fields are: what byte mutants aim at."""
+    numeric: list[HeaderField]       # every fixed-size integer field of the header
+    type_fields: list[HeaderField]   # those holding a value, element or tensor type id
+    header_end: int                  # the data section's first byte
+
+
+def byte_layout(base: bytes) -> ByteLayout:
     with tempfile.NamedTemporaryFile(suffix=".gguf") as f:
         f.write(base)
         f.flush()
@@ -103,38 +122,52 @@ def mutants(base: bytes, n: int, seed: int = 0, kinds: tuple[str, ...] = KINDS
         hdr = read_header(f.name, trace)
         header_end = hdr.data_offset
     numeric = [t for t in trace if isinstance(t.value, int)]
-    type_fields = [t for t in numeric if "type" in t.what]
+    return ByteLayout(numeric, [t for t in numeric if "type" in t.what], header_end)
+
+
+def mutants(base: bytes, n: int, seed: int = 0, kinds: tuple[str, ...] = KINDS
+            ) -> Iterator[Mutant]:
+    """n mutants of the GGUF bytes `base`, case i drawn from seed (seed, i)."""
+    layout = byte_layout(base)
     for i in range(n):
         rng = np.random.default_rng([seed, i])
         kind = kinds[int(rng.integers(len(kinds)))]
-        buf = bytearray(base)
-        if kind == "bitflip":
-            bits = rng.integers(0, 8 * header_end, size=int(rng.integers(1, 5)))
-            for b in bits:
-                buf[b // 8] ^= 1 << (b % 8)
-            what = f"bits {sorted(int(b) for b in bits)}"
-        elif kind in ("edge", "typeid"):
-            pool = numeric if kind == "edge" else type_fields
-            fld = pool[int(rng.integers(len(pool)))]
-            if kind == "edge":
-                choices = _edge_values(fld, len(base))
-            else:  # known and unknown ids: value types 0..12, ggml types 0..39
-                choices = list(range(0, 42)) + [255, 1 << 16, (1 << 32) - 1]
-            v = choices[int(rng.integers(len(choices)))]
-            buf[fld.pos:fld.pos + fld.size] = int(v).to_bytes(fld.size, "little")
-            what = f"{fld.what} @{fld.pos}: {fld.value} -> {v}"
-        elif kind == "truncate":
-            cut = int(rng.integers(0, header_end + 64)) if rng.random() < 0.8 else \
-                int(rng.integers(header_end, len(base)))
-            del buf[cut:]
-            what = f"cut at {cut} of {len(base)}"
-        else:  # weights
-            k = int(rng.integers(1, 17))
-            at = rng.integers(header_end, len(base), size=k)
-            for a in at:
-                buf[a] = 0xFF if rng.random() < 0.3 else int(rng.integers(256))
-            what = f"{k} data bytes from {int(at.min())}"
-        yield Mutant(i, kind, what, bytes(buf))
+        yield byte_mutant(base, rng, kind, layout, i)
+
+
+def byte_mutant(base: bytes, rng: np.random.Generator, kind: str,
+                layout: ByteLayout | None = None, index: int = 0) -> Mutant:
+    """One byte mutant of `base` of the given kind, drawn from rng."""
+    layout = layout or byte_layout(base)
+    header_end = layout.header_end
+    buf = bytearray(base)
+    if kind == "bitflip":
+        bits = rng.integers(0, 8 * header_end, size=int(rng.integers(1, 5)))
+        for b in bits:
+            buf[b // 8] ^= 1 << (b % 8)
+        what = f"bits {sorted(int(b) for b in bits)}"
+    elif kind in ("edge", "typeid"):
+        pool = layout.numeric if kind == "edge" else layout.type_fields
+        fld = pool[int(rng.integers(len(pool)))]
+        if kind == "edge":
+            choices = _edge_values(fld, len(base))
+        else:  # known and unknown ids: value types 0..12, ggml types 0..39
+            choices = list(range(0, 42)) + [255, 1 << 16, (1 << 32) - 1]
+        v = choices[int(rng.integers(len(choices)))]
+        buf[fld.pos:fld.pos + fld.size] = int(v).to_bytes(fld.size, "little")
+        what = f"{fld.what} @{fld.pos}: {fld.value} -> {v}"
+    elif kind == "truncate":
+        cut = int(rng.integers(0, header_end + 64)) if rng.random() < 0.8 else \
+            int(rng.integers(header_end, len(base)))
+        del buf[cut:]
+        what = f"cut at {cut} of {len(base)}"
+    else:  # weights
+        k = int(rng.integers(1, 17))
+        at = rng.integers(header_end, len(base), size=k)
+        for a in at:
+            buf[a] = 0xFF if rng.random() < 0.3 else int(rng.integers(256))
+        what = f"{k} data bytes from {int(at.min())}"
+    return Mutant(index, kind, what, bytes(buf))
 
 
 # -- hand-made hostile files --------------------------------------------------------------------
@@ -250,8 +283,9 @@ def evaluate(path: str) -> tuple[str, str]:
         return "traceback", f"{type(e).__name__}: {e}"[:300] + "\n" + tb[-700:]
 
 
-def worker() -> None:
-    """Read one file path per line on stdin, answer one JSON line per path on stdout."""
+def serve(answer: Callable[[str], tuple[str, str]]) -> None:
+    """A worker's loop: read one request per line on stdin, write answer(request) as one JSON
+    line on stdout, under a memory limit (GGRAPH_FUZZ_MEM_GB, default 8)."""
     import resource
 
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
@@ -259,21 +293,30 @@ def worker() -> None:
     limit = int(os.environ.get("GGRAPH_FUZZ_MEM_GB", "8")) << 30
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     for line in sys.stdin:
-        kind, detail = evaluate(line.strip())
+        kind, detail = answer(line.rstrip("\n"))
         out.write(json.dumps({"kind": kind, "detail": detail}) + "\n")
 
 
-class _Worker:
-    def __init__(self) -> None:
+def worker() -> None:
+    """Read one file path per line on stdin, answer one JSON line per path on stdout."""
+    serve(lambda line: evaluate(line.strip()))
+
+
+class Worker:
+    """A worker process that answers one JSON line per request line, within a timeout; a
+    worker that dies or hangs is seen (signal, timeout) and must be replaced."""
+
+    def __init__(self, module: str = "ggraph.graphs.gguf_fuzz") -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ggraph.graphs.gguf_fuzz", "--worker"],
+            [sys.executable, "-m", module, "--worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             text=True, bufsize=1)
 
-    def ask(self, path: str, timeout: float) -> tuple[str, str]:
+    def ask(self, request: str, timeout: float) -> tuple[str, str]:
+        """(kind, detail) of one request line (a path, or a JSON case)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
-            self.proc.stdin.write(path + "\n")
+            self.proc.stdin.write(request + "\n")
             self.proc.stdin.flush()
         except BrokenPipeError:
             pass
@@ -311,7 +354,7 @@ def fuzz(base_path: str | os.PathLike, n: int, seed: int = 0, timeout: float = 6
     tmpdir = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
         else None
     report = FuzzReport()
-    w = _Worker()
+    w = Worker()
     try:
         with tempfile.TemporaryDirectory(dir=tmpdir) as d:
             path = os.path.join(d, "mutant.gguf")
@@ -328,7 +371,7 @@ def fuzz(base_path: str | os.PathLike, n: int, seed: int = 0, timeout: float = 6
                 Path(path).write_bytes(m.data)
                 kind, detail = w.ask(path, timeout)
                 if kind in ("timeout", "signal", "traceback") and w.proc.poll() is not None:
-                    w = _Worker()
+                    w = Worker()
                 outcome = {"ok": "same output" if detail == good else "different output",
                            "error": "clean error"}.get(kind, kind)
                 # keep what the case was, not its bytes (SmolLM2 mutants are 90 MB each)

@@ -1,14 +1,20 @@
-"""The GGUF fuzzer in CI (a few hundred mutants with fixed seeds; scripts/fuzz_gguf.py runs
-thousands) and a hypothesis test of the header parser."""
+"""The GGUF fuzzers in CI: byte mutants and structured mutants at several settings (a few
+hundred of each with fixed seeds; scripts/fuzz_gguf.py runs thousands), the rules that name
+an outcome, and a hypothesis test of the header parser."""
 from __future__ import annotations
 
 import math
 import struct
+import sys
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from ggraph.graphs.fuzz_cases import MAX_MESSAGE, SETTINGS, clean_message, run_cli
+from ggraph.graphs.fuzz_structured import StructuredFuzz, plan_mutant, structured_bases
 from ggraph.graphs.gguf_fuzz import BAD_OUTCOMES, KINDS, fuzz, fuzz_bases, mutants
+from ggraph.graphs.gguf_mutate import MUTATORS
 from ggraph.graphs.gguf_reader import GGUFError, ValueType as VT, read_header
 
 
@@ -40,6 +46,81 @@ def test_mutants_are_reproducible(tmp_path):
     b = [m.data for m in mutants(base, 20, seed=3)]
     assert a == b and len({m.kind for m in mutants(base, 50, seed=3)}) == len(KINDS)
     assert all(o in ("traceback", "signal", "timeout") for o in BAD_OUTCOMES)
+
+
+# -- structured mutants at several settings ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory):
+    return structured_bases(tmp_path_factory.mktemp("bases"))
+
+
+def test_structured_fuzz(bases):
+    """60 mutants of every kind at 3 settings each (some through `ggraph run`), over two
+    worker processes: no traceback, signal or timeout."""
+    fz = StructuredFuzz(bases, seed=27, per_mutant=3, timeout=60, cli_share=0.06,
+                        repro="python scripts/fuzz_gguf.py --no-smollm2")
+    report = fz.run(180, jobs=2)
+    print("\n" + report.table() + "\n" + report.table(lambda r: r.setting, "setting") +
+          "".join("\nretried: " + r for r in fz.retried))
+    bad = report.bad()
+    assert not bad, "\n".join(f"{b.mutant.kind} {b.mutant.what} [{b.base}, {b.setting}, "
+                              f"{b.via}]: {b.outcome}: {b.detail}\n  {b.repro}" for b in bad[:5])
+    cases = [r for r in report.results if r.mutant.kind != "none"]
+    assert len(cases) == 180
+    assert {r.mutant.kind for r in cases} == set(MUTATORS)
+    assert {r.setting for r in cases} == {s.name for s in SETTINGS}
+    assert {r.base for r in cases} == {b.name for b, _ in bases}
+    assert {"api", "cli"} <= {r.via for r in cases}
+    assert {"clean error", "same output", "different output"} <= {r.outcome for r in cases}
+
+
+def test_structured_mutants_are_reproducible(bases):
+    for i in range(40):
+        a, b = plan_mutant(bases, 5, i), plan_mutant(bases, 5, i)
+        assert (a.base.name, a.mutation.kind, a.mutation.what, a.mutation.data,
+                a.mutation.run, a.settings, a.cli) == \
+            (b.base.name, b.mutation.kind, b.mutation.what, b.mutation.data, b.mutation.run,
+             b.settings, b.cli)
+    assert len({plan_mutant(bases, 5, i).mutation.kind for i in range(200)}) == len(MUTATORS)
+
+
+def test_clean_error_rules(tmp_path):
+    from ggraph import ops
+    from ggraph.graphs.gguf_file import load_gguf
+    from ggraph.tensor import Context
+
+    with pytest.raises(GGUFError) as e:
+        load_gguf(tmp_path / "none.gguf")
+    assert clean_message(e.value) == f"{tmp_path / 'none.gguf'}: no such file"
+    ctx = Context()
+    with pytest.raises(ValueError) as e:   # a graph the builder should not have made
+        ops.mul_mat(ctx.new_tensor("f32", (4, 2)), ctx.new_tensor("f32", (3, 2)))
+    assert clean_message(e.value) is None
+    with pytest.raises(ValueError) as e:
+        np.zeros(3).reshape(2, 2)          # numpy's, not ggraph's
+    assert clean_message(e.value) is None
+    for exc in (KeyError("x"), RuntimeError("x"), MemoryError()):
+        assert clean_message(exc) is None
+
+
+@pytest.mark.parametrize("code, kind", [
+    ("import sys; print('x'); print('ggraph run: error: bad', file=sys.stderr); sys.exit(1)",
+     "error"),
+    ("print('text')", "ok"),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "signal"),
+    ("raise KeyError('x')", "traceback"),
+    ("import sys; print('ggraph run: error: ' + 'x' * 2000, file=sys.stderr); sys.exit(1)",
+     "traceback"),
+    ("import sys; print('ggraph run: error: a\\nggraph run: error: b', file=sys.stderr); "
+     "sys.exit(1)", "traceback"),
+    ("import sys; sys.exit(2)", "traceback"),
+    ("import time; time.sleep(30)", "timeout"),
+])
+def test_cli_outcome_rules(code, kind):
+    got, detail = run_cli([sys.executable, "-c", code], None, timeout=3)
+    assert got == kind, detail
+    assert MAX_MESSAGE == 1000
 
 
 # -- hypothesis: the header parser on generated files -------------------------------------------
