@@ -144,7 +144,8 @@ def compare(evaluate, tokens, chunking, bases: dict, chunks: int | None = None) 
 def run_sub(args: argparse.Namespace, mode: str, out: str, env_extra: dict) -> dict:
     env = {**os.environ, **env_extra}
     cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--base-out", out,
-           "--chunks", str(args.chunks), "--ctx", str(args.ctx), "--threads", str(args.threads)]
+           "--model", args.model, "--chunks", str(args.chunks), "--ctx", str(args.ctx),
+           "--threads", str(args.threads)]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{mode} failed:\n{r.stderr[-3000:]}")

@@ -317,6 +317,8 @@ def packed_weight(a: Tensor, b: Tensor, s: Session) -> np.ndarray | None:
 # a prompt's product works on this many bytes of a group's packed rows at a time (L1), and on
 # columns whose quantized activations for them take this many bytes (L2): qtiles.py
 PACKED_L1, PACKED_L2 = 24 << 10, 1 << 19
+# blocks of a row summed apart before they join the row's sum (qtiles.k_mul_mat_packed)
+PACKED_RUN = 16
 
 
 def _packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_L1,
@@ -339,7 +341,7 @@ def _packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED
     return TARGET.bind(qtiles.k_mul_mat_packed, _SERIAL_FAST if serial else _KERNEL_FAST,
                        f"a{a}_b{b}{'_serial' if serial else ''}_{l1}_{l2}_{tag}", R=r,
                        TILE=PACKS[a].tile(r), quantize_column=quantize, ACT_BYTES=l2,
-                       W_BYTES=l1, **tiles)
+                       W_BYTES=l1, KC=PACKED_RUN, **tiles)
 
 
 def _gemm(a: Tensor, b: Tensor, node: Tensor, s: Session):

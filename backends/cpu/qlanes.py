@@ -522,6 +522,14 @@ def cf16(typingctx, y, off, c):
 
 
 @intrinsic
+def fadd(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+
+    return a(a, b), codegen
+
+
+@intrinsic
 def fload(typingctx, d, c0, r, c):
     """Rows c0 .. c0 + c - 1 of the 2-D float32 array d (r floats each, from element 0), as
     an <r * c> vector: fstore's inverse."""
@@ -603,5 +611,5 @@ def prefetch(typingctx, arr, off):
 
 __all__ = ["AVX512", "AVX2", "VNNI512", "VNNI256", "R", "WIDTHS", "flavor", "ldq", "lo4", "hi4",
            "bit5", "hi2", "lut16", "lzero", "dpb", "dpw", "lmul", "lsubm", "ladd", "fzero", "ldh",
-           "ffma", "ffms", "fmas", "cf32", "cf16", "fload", "lane", "fstore", "load_u32",
+           "ffma", "ffms", "fmas", "cf32", "cf16", "fadd", "fload", "lane", "fstore", "load_u32",
            "prefetch"]

@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit, prange
 
 from ggraph.types import GGMLType
-from .qlanes import (R, bit5, cf16, cf32, dpb, dpw, ffma, ffms, fload, fmas, fstore, fzero,
+from .qlanes import (R, bit5, cf16, cf32, dpb, dpw, fadd, ffma, ffms, fload, fmas, fstore, fzero,
                      hi2,
                      hi4, ladd, lane, ldh, ldq, lmul, lo4, lsubm, lut16, lzero, prefetch)
 
@@ -238,10 +238,12 @@ def k_mul_mat_packed(w, b, q, ysb, ysi, ysf, d, kk, nb, m):
     yf, d2 = ysf.reshape(cols, ysf.shape[3]), d.reshape(cols, d.shape[3])
     # Prompt-sized batches are blocked for the caches: the columns in chunks whose quantized
     # activations for kc blocks stay in L2, and each group's rows kc blocks at a time, which
-    # stay in L1 while every column block of the chunk passes over them; the group's sums
-    # wait in `part` between the runs of blocks. A decode step (< 4 columns) streams each
-    # group's whole rows in one run.
-    kc = nb if cols < 4 else max(1, W_BYTES // TILE)  # noqa: F821
+    # stay in L1 while every column block of the chunk passes over them. A run of at most KC
+    # blocks is summed apart and then added to the group's sums in `part`: two short chains of
+    # float additions round less than one of a whole row (a row of 280 Q4_0 blocks), which kept
+    # ggraph's logits further from llama.cpp's. A decode step (< 4 columns) streams each
+    # group's rows in that order too, one run after the other.
+    kc = KC if cols < 4 else max(1, min(KC, W_BYTES // TILE))  # noqa: F821
     chunk = cols if cols < 4 else max(4, ACT_BYTES // ((q.shape[3] // nb) * kc) // 4 * 4)  # noqa
     for c0 in range(0, cols, chunk):
         c1 = min(cols, c0 + chunk)
@@ -252,17 +254,19 @@ def k_mul_mat_packed(w, b, q, ysb, ysi, ysf, d, kk, nb, m):
             for k0 in range(0, nb, kc):
                 k1 = min(nb, k0 + kc)
                 for c in range(c0, full, 4):
-                    acc = fzero(R, 4) if k0 == 0 else fload(part, c - c0, R, 4)
+                    acc = fzero(R, 4)
                     qc, bc, ic, fc = q2[c:c + 4], yb[c:c + 4], yi[c:c + 4], yf[c:c + 4]
                     for blk in range(k0, k1):
                         acc = tile4(acc, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
-                    fstore(part, c - c0, 0, acc)
+                    fstore(part, c - c0, 0, acc if k0 == 0 else
+                           fadd(fload(part, c - c0, R, 4), acc))
                 for c in range(full, c1):
-                    acc1 = fzero(R, 1) if k0 == 0 else fload(part, c - c0, R, 1)
+                    acc1 = fzero(R, 1)
                     qc, bc, ic, fc = q2[c:c + 1], yb[c:c + 1], yi[c:c + 1], yf[c:c + 1]
                     for blk in range(k0, k1):
                         acc1 = tile1(acc1, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
-                    fstore(part, c - c0, 0, acc1)
+                    fstore(part, c - c0, 0, acc1 if k0 == 0 else
+                           fadd(fload(part, c - c0, R, 1), acc1))
             rows = min(R, m - r0)
             for j in range(c1 - c0):
                 d2[c0 + j, r0:r0 + rows] = part[j, :rows]
