@@ -17,8 +17,10 @@ their vector arguments, so one layout width can be compiled and tested on any ho
   VNNI, vpmaddubsw + vpmaddwd without), `dpw` (acc + 2 widened bytes per lane times a broadcast
   pair of i16 activation sums, vpdpwssd with VNNI), `lmul` (acc times R per-row bytes), `lsub`,
   `ladd`, `lzero`;
-- floats: `fzero`, `ldh` (R f16 row scales), `ffma` (acc + float(ints) * (scales * s)),
-  `fmas` (acc + scales * s), `lane` (one lane, for partial stores), `fstore` (R lanes).
+- floats: `fzero`, `ldh` (R f16 row scales), `ffma`/`ffms` (acc +/- float(ints) *
+  (scales * s)), `fmas` (acc + scales * s), `cf32`/`cf16` (each column's float), `fadd`,
+  `fload`/`fstore` (R lanes of each column from/to a 2-D float array);
+- memory: `load_u32` (an unaligned word), `prefetch` (a non-temporal hint).
 
 Every offset is a byte offset into a 1-D uint8 array (an element offset for `fstore`'s
 float32 array). Values stay in range: weights of at most 8 bits (unsigned) times int8 quants
@@ -553,16 +555,6 @@ def fload(typingctx, d, c0, r, c):
 
 
 @intrinsic
-def lane(typingctx, v, i):
-    """Lane i of a float vector (column j's row l is lane j r + l)."""
-    def codegen(context, builder, sig, args):
-        i = context.cast(builder, args[1], sig.args[1], types.int32)
-        return builder.extract_element(args[0], i)
-
-    return types.float32(v, i), codegen
-
-
-@intrinsic
 def fstore(typingctx, d, c0, off, v):
     """Store column j's r lanes of v into d[c0 + j, off:off + r] (d a 2-D float32 array)."""
     n, k = v.r, v.c
@@ -611,5 +603,5 @@ def prefetch(typingctx, arr, off):
 
 __all__ = ["AVX512", "AVX2", "VNNI512", "VNNI256", "R", "WIDTHS", "flavor", "ldq", "lo4", "hi4",
            "bit5", "hi2", "lut16", "lzero", "dpb", "dpw", "lmul", "lsubm", "ladd", "fzero", "ldh",
-           "ffma", "ffms", "fmas", "cf32", "cf16", "fadd", "fload", "lane", "fstore", "load_u32",
+           "ffma", "ffms", "fmas", "cf32", "cf16", "fadd", "fload", "fstore", "load_u32",
            "prefetch"]

@@ -1,9 +1,11 @@
-"""Dot products of packed weight tiles (backends/cpu/qpack.py) with one activation column, R
-rows at once, and the decode mat-vec over a packed weight.
+"""Dot products of packed weight tiles (backends/cpu/qpack.py) with C activation columns, R
+rows at once, and the product of a packed weight with any number of columns built on them.
 
-Each type has one tile function, `tile_<type>(acc, w, t, q, ysb, ysf, b)` -> acc plus block b
-of the tile's R rows dotted with the activation row q (the bytes of the weights' vec_dot_type:
-Q8_0 blocks of 34 bytes, Q8_K blocks of 292), lane l being row l. The integer sums are
+Each type has one tile function, `tile_<type>(acc, w, t, q, ysb, ysi, ysf, b)` -> acc plus
+block b of the tile's R rows dotted with each of the C activation rows of q (2-D: the bytes
+of the weights' vec_dot_type, Q8_0 blocks of 34 bytes or Q8_K blocks of 292), lane j R + l
+being row l times column j (backends/cpu/qlanes.py); each is bound for C = 1 and C = 4
+(backends/cpu/kernels.py). Prefetches run PF bytes ahead of every step. The integer sums are
 ggml's (backends/shared/qdot.py computes the same; the tests compare them): unsigned weight
 values times int8 quants summed by vpdpbusd, an offset (Q4_0's 8, Q5_0's 16, Q8_0's 128,
 Q6_K's 32, IQ4_XS's 128) taken off as offset * sum(quants), sub-block scales applied as
@@ -12,12 +14,12 @@ offset times each activation block's (or sub-block's) sum of quants, `ysb` each 
 sum as little-endian int16 (Q4_K and Q5_K read them by pairs against their mins), `ysf` the
 f16-rounded d * sum that Q4_1 and Q5_1 add times their mins (Q8_1's s); `aux_*` fill them.
 
-`k_mul_mat_packed` quantizes the few columns first (serially: a decode step has one), then
-threads take runs of row groups, so each streams its own contiguous part of the weight once
-and dots each group with every column while it is in L1/L2. The helpers `_half_row`,
-`_f32_row`, `_i16_row`, `_sum_i8`, `_f16_round` are the shared codec helpers the CPU target
-binds (backends/jit.py); `tile`, `aux`, `TILE`, the codecs and `dec_b`/`enc_r` are bound per
-type (backends/cpu/kernels.py).
+`k_mul_mat_packed` quantizes the columns first (in parallel when there are many), then
+threads take runs of row groups, so each streams its own contiguous part of the weight once,
+dotting each group with the columns 4 at a time while it is in L1/L2 (cache blocks and runs
+of blocks: see the kernel). The helpers `_half_row`, `_f32_row`, `_i16_row`, `_sum_i8`,
+`_f16_round` are the shared codec helpers the CPU target binds (backends/jit.py); `tile1`,
+`tile4`, `aux`, `quantize_column`, R, C, PF, TILE and the cache sizes are bound per type.
 """
 from __future__ import annotations
 
@@ -29,8 +31,7 @@ from numba import njit, prange
 
 from ggraph.types import GGMLType
 from .qlanes import (R, bit5, cf16, cf32, dpb, dpw, fadd, ffma, ffms, fload, fmas, fstore, fzero,
-                     hi2,
-                     hi4, ladd, lane, ldh, ldq, lmul, lo4, lsubm, lut16, lzero, prefetch)
+                     hi2, hi4, ladd, ldh, ldq, lmul, lo4, lsubm, lut16, lzero, prefetch)
 
 # IQ4_NL's 16 values + 128: unsigned bytes for vpdpbusd (128 * sum(quants) is taken off)
 IQ4_U8 = (np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
