@@ -51,9 +51,17 @@ def spm_merges(v: Vocab) -> list[tuple[str, str]]:
     sort, so equal scores keep vocabulary order)."""
     vocab = {t: i for i, t in enumerate(v.tokens)}
     scores = v.scores
+    # both halves of a split are tokens, so a cut k is a token length and so is len(w) - k:
+    # trying those lengths only costs the file's size, not the square of its longest token
+    # (one token of 2^20 characters took two minutes)
+    lengths = sorted({len(t) for t in v.tokens})
+    have = set(lengths)
     ranked: list[tuple[float, str, str]] = []
     for w, s in zip(v.tokens, scores):
-        cuts = [k for k in range(1, len(w)) if w[:k] in vocab and w[k:] in vocab]
+        n = len(w)
+        ks = range(1, n) if n <= len(lengths) else lengths
+        cuts = [k for k in ks if 0 < k < n and n - k in have and k in have and
+                w[:k] in vocab and w[k:] in vocab]
         if len(cuts) == 1:
             k = cuts[0]
             ranked.append((s, w[:k], w[k:]))

@@ -149,3 +149,36 @@ def test_gguf_parts_round_trip_and_hostile_values(tmp_path):
     md = read_header(tmp_path / "m.gguf").metadata
     assert md["llama.block_count"] == -1 and np.isnan(md["llama.rope.freq_base"])
     assert md["tokenizer.chat_template"] == [1, 2]
+
+
+def test_sentencepiece_merges_cost_the_file_not_its_longest_token_squared():
+    """spm_merges tried every split of every token: one token of 2^20 characters took two
+    minutes to load. Only splits into two token lengths can be merges; the same merges."""
+    from ggraph.graphs.tokenizer_models import spm_merges
+    from ggraph.graphs.tokenizer_vocab import check_vocab
+
+    def brute(v) -> list:
+        vocab = {t: i for i, t in enumerate(v.tokens)}
+        ranked = []
+        for w, s in zip(v.tokens, v.scores):
+            cuts = [k for k in range(1, len(w)) if w[:k] in vocab and w[k:] in vocab]
+            pairs = sorted(((w[:k], w[k:]) for k in cuts), reverse=True,
+                           key=lambda p: (v.scores[vocab[p[0]]], v.scores[vocab[p[1]]]))
+            ranked += [(s, a, b) for a, b in (pairs if len(cuts) > 1 else
+                                               [(w[:k], w[k:]) for k in cuts])]
+        ranked.sort(key=lambda r: r[0], reverse=True)
+        return [(a, b) for _, a, b in ranked]
+
+    rng = np.random.default_rng(0)
+    pieces = sorted({"".join(rng.choice(list("ab\u2581c"), size=int(rng.integers(1, 7))))
+                     for _ in range(300)})
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    md = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+          "tokenizer.ggml.scores": [float(x) for x in rng.normal(size=len(tokens))],
+          "tokenizer.ggml.token_type": [3, 3, 3] + [6] * 256 + [1] * len(pieces)}
+    v = check_vocab(md, "/models/t.gguf")
+    assert spm_merges(v) == brute(v) and len(spm_merges(v)) > 100
+    md["tokenizer.ggml.tokens"] = tokens[:-1] + ["a" * (1 << 20)]
+    t0 = time.monotonic()
+    Tokenizer(md, "/models/t.gguf")
+    assert time.monotonic() - t0 < 5.0
