@@ -423,7 +423,9 @@ def user_graph() -> Graph:
 
 def test_cli_attention_and_user_graph(tmp_path, capsys):
     js, png = tmp_path / "a.json", tmp_path / "a.png"
-    assert cli_main(["report", "--amb", "64", "--json", str(js), "--png", str(png)]) == 0
+    # split attention (-amb) splits the non-flash K*Q: -fa off (report's default is flash)
+    assert cli_main(["report", "--amb", "64", "-fa", "off", "--json", str(js), "--png",
+                     str(png)]) == 0
     out = capsys.readouterr().out
     size = plan_graph(attention(amb=64)).size
     assert f"CPU compute buffer size = {size / MIB:.2f} MiB" in out
