@@ -16,8 +16,8 @@ Outcomes, exactly:
   traceback), but not from the graph machinery (op constructors, tensors, graphs, feeding
   inputs: an error there means a builder made a graph it should have refused to make), whose
   message is one non-empty line of at most MAX_MESSAGE characters; or `ggraph run` exited with
-  status 1, with no traceback and exactly one `ggraph run: error: ...` line of at most
-  MAX_MESSAGE characters on stderr;
+  status 1 (2: argparse's usage error for a flag value), with no traceback and exactly one
+  `ggraph run: error: ...` line of at most MAX_MESSAGE characters on stderr;
 - `same output` / `different output`: the case ran, and its digest (the CLI: its stdout) is or
   is not the base file's at the same setting and inputs;
 - `traceback`: any other exception (another type, a ValueError from numpy, jinja, the Rust
@@ -345,7 +345,7 @@ def run_cli(argv: list[str], stdin: bytes | None, timeout: float) -> tuple[str, 
     if proc.returncode == 0:
         return "ok", hashlib.sha256(out).hexdigest()
     errors = [ln for ln in lines if ln.startswith("ggraph run: error: ")]
-    if proc.returncode == 1 and len(errors) == 1 and len(errors[0]) <= MAX_MESSAGE:
+    if proc.returncode in (1, 2) and len(errors) == 1 and len(errors[0]) <= MAX_MESSAGE:
         return "error", errors[0]
     return "traceback", f"ggraph run exited with status {proc.returncode}: " \
         f"{' | '.join(lines[-3:])[:500]}"

@@ -19,6 +19,7 @@ from .pretokenize import PreType, build_pre_tokenizer
 from .tokenizer_vocab import Attr, Vocab, one_line
 
 SPACE = "\u2581"  # SentencePiece's visible space
+MAX_PIECE = 1 << 20  # bytes one token may decode to
 
 
 def _rust_call(path: str, build: Any) -> Any:
@@ -125,6 +126,12 @@ def piece(v: Vocab, tid: int, special: bool) -> bytes:
     if a & Attr.NORMAL:
         if v.model == "llama":
             return text.replace(SPACE, " ").encode("utf-8")
+        unknown = sum(ch not in _BYTES for ch in text)
+        if unknown * len(text) > MAX_PIECE:   # llama.cpp repeats the whole token per char
+            raise GGUFError(f"{v.path}: token {tid} has {len(text)} characters, {unknown} of "
+                            f"them outside GPT-2's byte alphabet: spelled as llama.cpp spells "
+                            f"them ([UNK_BYTE_0x..<token>] each) it would take "
+                            f"{unknown * len(text)}+ bytes")
         out = bytearray()
         for ch in text:
             b = _BYTES.get(ch)

@@ -74,9 +74,14 @@ def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: fl
                    beta_slow: float) -> tuple[float, float]:
     """ggml_rope_yarn_corr_dims: the dims between which YaRN ramps from extrapolation."""
     def corr_dim(n_rot: float) -> float:
-        return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(freq_base))
-    low = math.floor(corr_dim(beta_fast))
-    high = math.ceil(corr_dim(beta_slow))
+        num = n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi))
+        den = 2 * math.log(freq_base)
+        if den == 0.0:   # freq_base 1: C's float division gives +-inf, which the clamps take
+            return math.copysign(math.inf, num) if num else math.nan
+        return num / den
+    lo, hi = corr_dim(beta_fast), corr_dim(beta_slow)
+    low = math.floor(lo) if math.isfinite(lo) else lo
+    high = math.ceil(hi) if math.isfinite(hi) else hi
     return max(0.0, low), min(n_dims - 1.0, high)
 
 

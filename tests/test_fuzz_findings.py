@@ -182,3 +182,30 @@ def test_sentencepiece_merges_cost_the_file_not_its_longest_token_squared():
     t0 = time.monotonic()
     Tokenizer(md, "/models/t.gguf")
     assert time.monotonic() - t0 < 5.0
+
+
+def test_yarn_with_rope_freq_base_1(tmp_path):
+    """YaRN's correction dims divide by log(freq_base): a ZeroDivisionError at freq_base 1,
+    where ggml's float division gives infinities that its clamps take."""
+    from ggraph.graphs.tiny_deepseek2 import TinyDeepSeek2, write_tiny_deepseek2
+    from ggraph.ops.rope import yarn_corr_dims
+
+    assert yarn_corr_dims(32, 1024, 1.0, 32.0, 1.0) == (float("inf"), 31.0)   # as ggml
+    path = write_tiny_deepseek2(tmp_path / "d.gguf", TinyDeepSeek2(rope_freq_base=1.0))
+    assert np.isfinite(Engine(path, EngineConfig(n_ctx=32, n_ubatch=8)).eval([1, 2, 3])).all()
+
+
+def test_byte_level_token_outside_the_alphabet_decodes_bounded():
+    """llama.cpp spells each character outside GPT-2's byte alphabet as [UNK_BYTE_0x..TOKEN],
+    the whole token each time: a token of 50000 such characters made 2.5 GB."""
+    tokens = list(small()["tokenizer.ggml.tokens"])
+    tokens[6] = "\u2581" * 50000
+    tok = Tokenizer(small(tokens=tokens), "/models/t.gguf")
+    assert tok.decode([3, 4]) == "ab"
+    t0 = time.monotonic()
+    with pytest.raises(GGUFError, match="token 6 has 50000 characters, 50000 of them outside"):
+        tok.decode([6])
+    assert time.monotonic() - t0 < 1.0
+    tokens[6] = "\u2581x"   # a small one still decodes as llama.cpp does
+    assert Tokenizer(small(tokens=tokens), "/models/t.gguf").piece(6) == \
+        b"[UNK_BYTE_0xe29681\xe2\x96\x81x]x"

@@ -114,7 +114,9 @@ def test_clean_error_rules(tmp_path):
      "traceback"),
     ("import sys; print('ggraph run: error: a\\nggraph run: error: b', file=sys.stderr); "
      "sys.exit(1)", "traceback"),
-    ("import sys; sys.exit(2)", "traceback"),
+    ("import sys; sys.exit(3)", "traceback"),
+    ("import sys; print('usage: ...', file=sys.stderr); "
+     "print('ggraph run: error: argument -x: invalid', file=sys.stderr); sys.exit(2)", "error"),
     ("import time; time.sleep(30)", "timeout"),
 ])
 def test_cli_outcome_rules(code, kind):
