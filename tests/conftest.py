@@ -4,7 +4,9 @@
 The CUDA simulator's suite runs in a process of its own (tests/test_cudasim_suite.py). It is
 started as soon as collection finds its test, so it runs on one core beside the CPU tests
 (which spend most of their time compiling, single-threaded), and its test is moved last,
-where it waits for the process: the two halves overlap instead of adding up."""
+where it waits for the process: the two halves overlap instead of adding up. The PTX gate
+(tests/test_ptx_gate.py, ~2.5 minutes of NVVM compiling where a CUDA toolkit is present) runs
+the same way, on the same core after the simulator's processes."""
 import os
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import pytest
 os.environ.setdefault("GGRAPH_CHECK_TENSORS", "1")
 
 CUDASIM_TEST = "test_cudasim_suite.py::test_cuda_backend_under_simulator"
+PTX_TEST = "test_ptx_gate.py::test_every_kernel_variant_the_checks_launch_passes_the_gate"
 HERE = Path(__file__).parent
 
 
@@ -25,31 +28,26 @@ def cudasim_files() -> list[str]:
     return sorted(str(p) for p in (*HERE.glob("test_cuda_*.py"), *HERE.glob("test_gpu_*.py")))
 
 
-class CudasimRun:
-    """The simulator suite's processes, one after the other in a thread, their output in a
-    temporary file: the CUDA modules at the simulator's small geometry, then a subset of
-    conformance cases (every op, float and quantized) at the GPU's block and tile sizes
-    (GGRAPH_CUDASIM_GEOMETRY=gpu; all of them: scripts/cudasim_gpu_geometry.sh)."""
+class BackgroundRun:
+    """Processes run one after the other in a thread (after another BackgroundRun's, if
+    given), their output in a temporary file, waited for by the test that owns them."""
 
-    def __init__(self) -> None:
+    def __init__(self, runs: list, after: "BackgroundRun | None" = None) -> None:
         self.out = tempfile.TemporaryFile(mode="w+")
-        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-        pytest_ = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
-                   "cudasim"]
-        self.runs = [
-            (pytest_ + cudasim_files(), env),
-            (pytest_ + [str(HERE / "test_cuda_sim.py"), "-k", "conformance_case"],
-             dict(env, GGRAPH_CUDASIM_GEOMETRY="gpu", GGRAPH_CUDASIM_SUBSET="geometry")),
-        ]
+        self.runs = runs
+        self.after = after
         self.proc: subprocess.Popen | None = None
         self.rc = 0
         self.thread = threading.Thread(target=self._run_all, daemon=True)
         self.thread.start()
 
     def _run_all(self) -> None:
+        if self.after is not None:
+            self.after.thread.join()
         for cmd, env in self.runs:
-            self.out.write(f"$ {' '.join(cmd[3:])}  ({env.get('GGRAPH_CUDASIM_GEOMETRY', 'small')}"
-                           f" geometry)\n")
+            where = (f"{env.get('GGRAPH_CUDASIM_GEOMETRY', 'small')} geometry"
+                     if env.get("NUMBA_ENABLE_CUDASIM") == "1" else "no simulator")
+            self.out.write(f"$ {' '.join(cmd[3:])}  ({where})\n")
             self.out.flush()
             self.proc = subprocess.Popen(cmd, env=env, stdout=self.out,
                                          stderr=subprocess.STDOUT, text=True)
@@ -68,7 +66,36 @@ class CudasimRun:
         return self.rc, self.out.read()
 
 
+class CudasimRun(BackgroundRun):
+    """The simulator suite's processes: the CUDA modules at the simulator's small geometry,
+    then a subset of conformance cases (every op, float and quantized) at the GPU's block and
+    tile sizes (GGRAPH_CUDASIM_GEOMETRY=gpu; all of them: scripts/cudasim_gpu_geometry.sh)."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+        pytest_ = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
+                   "cudasim"]
+        super().__init__([
+            (pytest_ + cudasim_files(), env),
+            (pytest_ + [str(HERE / "test_cuda_sim.py"), "-k", "conformance_case"],
+             dict(env, GGRAPH_CUDASIM_GEOMETRY="gpu", GGRAPH_CUDASIM_SUBSET="geometry")),
+        ])
+
+
+class PtxRun(BackgroundRun):
+    """`ggraph gpu-check --ptx` over every kernel variant, its JSON in a temporary folder (a
+    process of its own, not under the simulator: the PTX-only mode patches numba-cuda's
+    device queries)."""
+
+    def __init__(self, after: BackgroundRun | None = None) -> None:
+        self.dir = tempfile.TemporaryDirectory()
+        self.json = os.path.join(self.dir.name, "ptx.json")
+        super().__init__([([sys.executable, "-m", "ggraph.tools.gpu_check", "--ptx", "--json",
+                            self.json], dict(os.environ))], after=after)
+
+
 _RUN = pytest.StashKey[CudasimRun]()
+_PTX = pytest.StashKey[PtxRun]()
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -79,6 +106,11 @@ def pytest_collection_modifyitems(session, config, items):
         items.remove(sim[0])
         items.append(sim[0])
         config.stash[_RUN] = CudasimRun()
+    ptx = [it for it in items if it.nodeid.endswith(PTX_TEST)]
+    if ptx and ptx[0].module.toolkit_missing() is None:
+        items.remove(ptx[0])
+        items.append(ptx[0])
+        config.stash[_PTX] = PtxRun(after=config.stash.get(_RUN, None))
 
 
 @pytest.fixture
@@ -87,8 +119,17 @@ def cudasim_run(request) -> CudasimRun:
     return request.config.stash.get(_RUN, None) or CudasimRun()
 
 
+@pytest.fixture
+def ptx_run(request) -> PtxRun:
+    """The PTX gate's process started at collection (a fresh one if it was not)."""
+    return request.config.stash.get(_PTX, None) or PtxRun()
+
+
 def pytest_unconfigure(config):
-    run = config.stash.get(_RUN, None)
-    if run is not None and run.proc.poll() is None:  # the run ended early: no orphan
-        run.proc.kill()
-        run.proc.wait()
+    for key in (_PTX, _RUN):  # the run ended early: no orphan
+        run = config.stash.get(key, None)
+        if run is not None:
+            run.runs.clear()
+            if run.proc is not None and run.proc.poll() is None:
+                run.proc.kill()
+                run.proc.wait()

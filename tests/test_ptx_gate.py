@@ -1,14 +1,13 @@
 """The PTX gate (backends/cuda/ptx.py): its parsing and verdicts on known text, and, where
 this machine has a CUDA toolkit (libNVVM, libdevice, ptxas; no GPU needed), the gate itself
 over every kernel variant the conformance cases and attention graphs launch (`ggraph gpu-check
---ptx`, ~90 s, in a process of its own: the PTX-only mode patches numba-cuda's device
-queries)."""
+--ptx`, ~2.5 minutes, in a process of its own, since the PTX-only mode patches numba-cuda's
+device queries: tests/conftest.py starts it at collection, after the simulator's processes,
+so that it runs beside the CPU tests)."""
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -50,7 +49,7 @@ def test_judge_finds_spills_registers_shared_and_f64(monkeypatch):
     assert not P.judge("k_y", "()", 1, "", "TypingError: x", "ptxas", (9, 0)).ok
 
 
-def _toolkit() -> str | None:
+def toolkit_missing() -> str | None:
     home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     if not os.path.exists(os.path.join(home, "nvvm", "libdevice", "libdevice.10.bc")):
         return f"no CUDA toolkit at {home} (libdevice): the PTX gate needs libNVVM, not a GPU"
@@ -59,13 +58,13 @@ def _toolkit() -> str | None:
     return None
 
 
-@pytest.mark.skipif(_toolkit() is not None, reason=str(_toolkit()))
-def test_every_kernel_variant_the_checks_launch_passes_the_gate(tmp_path):
-    out = tmp_path / "ptx.json"
-    r = subprocess.run([sys.executable, "-m", "ggraph.tools.gpu_check", "--ptx", "--json",
-                        str(out)], capture_output=True, text=True, timeout=1200)
-    rows = json.loads(out.read_text())["ptx"] if out.exists() else []
+@pytest.mark.skipif(toolkit_missing() is not None, reason=str(toolkit_missing()))
+def test_every_kernel_variant_the_checks_launch_passes_the_gate(ptx_run):
+    """The gate's process (tests/conftest.py starts it at collection, after the simulator's,
+    and moves this test last, where it waits for it)."""
+    rc, out = ptx_run.result(timeout=1500)
+    rows = json.loads(open(ptx_run.json).read())["ptx"] if os.path.exists(ptx_run.json) else []
     failing = [f"{row['kernel']}: {'; '.join(row['problems'])}" for row in rows if row["problems"]]
-    assert r.returncode == 0 and not failing, "\n".join(failing) or (r.stdout + r.stderr)[-4000:]
+    assert rc == 0 and not failing, "\n".join(failing) or out[-4000:]
     assert len(rows) >= 150               # every op and type the conformance cases cover
-    assert "ptx: " in r.stdout and "kernel variants pass the gate" in r.stdout
+    assert "ptx: " in out and "kernel variants pass the gate" in out
