@@ -98,18 +98,23 @@ _RUN = pytest.StashKey[CudasimRun]()
 _PTX = pytest.StashKey[PtxRun]()
 
 
+def _move_last(items: list, nodeid_end: str):
+    """The collected test whose id ends so, moved to the end of the run (None if absent)."""
+    found = next((it for it in items if it.nodeid.endswith(nodeid_end)), None)
+    if found is not None:
+        items.remove(found)
+        items.append(found)
+    return found
+
+
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection: no process for a test that won't run
 def pytest_collection_modifyitems(session, config, items):
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         return
-    sim = [it for it in items if it.nodeid.endswith(CUDASIM_TEST)]
-    if sim:
-        items.remove(sim[0])
-        items.append(sim[0])
+    if _move_last(items, CUDASIM_TEST) is not None:
         config.stash[_RUN] = CudasimRun()
-    ptx = [it for it in items if it.nodeid.endswith(PTX_TEST)]
-    if ptx and ptx[0].module.toolkit_missing() is None:
-        items.remove(ptx[0])
-        items.append(ptx[0])
+    ptx = _move_last(items, PTX_TEST)
+    if ptx is not None and ptx.module.toolkit_missing() is None:
         config.stash[_PTX] = PtxRun(after=config.stash.get(_RUN, None))
 
 
