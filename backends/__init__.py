@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from .errors import BackendUnavailableError
+
 NAMES = ("cpu", "cuda")
 
 
-class BackendUnavailableError(ValueError):
-    """A backend this machine cannot run (no CUDA driver or GPU). A ValueError with a one-line
-    message, so callers (the scheduler, Engine, the `ggraph` commands) report it as a user
-    error rather than a traceback."""
 
 
 def get_backend(name: str, **kw: Any) -> Any:

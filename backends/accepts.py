@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ggraph.opkind import OpKind
+from ggraph.ir.opkind import OpKind
 from ggraph.ops.registry import REGISTRY, ops_where
-from ggraph.tensor import Tensor
+from ggraph.ir.tensor import Tensor
 
 UNARY_OPS = ops_where(lambda d: d.elementwise == "unary")
 BINARY_OPS = ops_where(lambda d: d.elementwise == "binary")

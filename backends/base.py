@@ -21,12 +21,12 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from ggraph import buffers
-from ggraph.graph import Graph
-from ggraph.host_memory import check_buffers
-from ggraph.opkind import OpKind
-from ggraph.tensor import Tensor
-from ggraph.types import MIB
+from ggraph.codecs import buffers
+from ggraph.ir.graph import Graph
+from ggraph.plan.host_memory import check_buffers
+from ggraph.ir.opkind import OpKind
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import MIB
 
 from .profile import Profile
 from .runner import ComputeBuffer, ModelMemory, ThreadGuard, check_device
@@ -142,7 +142,7 @@ class Session(ThreadGuard):
     def __init__(self, backend: Backend, allocator: Any = None) -> None:
         self.backend = backend
         if allocator is None:
-            from ggraph.alloc import GraphAllocator
+            from ggraph.plan.alloc import GraphAllocator
 
             allocator = GraphAllocator(alignment=backend.alignment, name=backend.name.upper())
         self.allocator = allocator

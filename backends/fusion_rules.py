@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ggraph.opkind import OpKind
-from ggraph.tensor import Tensor
-from ggraph.types import GGMLType as T
+from ggraph.ir.opkind import OpKind
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import GGMLType as T
 
 NORM_OPS = (OpKind.RMS_NORM, OpKind.NORM)
 PRE_OPS = (OpKind.ADD, OpKind.MUL)

@@ -14,8 +14,8 @@ import types
 from pathlib import Path
 from typing import Any, Callable
 
-from ggraph.type_records import TYPE_RECORDS
-from ggraph.types import GGMLType
+from ggraph.ir.types import TYPE_RECORDS
+from ggraph.ir.types import GGMLType
 from .shared import codecs, codecs_k, elementwise, numeric, qdot
 
 NUMERIC = ("rint", "half_to_f32", "f32_to_half", "bf16_to_f32", "f32_to_bf16", "roundf", "mul_rn",
@@ -29,7 +29,7 @@ CODEC_HELPERS = ("_half_at", "_put_half", "_finite_or_zero", "_trunc_u8", "_half
 CODEC_CONSTANTS = ("IQ4NL_VALUES",)  # module-level arrays the codecs read (compile-time constants)
 # the modules codec functions live in; a record names a function of either
 CODEC_MODULES = (codecs, codecs_k, qdot)
-# each type's codec names in shared/codecs*.py, from its record (ggraph/type_records.py):
+# each type's codec names in shared/codecs*.py, from its record (ggraph/ir/types.py):
 # (load, store, load1) for element types, (dec, enc, dot) for block types; an empty encoder
 # name (a type without a quantizer, never stored) compiles `enc_none`
 ELEM_CODECS = {t: r.codecs for t, r in TYPE_RECORDS.items() if not r.is_quantized}

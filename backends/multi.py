@@ -1,7 +1,7 @@
 """Running one graph across several backends: a Session per device, driven split by split.
 
 `MultiSession` is what `Backend.session()` is for one device: `run(graph, inputs)`,
-`read(t)`, `write(t, values)`. It schedules the graph with ggraph.sched (cached per graph),
+`read(t)`, `write(t, values)`. It schedules the graph with ggraph.plan.sched (cached per graph),
 plans each device's graph with that device's allocator (reserve() sizes each compute buffer
 on a worst-case graph, as ggml_backend_sched_reserve does), binds each split's kernel calls,
 and runs: copy the split's inputs in from the devices holding them, then the split's calls.
@@ -19,12 +19,12 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ggraph import buffers
-from ggraph.alloc import GraphAllocator
-from ggraph.graph import Graph
-from ggraph.sched import Schedule, schedule_graph
-from ggraph.tensor import Tensor
-from ggraph.types import MIB
+from ggraph.codecs import buffers
+from ggraph.plan.alloc import GraphAllocator
+from ggraph.ir.graph import Graph
+from ggraph.plan.sched import Schedule, schedule_graph
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import MIB
 
 from .base import Backend, Session
 from .runner import ComputeBuffer, ModelMemory, ThreadGuard, check_device

@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from ggraph.opkind import OpKind
+from ggraph.ir.opkind import OpKind
 from ggraph.ops import fa_flops, mm_flops
-from ggraph.tensor import Tensor
-from ggraph.types import row_size
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import row_size
 
 # a layer number: `-12` at the end of a name, or `_l12` inside one (`cache_k_l12 (view)`)
 _LAYER_NUMBER = re.compile(r"(?:[-.]\d+$)|(?<=_l)\d+\b")

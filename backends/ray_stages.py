@@ -28,9 +28,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ggraph.graph import Graph
-from ggraph.sched import Schedule
-from ggraph.tensor import Tensor
+from ggraph.ir.graph import Graph
+from ggraph.plan.sched import Schedule
+from ggraph.ir.tensor import Tensor
 from .base import Backend
 from .multi import MultiSession, _Bound
 from .runner import ComputeBuffer
@@ -115,11 +115,12 @@ class RemoteStage:
             raise StageError(f"stage {self.name} failed ({what}): "
                              f"{str(e.cause if hasattr(e, 'cause') else e)[:300]}") from None
 
-    def attach_file(self, path: str) -> None:
-        """Map weights from the stage's own copy of the GGUF when it has this file."""
+    def attach_file(self, path: str, load: Callable[[str], Any]) -> None:
+        """Map weights from the stage's own copy of the GGUF, read by `load`, when it has
+        this file."""
         if not self.ship_weights:
-            self.mapped = bool(self.get(self.actor.has_file.remote(path, os.path.getsize(path)),
-                                        "opening the model file"))
+            self.mapped = bool(self.get(self.actor.has_file.remote(
+                path, os.path.getsize(path), load), "opening the model file"))
 
     def ship(self, g: Graph) -> _Shipped:
         """Send device graph g (and the tensors it reaches for the first time) once."""
@@ -174,8 +175,8 @@ class RayMultiSession(MultiSession):
     RemoteStage handles)."""
 
     def __init__(self, backends: Sequence[Backend], names: Sequence[str], path: str,
-                 weights: set[Tensor], strategy: str = "default", timeout: float = 60.0,
-                 pipeline: bool = True, ship_weights: bool = False,
+                 weights: set[Tensor], load: Callable[[str], Any], strategy: str = "default",
+                 timeout: float = 60.0, pipeline: bool = True, ship_weights: bool = False,
                  threads: int | None = None) -> None:
         ray = _ray()
         self.timeout, self.pipeline = timeout, pipeline
@@ -209,7 +210,7 @@ class RayMultiSession(MultiSession):
             stage = RemoteStage(actor, self._names[d], b, weights, timeout, ship_weights)
             stage.get(actor.ping.remote(), "starting; a cluster short of CPUs (or GPUs) for "
                       "another stage leaves it waiting")
-            stage.attach_file(path)
+            stage.attach_file(path, load)
             self.sessions[d] = stage  # type: ignore[call-overload]
 
     def remote(self, d: int) -> bool:
@@ -368,7 +369,7 @@ def _placeholder(b: RemoteBackend) -> Backend:
 
 def _writes_cache(n: Tensor) -> bool:
     """A node that stores into a preallocated tensor other than a weight (a KV cache)."""
-    from ggraph.opkind import OpKind
+    from ggraph.ir.opkind import OpKind
 
     if n.op not in (OpKind.SET_ROWS, OpKind.CPY) or not n.src or n.src[0] is None:
         return False

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from ggraph.graph import Graph
-from ggraph.tensor import Tensor
-from ggraph.types import MIB
+from ggraph.ir.graph import Graph
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import MIB
 
 if TYPE_CHECKING:
-    from ggraph.alloc import Plan
+    from ggraph.plan.alloc import Plan
 
 
 class ThreadGuard:

@@ -16,9 +16,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ggraph.alloc import GraphAllocator
-from ggraph.graph import Graph
-from ggraph.tensor import Tensor
+from ggraph.plan.alloc import GraphAllocator
+from ggraph.ir.graph import Graph
+from ggraph.ir.tensor import Tensor
 from .tensor_wire import LeafSpec, StageTensors
 
 
@@ -47,14 +47,13 @@ class StageServer:
         self.active: int | None = None
 
     # -- setup ------------------------------------------------------------------------------
-    def has_file(self, path: str, size: int) -> bool:
+    def has_file(self, path: str, size: int, load: Callable[[str], Any]) -> bool:
         """Whether this stage's machine holds the GGUF at `path` with the host's size: its
-        weights are then mapped from it (read and checked as the host reads it)."""
+        weights are then mapped from it by `load` (the model side's reader, passed down so
+        that a backend never imports it: read and checked as the host reads it)."""
         if not (os.path.isfile(path) and os.path.getsize(path) == size):
             return False
-        from ggraph.graphs.gguf_file import load_gguf
-
-        self.model = load_gguf(path)
+        self.model = load(path)
         return True
 
     def add_tensors(self, specs: Sequence[LeafSpec], *data: Any) -> int:

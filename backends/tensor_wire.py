@@ -18,8 +18,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ggraph.tensor import Context, Flag, Tensor
-from ggraph.types import GGMLType
+from ggraph.ir.tensor import Context, Flag, Tensor
+from ggraph.ir.types import GGMLType
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ import time
 
 from ggraph import Context, GGMLType, Graph, OpKind, Tensor
 from ggraph import ops as O
-from ggraph.alloc import plan_graph
+from ggraph.plan.alloc import plan_graph
 from ggraph.graphs.attention import AttentionShape, build_attention
-from ggraph.types import MIB
+from ggraph.ir.types import MIB
 
 
 def decoder_graph(n_nodes: int, n_embd: int = 4096, n_head: int = 32, n_head_kv: int = 8,

@@ -25,9 +25,11 @@ import time
 import numba
 import numpy as np
 
-from ggraph import Context, build_graph, ops as O, quants
+from ggraph import Context, build_graph, ops as O
+
+from ggraph.codecs import quants
 from ggraph.backends import get_backend
-from ggraph.types import GGMLType as T
+from ggraph.ir.types import GGMLType as T
 
 
 def best_of(fn, min_s: float = 0.4, max_reps: int = 200) -> float:
@@ -181,7 +183,7 @@ def bench_dispatch(rows: list, n_nodes: int = 1000) -> None:
 
 
 def bench_compile(rows: list) -> None:
-    code = ("import time; t=time.time(); from ggraph.conformance import cases_for, run_case; "
+    code = ("import time; t=time.time(); from ggraph.check.conformance import cases_for, run_case; "
             "from ggraph.backends.cpu import CPUBackend; b=CPUBackend(); "
             "[run_case(c, b) for c in cases_for()]; print(time.time()-t)")
     with tempfile.TemporaryDirectory() as cache:

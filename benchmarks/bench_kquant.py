@@ -57,7 +57,7 @@ import numpy as np
 # ggraph's CPU backend first: it sets the OpenMP runtime's bounded spin before libggml-cpu
 # loads the same libgomp (backends/cpu/threads.py), so neither side's idle threads spin long
 from ggraph.backends.cpu.membw import read_bandwidth
-from ggraph.ggml_cdefs import GGMLUnavailable, find_libggml
+from ggraph.check.ggml_cdefs import GGMLUnavailable, find_libggml
 from ggraph.graphs.bench import load_average, machine_info
 
 # weight type -> ggml_type id, block size, bytes per block (ggml.h / ggml-common.h)
@@ -104,7 +104,7 @@ def timed(fn: Callable[[], Any], min_s: float = 0.3, max_reps: int = 100) -> tup
 # -- libggml -------------------------------------------------------------------------------------
 
 # Only what this benchmark calls, with tensors opaque: no dependence on struct ggml_tensor's
-# layout (ggraph.ggml_cdefs declares it in full and checks it, for ggraph.ggml_ref).
+# layout (ggraph.check.ggml_cdefs declares it in full and checks it, for ggraph.check.ggml_ref).
 _CDEFS = """
 struct ggml_context; struct ggml_tensor; struct ggml_cgraph; struct ggml_backend;
 struct ggml_backend_buffer; struct ggml_backend_buffer_type; struct ggml_backend_reg;
@@ -317,7 +317,7 @@ class GGraphMulMat:
     def __init__(self, name: str, wbytes: np.ndarray, k: int, m: int, n: int,
                  copies: int) -> None:
         from ggraph import Context, build_graph, ops as O
-        from ggraph.types import GGMLType
+        from ggraph.ir.types import GGMLType
 
         self.type, self.n, self.copies = GGMLType[name], n, copies
         ctx = Context()

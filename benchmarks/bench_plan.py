@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from ggraph.types import MIB
+from ggraph.ir.types import MIB
 
 # name -> (`ggraph plan` arguments, seconds budget, RSS growth budget in MiB); None: no budget
 CASES: dict[str, tuple[list[str], float | None, float | None]] = {

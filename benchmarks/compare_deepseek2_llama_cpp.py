@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ggraph.conformance import nmse
+from ggraph.check.conformance import nmse
 
 N_TOKENS = 24
 N_GEN = 8
@@ -60,8 +60,8 @@ def ggraph_logits(path: str, tokens: list[int], *, backend: str = "cpu", path_na
     from ggraph.graphs.archs import deepseek2
     from ggraph.graphs.gguf_file import load_gguf
 
-    from ggraph.reference import run_reference
-    from ggraph.tensor import Context
+    from ggraph.check.reference import run_reference
+    from ggraph.ir.tensor import Context
 
     model = deepseek2.DeepSeek2Model(load_gguf(path))
     flash = path_name != "absorbed"

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ggraph.conformance import nmse
+from ggraph.check.conformance import nmse
 
 PROMPTS = ["The capital of France is",
            "Once upon a time, in a small village,",

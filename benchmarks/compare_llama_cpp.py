@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from ggraph.conformance import nmse
+from ggraph.check.conformance import nmse
 
 PROMPTS = ["The capital of France is",
            "Once upon a time, in a small village,",

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ggraph.conformance import nmse
+from ggraph.check.conformance import nmse
 
 N_CTX = 128
 SEQ_LENGTHS = (8, 24, 64)

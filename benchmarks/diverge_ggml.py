@@ -1,7 +1,7 @@
 """Where ggraph's logits (SmolLM2 by default, `--model gemma3`) part from llama.cpp's: node by
 node against libggml.
 
-1. ggraph's SmolLM2 graph run by the real libggml (ggraph.ggml_ref) gives the same logits as
+1. ggraph's SmolLM2 graph run by the real libggml (ggraph.check.ggml_ref) gives the same logits as
    llama.cpp (llama-cpp-python) bit for bit or nearly: the graphs compute the same thing.
 2. Then every node of ggraph's CPU run is compared with libggml's value of the same node, so
    the first node that differs, and how the difference grows, can be read off a table.
@@ -44,13 +44,13 @@ def main() -> int:
     import llama_cpp
 
     from ggraph.backends.cpu import CPUBackend
-    from ggraph.conformance import nmse
-    from ggraph.ggml_ref import run_graph
+    from ggraph.check.conformance import nmse
+    from ggraph.check.ggml_ref import run_graph
     from ggraph.graphs.arch import model_class
     from ggraph.backends.cpu import ggml_exact_kquants
     from ggraph.graphs.fetch import resolve_model
     from ggraph.graphs.gguf_file import load_gguf
-    from ggraph.tensor import Context
+    from ggraph.ir.tensor import Context
 
     path = str(resolve_model(args.model))
     llm = llama_cpp.Llama(model_path=path, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2,

@@ -19,7 +19,7 @@ import re
 import sys
 
 from ggraph.graphs.bench import machine_info
-from ggraph.types import MIB
+from ggraph.ir.types import MIB
 
 SETTINGS = [  # (n_ctx, n_ubatch, type_k, type_v, flash_attn)
     (4096, 512, "f16", "f16", False),
@@ -55,7 +55,7 @@ def llama_cpp_memory(path: str, n_ctx: int, n_ubatch: int, tk: str, tv: str, fa:
                      log: LlamaLog) -> dict:
     import llama_cpp
 
-    from ggraph.types import GGMLType
+    from ggraph.ir.types import GGMLType
 
     log.lines.clear()
     llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_batch=n_ubatch, n_ubatch=n_ubatch,

@@ -1,8 +1,10 @@
 """ggraph: ggml-style compute graphs in Python.
 
-The IR (Tensor, Context, Graph, the ops in ggraph.ops) records metadata only; the reference
-executor (ggraph.reference) runs any graph exactly in numpy; the allocator plans memory;
-backends (ggraph.backends) run graphs inside planned buffers.
+Layers, lowest first (docs/architecture.md): ggraph.ir (types, tensors, graphs: metadata
+only), ggraph.codecs (quantizers, stored bytes), ggraph.ops (one record per op), ggraph.plan
+(the allocator and scheduler), ggraph.check and ggraph.pictures (the reference executor and
+conformance; drawings and reports), ggraph.backends (CPU, CUDA), ggraph.graphs (models, GGUF,
+tokenizers, the engine) and ggraph.tools (the `ggraph` commands). Each imports only below it.
 """
 import os as _os
 import sys as _sys
@@ -11,17 +13,17 @@ import sys as _sys
 # user's cache directory beside the fetched models, never inside the source tree. Set before
 # any backend imports numba, which reads it once (and into numba's config where a script
 # imported numba before ggraph); NUMBA_CACHE_DIR set by the user wins.
-_os.environ.setdefault("NUMBA_CACHE_DIR", _os.path.join(
-    _os.environ.get("GGRAPH_CACHE") or _os.path.join(
-        _os.environ.get("XDG_CACHE_HOME") or _os.path.expanduser("~/.cache"), "ggraph"),
-    "numba"))
+from ggraph.config import numba_cache_dir as _numba_cache_dir  # noqa: E402
+
+_os.environ["NUMBA_CACHE_DIR"] = _numba_cache_dir()
 if "numba" in _sys.modules:  # a script imported numba first: its config read the environment
     _sys.modules["numba"].config.CACHE_DIR = _os.environ["NUMBA_CACHE_DIR"]
 
-from ggraph.types import GGMLType, row_size  # noqa: E402
-from ggraph.opkind import OpKind
-from ggraph.tensor import Context, Tensor, Flag
-from ggraph.graph import Graph, GraphCapacityError, GraphCycleError, build_graph
+from ggraph.ir.types import GGMLType, row_size  # noqa: E402
+import ggraph.codecs  # noqa: E402,F401  (completes every type record before any use)
+from ggraph.ir.opkind import OpKind
+from ggraph.ir.tensor import Context, Tensor, Flag
+from ggraph.ir.graph import Graph, GraphCapacityError, GraphCycleError, build_graph
 from ggraph import ops
 
 __version__ = "0.1.0"

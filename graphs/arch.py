@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, TypeVar
 
 import numpy as np
 
-from ggraph.tensor import Context, Tensor
-from ggraph.types import GGMLType
+from ggraph.ir.tensor import Context, Tensor
+from ggraph.ir.types import GGMLType
 
 from .gguf_file import GGUFError, GGUFModel
 from .model_graph import ModelGraph

@@ -365,7 +365,7 @@ class LlamaCppBencher:
         except ImportError as e:
             raise ValueError(f"--vs llama.cpp needs llama-cpp-python (pip install "
                              f"llama-cpp-python): {e}") from None
-        from ggraph.types import GGMLType
+        from ggraph.ir.types import GGMLType
 
         self.llm = llama_cpp.Llama(
             model_path=test.model, n_ctx=test.n_ctx, n_batch=test.n_batch,

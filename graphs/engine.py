@@ -12,7 +12,7 @@ summary_lines: graphs/kv_cache.py). A model whose tokenizer ggraph cannot build 
 loads and runs on token ids; `Engine.tokenizer` raises the tokenizer's error.
 
 Before anything is allocated the KV cache and compute buffer are compared with the memory
-available (ggraph/host_memory.py); before every evaluation one fstat checks that the mapped
+available (ggraph/plan/host_memory.py); before every evaluation one fstat checks that the mapped
 file did not change (a truncated mapping would be SIGBUS). When generation fills the context,
 `make_room` shifts it as llama-cli does (keep n_keep tokens, discard half of the rest, re-rope
 the cached K: kv_cache.discard and shift_graph), or generation stops cleanly.
@@ -31,10 +31,10 @@ from typing import Any, Iterable, Iterator, Protocol
 
 import numpy as np
 
-from ggraph.alloc import GraphAllocator, Plan
+from ggraph.plan.alloc import GraphAllocator, Plan
 from ggraph.backends.runner import ComputeBuffer, ModelMemory, Runner
-from ggraph.host_memory import check_buffers
-from ggraph.tensor import Context
+from ggraph.plan.host_memory import check_buffers
+from ggraph.ir.tensor import Context
 
 from .arch import KShift, build_model, supports
 from .gguf_file import GGUFError, load_gguf, lock_memory
@@ -148,7 +148,7 @@ def new_runner(cfg: EngineConfig, n_layer: int, host_kw: dict[str, Any],
         stage_backends = [RemoteBackend(d.kind[4:], d.node) if d.kind.startswith("ray:")
                           else get_backend(d.kind) for d in devs]
         return RayMultiSession(stage_backends + [get_backend("cpu", **host_kw)], names,
-                               file.path, set(file.tensors.values()), cfg.strategy,
+                               file.path, set(file.tensors.values()), load_gguf, cfg.strategy,
                                cfg.stage_timeout, cfg.pipeline, cfg.ship_weights,
                                host_kw.get("n_threads")), layers
     # each GPU its own backend: its context, stream and memory on device d.index

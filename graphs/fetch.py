@@ -23,7 +23,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ModelSource", "MODELS", "cache_dir", "default_model", "fetch_model",
+from ggraph.config import cache_dir
+
+__all__ = ["ModelSource", "MODELS", "default_model", "fetch_model",
            "resolve_model", "model_names"]
 
 
@@ -67,12 +69,6 @@ ALIASES = {"default": "smollm2"}
 # kept for callers of the single-model API
 PACKAGE = MODELS["smollm2"].packages[0]
 GGUF_NAME = MODELS["smollm2"].gguf_name
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("GGRAPH_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ggraph")
-    return Path(base)
 
 
 SYNTHETIC = "synthetic:"   # prefix of the synthetic models' names (graphs/synthetic.py)

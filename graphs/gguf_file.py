@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ggraph.tensor import Context, Tensor
-from ggraph.types import GGMLType
+from ggraph.ir.tensor import Context, Tensor
+from ggraph.ir.types import GGMLType
 
 from .gguf_reader import GGUFError, KVType, read_header, type_name
 
@@ -193,7 +193,7 @@ def load_gguf(path: str | os.PathLike, *, with_data: bool = True,
 def _read_all(path: str, size: int) -> np.ndarray:
     """The whole file in memory (llama.cpp's --no-mmap), its size checked against the memory
     available before the buffer is allocated."""
-    from ggraph.host_memory import check_buffers
+    from ggraph.plan.host_memory import check_buffers
 
     check_buffers([("model (--no-mmap)", size)])
     buf = np.empty(size, dtype=np.uint8)

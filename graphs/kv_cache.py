@@ -31,10 +31,10 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from ggraph import ops as O
-from ggraph.graph import Graph
-from ggraph.tensor import Context, Tensor
-from ggraph.type_records import kv_types
-from ggraph.types import GGMLType, row_size, MIB
+from ggraph.ir.graph import Graph
+from ggraph.ir.tensor import Context, Tensor
+from ggraph.ir.types import kv_types
+from ggraph.ir.types import GGMLType, row_size, MIB
 
 CACHE_TYPES = kv_types()  # -ctk/-ctv: the types whose record says kv=True
 

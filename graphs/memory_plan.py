@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ggraph.alloc import Plan, plan_graph
-from ggraph.tensor import Context
-from ggraph.types import GGMLType
+from ggraph.plan.alloc import Plan, plan_graph
+from ggraph.ir.tensor import Context
+from ggraph.ir.types import GGMLType
 
 from .arch import MLAPlanner, supports
 

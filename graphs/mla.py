@@ -25,9 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ggraph import ops as O
-from ggraph.graph import Graph
-from ggraph.tensor import Tensor
-from ggraph.types import GGMLType, MIB
+from ggraph.ir.graph import Graph
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import GGMLType, MIB
 
 from .attention import HeadJoin, kq_size_mib, split_heads
 

@@ -16,9 +16,9 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from ggraph.graph import Graph
-from ggraph.tensor import Context, Tensor
-from ggraph.types import GGMLType
+from ggraph.ir.graph import Graph
+from ggraph.ir.tensor import Context, Tensor
+from ggraph.ir.types import GGMLType
 
 from .kv_cache import IswaKVCache, KVCache
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ggraph import ops as O
-from ggraph.graph import Graph
-from ggraph.tensor import Tensor
+from ggraph.ir.graph import Graph
+from ggraph.ir.tensor import Tensor
 
 GATING_SOFTMAX = 1
 GATING_SIGMOID = 2

@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ggraph.tensor import Tensor
-from ggraph.types import MIB
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import MIB
 
 GIB = 1 << 30
 

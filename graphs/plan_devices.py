@@ -1,7 +1,7 @@
 """Planning a deployment over virtual devices: per-device weights, KV cache and compute
 buffer, the host buffer, copies per ubatch and per token, and whether each device fits.
 
-The worst-case graph (as llama.cpp reserves it) is scheduled with ggraph.sched exactly as a
+The worst-case graph (as llama.cpp reserves it) is scheduled with ggraph.plan.sched exactly as a
 real run would be, with every virtual device assumed to run every op, and each device's graph
 is planned by its own allocator (CUDA's 128-byte alignment on devices, the CPU's 32 on the
 host). Weights are counted from the model's tensor table in their real format, so a preset
@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ggraph.alloc import Plan, plan_graph
-from ggraph.sched import Schedule, schedule_graph
-from ggraph.tensor import Context, Tensor
-from ggraph.types import GGMLType, MIB
+from ggraph.plan.alloc import Plan, plan_graph
+from ggraph.plan.sched import Schedule, schedule_graph
+from ggraph.ir.tensor import Context, Tensor
+from ggraph.ir.types import GGMLType, MIB
 
 from .placement import Device, LayerMap, layer_map, place_tensors, tensor_layer
 

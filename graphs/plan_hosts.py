@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ggraph.types import MIB
+from ggraph.ir.types import MIB
 
 from .placement import Device, parse_devices
 from .plan_devices import GIB, DeploymentPlan, plan_devices

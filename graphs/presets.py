@@ -26,8 +26,8 @@ from typing import Any
 
 from gguf.constants import Keys
 
-from ggraph.tensor import Context, Tensor
-from ggraph.types import GGMLType
+from ggraph.ir.tensor import Context, Tensor
+from ggraph.ir.types import GGMLType
 
 from .arch import MLAPlanner, model_class, supports
 from .gguf_file import GGUFModel

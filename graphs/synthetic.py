@@ -6,7 +6,7 @@ Owns the table of shapes (`SHAPES`: the real models' hyperparameters and vocabul
 over tiny.py's dense layout and keys), llama.cpp's Q4_K_M type rule (`q4_k_m_type`, from
 llama_tensor_get_type in src/llama-quant.cpp), the random blocks, the streaming writer
 (`write_synthetic`) and the cache of written files (`synthetic_model`, under
-graphs.fetch.cache_dir()/synthetic/; graphs/fetch.py resolves `synthetic:NAME` through it).
+ggraph.config.cache_dir()/synthetic/; graphs/fetch.py resolves `synthetic:NAME` through it).
 
 Blocks are random bytes (numpy's Generator, all blocks of a tensor at once) whose f16 scale
 fields are then overwritten with finite values, so llama.cpp's --check-tensors and ggraph's
@@ -31,7 +31,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ggraph.types import GGMLType
+from ggraph.config import cache_dir
+from ggraph.ir.types import GGMLType
 
 from .tiny import DenseTensor, TinyDense, byte_alphabet, dense_tensors, merged_tokens
 from .tiny import MERGES, write_hparam_keys
@@ -331,8 +332,6 @@ def write_synthetic(shape: str | Shape, path: str | os.PathLike, seed: int = 0,
 
 
 def synthetic_path(name: str) -> Path:
-    from .fetch import cache_dir
-
     _shape(name)
     return cache_dir() / "synthetic" / f"{name}-q4_k_m.gguf"
 

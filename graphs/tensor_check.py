@@ -2,14 +2,14 @@
 
 Weights come from untrusted files; a NaN in one scale silently turns every logit into NaN. Like
 llama.cpp's --check-tensors, this reads float weights and the f16 scales of quantized blocks
-(ggraph.quants.first_nonfinite) and names the first bad tensor, row and element or block.
+(ggraph.codecs.quants.first_nonfinite) and names the first bad tensor, row and element or block.
 A file is scanned once per process (keyed by path, size and modification time).
 """
 from __future__ import annotations
 
 import os
 
-from ggraph.quants import first_nonfinite
+from ggraph.codecs.quants import first_nonfinite
 
 from .gguf_file import GGUFError, GGUFModel
 

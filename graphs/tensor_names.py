@@ -16,9 +16,9 @@ from typing import Iterable, Mapping
 from gguf.constants import MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, Keys
 from gguf.constants import TENSOR_NAMES as GGUF_TENSOR_NAMES
 
-from ggraph.tensor import Tensor
-from ggraph.type_records import weight_types
-from ggraph.types import GGMLType
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import weight_types
+from ggraph.ir.types import GGMLType
 
 from .gguf_file import GGUFError, GGUFModel
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ggraph import quants
-from ggraph.types import GGMLType
+from ggraph.codecs import quants
+from ggraph.ir.types import GGMLType
 
 from .tensor_names import TensorNames
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggraph.types import GGMLType
+from ggraph.ir.types import GGMLType
 
 from .tensor_names import TensorNames
 from .tiny import MERGES, add_weight, vocab as _tiny_vocab

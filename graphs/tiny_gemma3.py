@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ggraph.types import GGMLType
+from ggraph.ir.types import GGMLType
 
 from .tensor_names import TensorNames
 from .tiny import add_weight

@@ -9,7 +9,7 @@ enums) are exported here as `ggraph.ops.<name>`.
 import importlib as _importlib
 import pkgutil as _pkgutil
 
-from ggraph.opkind import OpKind as _OpKind
+from ggraph.ir.opkind import OpKind as _OpKind
 
 from .case import Case, CaseBuilder
 from .registry import REGISTRY, GGMLMap, OpDef, get_op, ops_where

@@ -12,10 +12,10 @@ from typing import Iterator
 
 import numpy as np
 
-from ggraph.opkind import Family, OpKind
-from ggraph.tensor import Tensor
-from ggraph.type_records import kv_types
-from ggraph.types import GGMLType, GGMLType as T
+from ggraph.ir.opkind import Family, OpKind
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import kv_types
+from ggraph.ir.types import GGMLType, GGMLType as T
 from .case import KV, TOL_MATMUL, TOL_SOFTMAX, Case, case
 from .registry import (FLOATS, GGMLMap, GGMLProbe, OpDef, ggml_fn, new_node, register, require,
                        require_type, types_ok)

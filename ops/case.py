@@ -18,10 +18,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ggraph.opkind import OpKind
-from ggraph.tensor import Context, Tensor
-from ggraph.type_records import kv_types, storable_types, weight_types
-from ggraph.types import GGMLType as T
+from ggraph.ir.opkind import OpKind
+from ggraph.ir.tensor import Context, Tensor
+from ggraph.ir.types import kv_types, storable_types, weight_types
+from ggraph.ir.types import GGMLType as T
 
 
 # NMSE tolerances of facts page section 9
@@ -85,15 +85,6 @@ class CaseBuilder:
         t.buffer = "cache"  # pre-allocated, zero, like a fresh KV cache
         return t
 
-    def strided(self, type: T, *ne: int) -> Tensor:
-        """A non-contiguous view with ne: a transposed, padded source (dims 0 and 1 swapped)."""
-        from . import views as V  # the view ops declare cases themselves: import when used
-
-        big = self.inp(type, ne[1] + 3, ne[0], *ne[2:])
-        v = V.view_4d(big, ne[1], ne[0], *(tuple(ne[2:]) + (1, 1))[:2], big.nb[1],
-                      big.nb[2], big.nb[3], 0) if len(ne) >= 2 else big
-        return V.transpose(v)
-
 
 @dataclass(frozen=True)
 class Case:
@@ -131,7 +122,7 @@ def any_values(B: CaseBuilder, t: T, *ne: int) -> Tensor:
 
 
 # the weight, KV and stored types the matrix, attention and set_rows/cpy cases run over:
-# every type whose record (ggraph/type_records.py) has that role
+# every type whose record (ggraph/ir/types.py) has that role
 WEIGHTS = weight_types()
 KV = kv_types()
 STORED = storable_types()

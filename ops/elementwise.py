@@ -13,13 +13,14 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ggraph.opkind import Family, OpKind
-from ggraph.tensor import Tensor
-from ggraph.types import GGMLType as T
+from ggraph.ir.opkind import Family, OpKind
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import GGMLType as T
 from .case import Case, case
 from .registry import (FLOATS, GGMLMap, GGMLProbe, OpDef, can_repeat, ggml_contiguous_from, ggml_fn,
                        ggml_packed_rows, ggml_packed_sources, new_node, register, require,
                        require_type, types_ok)
+from .views import strided
 
 FLOAT_TYPES = FLOATS
 ADD = OpKind.define("add", Family.ARITHMETIC)
@@ -164,7 +165,7 @@ def _binary_cases(kind: OpKind, f: Callable[..., Tensor]) -> Callable[[], Iterat
                 yield case(kind, lambda B, ta=ta, nb=nb: f(
                     B.inp(ta, 64, 5, 3, 2), B.inp(T.F32, *nb)), type=ta, ne_a=[64, 5, 3, 2],
                     ne_b=list(nb))
-        yield case(kind, lambda B: f(B.strided(T.F32, 16, 5), B.inp(T.F32, 16, 1)),
+        yield case(kind, lambda B: f(strided(B, T.F32, 16, 5), B.inp(T.F32, 16, 1)),
                    type=T.F32, a="strided")
     return gen
 
@@ -181,7 +182,7 @@ def _unary_cases(kind: OpKind, f: Callable[..., Tensor], **kw: Any
         for t in (T.F32, T.F16):
             yield case(kind, lambda B, t=t: f(B.inp(t, 33, 4, 3), **kw), type=t,
                        ne=[33, 4, 3], **kw)
-        yield case(kind, lambda B: f(B.strided(T.F32, 16, 5), **kw), type=T.F32,
+        yield case(kind, lambda B: f(strided(B, T.F32, 16, 5), **kw), type=T.F32,
                    src="strided", **kw)
     return gen
 

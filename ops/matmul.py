@@ -9,13 +9,14 @@ from typing import Iterator
 
 import numpy as np
 
-from ggraph.opkind import Family, OpKind
-from ggraph.tensor import Tensor
-from ggraph.type_records import weight_types
-from ggraph.types import GGMLType, GGMLType as T
+from ggraph.ir.opkind import Family, OpKind
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import weight_types
+from ggraph.ir.types import GGMLType, GGMLType as T
 from .case import TOL_MATMUL, WEIGHTS, Case, case, fit_row
 from .registry import (FLOATS, GGMLMap, OpDef, ggml_fn, ggml_packed_sources, new_node,
                        register, require, require_type, types_ok)
+from .views import strided
 
 MUL_MAT = OpKind.define("mul_mat", Family.MATMUL)
 MUL_MAT_ID = OpKind.define("mul_mat_id", Family.MATMUL)
@@ -107,7 +108,7 @@ def _mul_mat_cases() -> Iterator[Case]:
                 type=t, m=m, n=n, k=k, bs=list(bb), nr=[bb[0] // ab[0], bb[1] // ab[1]])
         k = fit_row(t, 64)
         yield case(OpKind.MUL_MAT, lambda B, t=t, k=k: mul_mat(
-            B.inp(t, k, 12), B.strided(T.F32, k, 5)), TOL_MATMUL, flops=mm_flops,
+            B.inp(t, k, 12), strided(B, T.F32, k, 5)), TOL_MATMUL, flops=mm_flops,
             type=t, m=12, n=5, k=k, b="strided")
     # SmolLM2-sized mat-vecs: ffn_down (k = 1536, a multiple of the K-quants' 256) per type
     mv = tuple((t, (576, 1, 1536)) for t in (T.Q4_0, T.Q5_0, T.Q4_K, T.Q6_K))

@@ -6,12 +6,13 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ggraph.opkind import Family, OpKind
-from ggraph.tensor import Tensor
-from ggraph.types import GGMLType, GGMLType as T
+from ggraph.ir.opkind import Family, OpKind
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import GGMLType, GGMLType as T
 from .case import Case, case
 from .registry import (GGMLMap, OpDef, ggml_fn, ggml_packed_sources, new_node, register, require,
                        require_type, types_ok)
+from .views import strided
 
 RMS_NORM = OpKind.define("rms_norm", Family.NORM)
 NORM = OpKind.define("norm", Family.NORM)
@@ -59,7 +60,7 @@ def _cases(kind: OpKind, f: Callable[..., Tensor]) -> Callable[[], Iterator[Case
     def gen() -> Iterator[Case]:
         for ne in ((64, 5, 3), (33, 2)):
             yield case(kind, lambda B, ne=ne: f(B.inp(T.F32, *ne), 1e-6), ne=list(ne))
-        yield case(kind, lambda B: f(B.strided(T.F32, 16, 5), 1e-6), ne=[16, 5], src="strided")
+        yield case(kind, lambda B: f(strided(B, T.F32, 16, 5), 1e-6), ne=[16, 5], src="strided")
     return gen
 
 

@@ -7,9 +7,9 @@ from typing import Iterator
 
 import numpy as np
 
-from ggraph.opkind import Family, OpKind
-from ggraph.tensor import Tensor
-from ggraph.types import GGMLType, GGMLType as T
+from ggraph.ir.opkind import Family, OpKind
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import GGMLType, GGMLType as T
 from .case import Case, any_values, case
 from .registry import GGMLMap, OpDef, can_repeat, ggml_fn, new_node, register, require, require_type
 

@@ -2,10 +2,11 @@
 
 An OpDef holds everything ggraph knows about an op apart from backend kernels: its params
 dataclass, its shape/type rule (run by the constructor, raising ValueError that names the op,
-the tensors and their ne), its numpy reference (run by ggraph.reference with wide
+the tensors and their ne), its numpy reference (run by ggraph.check.reference with wide
 accumulation), whether ggml-alloc may run it in place, how pictures label its edges, its
 conformance cases, and (GGMLMap) how the real libggml builds, probes and limits it. The
-modules that use the records (ggraph.ggml_ref, ggraph.ggml_cdefs, ggraph.dot) iterate them and
+modules that use the records (ggraph.check.ggml_ref, ggraph.check.ggml_cdefs, ggraph.pictures.dot)
+iterate them and
 hold no per-op branches. This module also holds ggml's layout predicates those limits use.
 """
 from __future__ import annotations
@@ -15,10 +16,10 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
-from ggraph.opkind import Family, OpKind
-from ggraph.tensor import Tensor, contiguous_strides, fmt_ne
-from ggraph.type_records import element_floats, storable_types
-from ggraph.types import GGMLType
+from ggraph.ir.opkind import Family, OpKind
+from ggraph.ir.tensor import Tensor, contiguous_strides, fmt_ne
+from ggraph.ir.types import element_floats, storable_types
+from ggraph.ir.types import GGMLType
 
 
 class Executor(Protocol):
@@ -37,7 +38,7 @@ def _any_types(node: Tensor) -> bool:
 
 
 class GGMLProbe(Protocol):
-    """What an op's enum probe (GGMLMap.probe) is handed by ggraph.ggml_cdefs: libggml's
+    """What an op's enum probe (GGMLMap.probe) is handed by ggraph.check.ggml_cdefs: libggml's
     functions, a no-alloc context, C NULL, an F32 tensor `a` of ne [64, 4, 2, 1], and `new`
     for any other tensor the constructor needs. ops/ never imports cffi: these are objects."""
     lib: Any
@@ -98,7 +99,7 @@ class OpDef:
     reference: RefFn | None          # None for views (no computation)
     params_type: type | None = None
     inplace: bool = False            # ggml-alloc may give a parent's memory to the result
-    cases: Callable[[], Iterable[Any]] | None = None  # conformance cases (ggraph.conformance)
+    cases: Callable[[], Iterable[Any]] | None = None  # conformance cases (ggraph.check.conformance)
     # the source/result types every backend's kernels accept (a backend may narrow it), and
     # what the coverage table says where it refuses
     accepts: Callable[[Tensor], bool] = _any_types
@@ -165,7 +166,7 @@ def types_ok(node: Tensor, *roles_ok: Sequence[GGMLType]) -> bool:
 
 # type groups the accepts rules use
 FLOATS = (GGMLType.F32, GGMLType.F16)
-ELEM_FLOATS = element_floats()   # from the type records (ggraph/type_records.py)
+ELEM_FLOATS = element_floats()   # from the type records (ggraph/ir/types.py)
 STORABLE = storable_types()      # set_rows / cpy destinations: records with storable=True
 
 

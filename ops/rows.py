@@ -1,7 +1,7 @@
 """Row gather and scatter: get_rows (dequantizing) and set_rows (quantize on write).
 
 set_rows is how a KV cache is written: F32 rows converted to the cache's type (any storable
-type of ggraph/type_records.py: F16, BF16, Q8_0, Q5_0, IQ4_NL, ...) land in the rows picked
+type of ggraph/ir/types.py: F16, BF16, Q8_0, Q5_0, IQ4_NL, ...) land in the rows picked
 by an I64/I32 index; the result is a view of the destination, so later ops read the cache
 through it.
 """
@@ -11,10 +11,10 @@ from typing import Iterator
 
 import numpy as np
 
-from ggraph.opkind import Family, OpKind
-from ggraph.tensor import Tensor
-from ggraph.type_records import weight_types
-from ggraph.types import GGMLType, GGMLType as T
+from ggraph.ir.opkind import Family, OpKind
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import weight_types
+from ggraph.ir.types import GGMLType, GGMLType as T
 from .case import STORED, TOL_DEFAULT, WEIGHTS, Case, case
 from .registry import (STORABLE, GGMLMap, OpDef, ggml_fn, new_node, new_view, register, require,
                        require_type, types_ok)

@@ -11,10 +11,11 @@ from typing import Iterator
 
 import numpy as np
 
-from ggraph.opkind import Family, OpKind
-from ggraph.tensor import Tensor, fmt_ne
-from ggraph.types import GGMLType as T
-from .case import QUANT_STORED, STORED, Case, TOL_DEFAULT, TOL_QUANT_COPY, any_values, case
+from ggraph.ir.opkind import Family, OpKind
+from ggraph.ir.tensor import Tensor, fmt_ne
+from ggraph.ir.types import GGMLType as T
+from .case import (QUANT_STORED, STORED, TOL_DEFAULT, TOL_QUANT_COPY, Case, CaseBuilder, any_values,
+                   case)
 from .registry import GGMLMap, OpDef, ggml_fn, new_node, new_view, register, require
 
 VIEW = OpKind.define("view", Family.VIEW)
@@ -156,7 +157,7 @@ def _cpy_cases() -> Iterator[Case]:
             yield case(OpKind.CPY, lambda B, s=src, d=dst: cpy(
                 B.inp(s, 64, 6, 2), B.cache(d, 64, 12)), tol, type_src=src, type_dst=dst)
         yield case(OpKind.CPY, lambda B, s=src: cpy(
-            B.strided(s, 32, 6), B.cache(T.F16, 32, 6)), TOL_DEFAULT, type_src=src,
+            strided(B, s, 32, 6), B.cache(T.F16, 32, 6)), TOL_DEFAULT, type_src=src,
             type_dst=T.F16, src="strided")
     for t in (T.I32, T.I64):
         yield case(OpKind.CPY, lambda B, t=t: cpy(any_values(B, t, 16, 6), B.cache(t, 96)),
@@ -183,7 +184,7 @@ def _ggml_view(lib, ctx, t: Tensor, S: list):
 
 
 # probes: ggml's constructors on the probe tensor `a` (F32, ne [64, 4, 2, 1]); ggml_view_4d
-# and ggml_reshape_4d are declared by ggraph/ggml_cdefs.py, which uses them itself
+# and ggml_reshape_4d are declared by ggraph/check/ggml_cdefs.py, which uses them itself
 register(OpDef(OpKind.VIEW, "view", None, cases=_one_kind(OpKind.VIEW),
                ggml=GGMLMap(build=_ggml_view, probe=lambda k: k.lib.ggml_view_4d(
                    k.ctx, k.a, 64, 4, 1, 1, 256, 1024, 1024, 0))))
@@ -208,3 +209,12 @@ register(OpDef(OpKind.CONT, "cont", _ref_cont, cases=_cont_cases,
 register(OpDef(OpKind.CPY, "x->y", _ref_cpy, cases=_cpy_cases, src_labels=True,
                ggml=GGMLMap(cdecl=ggml_fn("ggml_cpy", "a", "b"),
                             probe=lambda k: k.lib.ggml_cpy(k.ctx, k.a, k.a))))
+
+
+def strided(B: CaseBuilder, type: T, *ne: int) -> Tensor:
+    """A case input that is a non-contiguous view with ne: a transposed, padded source (dims 0
+    and 1 swapped), for the cases of ops that must read strided sources."""
+    big = B.inp(type, ne[1] + 3, ne[0], *ne[2:])
+    v = view_4d(big, ne[1], ne[0], *(tuple(ne[2:]) + (1, 1))[:2], big.nb[1], big.nb[2],
+                big.nb[3], 0) if len(ne) >= 2 else big
+    return transpose(v)

@@ -1,4 +1,4 @@
-"""Tests of the graph allocator (ggraph.alloc), its reports and `ggraph report`."""
+"""Tests of the graph allocator (ggraph.plan.alloc), its reports and `ggraph report`."""
 from __future__ import annotations
 
 import json
@@ -11,16 +11,16 @@ from test_alloc_properties import check_plan, random_graph
 
 from ggraph import (Context, GGMLType, Graph, GraphCapacityError, GraphCycleError, OpKind,
                     Tensor, build_graph)
-from ggraph import alloc_report as R
+from ggraph.pictures import alloc_report as R
 from ggraph import ops as O
-from ggraph.alloc import (BufferLimitError, GraphAllocator, GraphOrderError,
+from ggraph.plan.alloc import (BufferLimitError, GraphAllocator, GraphOrderError,
                           GraphOverCapacityError, TensorGrewError, TensorSizeError,
                           TopologyError, check_graph, plan_graph)
-from ggraph.alloc_trace import ALLOC, FREE, trace_liveness
-from ggraph.alloc_trace import live_peak as trace_peak
+from ggraph.plan.alloc_trace import ALLOC, FREE, trace_liveness
+from ggraph.plan.alloc_trace import live_peak as trace_peak
 from ggraph.cli import main as cli_main
 from ggraph.graphs.attention import AttentionShape, build_attention, split_heads
-from ggraph.types import MIB
+from ggraph.ir.types import MIB
 
 
 # -- the attention graph, reserved as llama.cpp does --------------------------------------------

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from ggraph import Context, GGMLType, OpKind, Tensor, build_graph
 from ggraph import ops as O
-from ggraph.alloc import GraphAllocator, Plan, plan_graph
+from ggraph.plan.alloc import GraphAllocator, Plan, plan_graph
 from ggraph.ops.registry import get_op
-from ggraph.reference import ReferenceExecutor, run_reference
+from ggraph.check.reference import ReferenceExecutor, run_reference
 
 INPLACE = [OpKind.ADD, OpKind.MUL, OpKind.SCALE, OpKind.SOFT_MAX, OpKind.ROPE,
            OpKind.RMS_NORM, OpKind.SILU]

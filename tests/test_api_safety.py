@@ -10,10 +10,10 @@ from ggraph import Context, build_graph, ops
 from ggraph.backends import get_backend
 from ggraph.backends.cpu import CPUBackend
 from ggraph.backends.multi import MultiSession
-from ggraph.opkind import OpKind
+from ggraph.ir.opkind import OpKind
 from ggraph.ops.registry import new_view
-from ggraph.reference import run_reference
-from ggraph.tensor import Tensor
+from ggraph.check.reference import run_reference
+from ggraph.ir.tensor import Tensor
 
 
 def _cpu(g, inputs):

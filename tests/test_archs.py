@@ -14,15 +14,15 @@ import pytest
 from gguf.constants import MODEL_ARCH, MODEL_TENSORS, TENSOR_NAMES
 
 from ggraph import ops as O
-from ggraph.graph import Graph
+from ggraph.ir.graph import Graph
 from ggraph.graphs import archs, engine, model_graph
 from ggraph.graphs.arch import (ARCHITECTURES, Architecture, MLAPlanner, architectures_with,
                                 discover_architectures, model_class, register_arch, supports)
 from ggraph.graphs.attention import HeadJoin
 from ggraph.graphs.gguf_file import GGUFError, GGUFModel
 from ggraph.graphs.tensor_names import TensorNames, expect_tensor
-from ggraph.reference import run_reference
-from ggraph.tensor import Context
+from ggraph.check.reference import run_reference
+from ggraph.ir.tensor import Context
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from ggraph.cli import argv_text, error_text, main
+from ggraph.cli import main
+from ggraph.tools.cli_text import argv_text, error_text
 
 DEFAULT = "default"
 RUN = ["run", DEFAULT, "-n", "2", "-c", "64"]

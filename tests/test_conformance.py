@@ -13,8 +13,8 @@ import pytest
 
 from ggraph.backends.base import Kernel
 from ggraph.backends.cpu import CPUBackend
-from ggraph.conformance import compare, cases_for, nmse, run_case
-from ggraph.opkind import OpKind
+from ggraph.check.conformance import compare, cases_for, nmse, run_case
+from ggraph.ir.opkind import OpKind
 from ggraph.ops.registry import REGISTRY
 
 ALL_CASES = list(cases_for())

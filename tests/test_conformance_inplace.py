@@ -12,13 +12,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from ggraph.alloc import GraphAllocator, plan_graph
+from ggraph.plan.alloc import GraphAllocator, plan_graph
 from ggraph.backends.base import Kernel
 from ggraph.backends.cpu import CPUBackend
-from ggraph.conformance import (NoInPlaceSource, Summary, cases_for,
+from ggraph.check.conformance import (NoInPlaceSource, Summary, cases_for,
                                 cases_inplace, inplace_graph, inplace_ops, run_case,
                                 run_case_inplace)
-from ggraph.opkind import OpKind
+from ggraph.ir.opkind import OpKind
 from ggraph.ops.registry import REGISTRY
 
 RUNS = list(cases_inplace())

@@ -13,9 +13,9 @@ from ggraph.backends.cpu import kernels as CK
 
 from ggraph import Context, build_graph
 from ggraph import ops as O
-from ggraph.conformance import nmse
-from ggraph.opkind import OpKind
-from ggraph.reference import run_reference
+from ggraph.check.conformance import nmse
+from ggraph.ir.opkind import OpKind
+from ggraph.check.reference import run_reference
 
 SHAPES = [  # head_dim, n_head, n_head_kv, n_tokens, n_kv, cache size
     (64, 9, 3, 1, 768, 1024),   # SmolLM2 decode

@@ -11,7 +11,7 @@ import pytest
 from ggraph import Context, build_graph, ops
 from ggraph.backends import get_backend
 from ggraph.backends.cpu import kernels
-from ggraph.reference import run_reference
+from ggraph.check.reference import run_reference
 
 
 def _case(nt: int, n_kv: int, nh: int, nkv_h: int, mask_heads: int, visible, dk: int = 64,

@@ -85,7 +85,7 @@ def test_each_backend_keeps_to_its_gpu(two_gpus, tmp_path):
     """The tiny llama over `--devices cuda,cuda` (and the host CPU): the layers on GPU 1 are
     allocated, uploaded and launched with GPU 1 current, on backend 1's stream; the same
     logits and greedy tokens as the CPU alone."""
-    from ggraph.conformance import nmse
+    from ggraph.check.conformance import nmse
     from ggraph.graphs.engine import Engine, EngineConfig
     from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
 

@@ -23,8 +23,8 @@ require_simulator()
 from ggraph import Context, GGMLType as T, build_graph, ops as O  # noqa: E402
 from ggraph.backends.cuda import CUDABackend  # noqa: E402
 from ggraph.backends.cuda import templates_attn as KA  # noqa: E402
-from ggraph.conformance import compare  # noqa: E402
-from ggraph.reference import run_reference  # noqa: E402
+from ggraph.check.conformance import compare  # noqa: E402
+from ggraph.check.reference import run_reference  # noqa: E402
 
 pytestmark = pytest.mark.cudasim
 sys.setswitchinterval(5e-4)  # simulated threads wait on each other at barriers: switch sooner

@@ -16,9 +16,9 @@ require_simulator()
 
 from ggraph import Context, GGMLType as T, build_graph, ops as O  # noqa: E402
 from ggraph.backends.cuda import CUDABackend  # noqa: E402
-from ggraph.conformance import compare  # noqa: E402
-from ggraph.opkind import OpKind  # noqa: E402
-from ggraph.reference import run_reference  # noqa: E402
+from ggraph.check.conformance import compare  # noqa: E402
+from ggraph.ir.opkind import OpKind  # noqa: E402
+from ggraph.check.reference import run_reference  # noqa: E402
 
 pytestmark = pytest.mark.cudasim
 sys.setswitchinterval(5e-4)
@@ -109,7 +109,7 @@ def test_gate_up_and_swiglu_fuse(wt):
 def test_tiny_llama_decodes_fused_as_the_cpu(tmp_path):
     """A whole model's decode steps on CUDA with every group the pass finds (the GLU over x's
     freed memory falls back to the gate/up pair): the CPU's logits and greedy tokens."""
-    from ggraph.conformance import nmse
+    from ggraph.check.conformance import nmse
     from ggraph.graphs.engine import Engine, EngineConfig
     from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
 

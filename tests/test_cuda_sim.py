@@ -30,9 +30,9 @@ from ggraph.backends.base import UnsupportedOpError  # noqa: E402
 from ggraph.backends.cuda import CUDABackend  # noqa: E402
 from ggraph.backends.cuda import kernels as CK, templates as K, templates_mm as KM  # noqa
 from ggraph.backends.cuda import templates_attn as KA  # noqa: E402
-from ggraph.conformance import cases_for, compare, run_case  # noqa: E402
-from ggraph.opkind import OpKind  # noqa: E402
-from ggraph.reference import run_reference  # noqa: E402
+from ggraph.check.conformance import cases_for, compare, run_case  # noqa: E402
+from ggraph.ir.opkind import OpKind  # noqa: E402
+from ggraph.check.reference import run_reference  # noqa: E402
 from ggraph.tools import gpu_check  # noqa: E402
 
 pytestmark = pytest.mark.cudasim
@@ -321,7 +321,7 @@ def test_scheduler_splits_a_model_across_cpu_and_cuda(tmp_path):
     """The tiny llama with its last layer of 2 on CUDA (the scheduler copies activations and
     inputs across): the logits of the CPU alone, and the same greedy tokens. SmolLM2 itself
     takes minutes per token in the simulator: benchmarks/sched_smollm2_cudasim.py."""
-    from ggraph.conformance import nmse
+    from ggraph.check.conformance import nmse
     from ggraph.graphs.engine import Engine, EngineConfig
     from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
 
@@ -346,7 +346,7 @@ def test_scheduler_splits_a_model_across_cpu_and_cuda(tmp_path):
 # allocator at CUDA's alignment (the whole in-place mode on the CPU: test_conformance_inplace.py;
 # here each case costs seconds). add runs on each of its sources in turn.
 
-from ggraph.conformance import inplace_graph, run_case_inplace  # noqa: E402
+from ggraph.check.conformance import inplace_graph, run_case_inplace  # noqa: E402
 
 
 def _inplace_case(op, **want):

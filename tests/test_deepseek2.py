@@ -20,11 +20,11 @@ from ggraph.graphs.gguf_file import GGUFError, load_gguf
 from ggraph.graphs.mla import MLAShape, absorbed_groups, decompress_groups, ik_decompress_niter
 from ggraph.graphs.tiny_deepseek2 import TinyDeepSeek2, write_tiny_deepseek2
 
-from ggraph.conformance import nmse
-from ggraph.graph import GraphCapacityError
-from ggraph.reference import run_reference
-from ggraph.tensor import Context
-from ggraph.types import MIB
+from ggraph.check.conformance import nmse
+from ggraph.ir.graph import GraphCapacityError
+from ggraph.check.reference import run_reference
+from ggraph.ir.tensor import Context
+from ggraph.ir.types import MIB
 
 
 

@@ -1,4 +1,4 @@
-"""Graph pictures (ggraph.dot, `ggraph dot`): what a node shows, layers and split steps as
+"""Graph pictures (ggraph.pictures.dot, `ggraph dot`): what a node shows, layers and split steps as
 clusters, plans drawn into the picture, SVGs of real model layers rendered by Graphviz's `dot`,
 and the bad inputs (an unknown layer, a graph too big to draw, `dot` missing).
 
@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from ggraph import Context, build_graph, dot, ops
-from ggraph.alloc import GraphAllocator
+from ggraph import Context, build_graph, ops
+
+from ggraph.pictures import dot
+from ggraph.plan.alloc import GraphAllocator
 from ggraph.cli import main as cli
 
 HAVE_DOT = shutil.which("dot") is not None

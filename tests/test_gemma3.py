@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ggraph.conformance import nmse
+from ggraph.check.conformance import nmse
 from ggraph.graphs.engine import Engine, EngineConfig
 from ggraph.graphs.gguf_file import GGUFError, load_gguf
 from ggraph.graphs.kv_cache import IswaKVCache, KVCache, kv_cache_bytes, swa_cache_size
 from ggraph.graphs.tiny_gemma3 import write_tiny_gguf
-from ggraph.types import GGMLType
+from ggraph.ir.types import GGMLType
 
 N_SWA = 16
 CFG = dict(n_ctx=512, n_ubatch=64)   # ring: pad256(16 + 64) = 256 cells
@@ -141,7 +141,7 @@ def test_cutting_back_inside_and_outside_the_ring(engine):
 
 
 def test_swa_mask_of_a_ubatch():
-    from ggraph.tensor import Context
+    from ggraph.ir.tensor import Context
 
     c = IswaKVCache.create(Context(), [True, False], 8, 8, 512, n_swa=4, n_ubatch=8)
     assert c.swa.size == 256 and c.base.size == 512 and c.swa_n_kv(256) == 256
@@ -202,7 +202,7 @@ def test_flash_attention_matches_plain(engine, tiny):
 
 
 def test_a_ubatch_longer_than_the_ring_allows_is_refused(tiny):
-    from ggraph.tensor import Context
+    from ggraph.ir.tensor import Context
 
     eng_model = Engine(tiny, EngineConfig(**CFG)).model
     cache = eng_model.new_cache(Context(), 1024, n_ubatch=64)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ggraph import Context, GGMLType as T, build_graph, ggml_ref, ops as O
+from ggraph import Context, GGMLType as T, build_graph, ops as O
+
+from ggraph.check import ggml_ref
 from ggraph.backends.cpu import CPUBackend
 from ggraph.backends.cpu.ggml_exact import host_matches_ggml_build
-from ggraph.conformance import nmse
+from ggraph.check.conformance import nmse
 from ggraph.ops.rope import RopeMode
 
 try:

@@ -1,4 +1,4 @@
-"""ggraph against the real libggml (ggraph.ggml_ref, through cffi).
+"""ggraph against the real libggml (ggraph.check.ggml_ref, through cffi).
 
 Skipped, saying why, where libggml is not installed (`pip install llama-cpp-python` builds it;
 benchmarks/compare_ggml.sh installs it and runs the full comparison). Otherwise: the library
@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ggraph import ggml_ref
-from ggraph.alloc import plan_graph
-from ggraph.conformance import cases_for, compare, run_case
-from ggraph.graph import build_graph
-from ggraph.opkind import OpKind
-from ggraph.reference import run_reference
+from ggraph.check import ggml_ref
+from ggraph.plan.alloc import plan_graph
+from ggraph.check.conformance import cases_for, compare, run_case
+from ggraph.ir.graph import build_graph
+from ggraph.ir.opkind import OpKind
+from ggraph.check.reference import run_reference
 
 try:
     LIB = ggml_ref.load()
@@ -154,7 +154,7 @@ def test_tiny_llama_graph_matches_ggml_gallocr(tmp_path):
     from ggraph.graphs.arch import model_class
     from ggraph.graphs.gguf_file import load_gguf
     from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
-    from ggraph.tensor import Context
+    from ggraph.ir.tensor import Context
 
     gguf = load_gguf(write_tiny_llama(tmp_path / "t.gguf", TinyLlama(weight_type="q8_0")))
     model = model_class(gguf.arch, gguf.path)(gguf)
@@ -173,7 +173,7 @@ def test_alignment_other_than_the_cpu_buffer_type_is_refused():
 
 def np_leaf_graph():
     from ggraph import ops as O
-    from ggraph.tensor import Context
+    from ggraph.ir.tensor import Context
 
     x = Context().from_numpy(np.ones((2, 32), np.float32))
     return O.silu(x)

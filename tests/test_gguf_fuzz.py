@@ -88,7 +88,7 @@ def test_structured_mutants_are_reproducible(bases):
 def test_clean_error_rules(tmp_path):
     from ggraph import ops
     from ggraph.graphs.gguf_file import load_gguf
-    from ggraph.tensor import Context
+    from ggraph.ir.tensor import Context
 
     with pytest.raises(GGUFError) as e:
         load_gguf(tmp_path / "none.gguf")

@@ -192,8 +192,8 @@ def test_check_tensors_names_the_first_bad_tensor_and_block(tiny, tmp_path):
 
 @pytest.mark.parametrize("ty", ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"])
 def test_first_nonfinite_every_type(ty):
-    from ggraph import quants
-    from ggraph.types import GGMLType
+    from ggraph.codecs import quants
+    from ggraph.ir.types import GGMLType
 
     t = GGMLType.parse(ty)
     x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)

@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pytest
 
-from ggraph.opkind import OpKind
+from ggraph.ir.opkind import OpKind
 from ggraph.tools import gpu_check, gpu_child, gpu_perf
 
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
@@ -163,7 +163,7 @@ def test_torch_peers_match_the_perf_cases_shapes():
 @sim_only
 def test_device_input_check_sees_a_corrupted_device_copy(sim):
     R, CUDABackend = sim
-    from ggraph.conformance import cases_for, run_case
+    from ggraph.check.conformance import cases_for, run_case
 
     backend = CUDABackend()
     kept = gpu_check.track_uploads(backend)
@@ -223,7 +223,7 @@ def test_kernel_writing_into_its_source_passes_conformance_but_not_the_input_che
 def test_random_weights_are_made_on_the_device_with_finite_scales(sim, wtype):
     R, CUDABackend = sim
     from ggraph.tools import gpu_decode as D
-    from ggraph.types import GGMLType
+    from ggraph.ir.types import GGMLType
 
     backend = CUDABackend()
     model, weights = D.random_model(D.TINY, GGMLType.parse(wtype))

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from ggraph import (Context, GGMLType, Graph, GraphCapacityError, GraphCycleError, build_graph,
                     ops)
-from ggraph.reference import run_reference
+from ggraph.check.reference import run_reference
 
 
 def small_example():

@@ -1,4 +1,4 @@
-"""ggraph.kquantize (numpy K-quant and IQ4_XS quantizers) against ggml's own quantizer.
+"""ggraph.codecs.kquantize (numpy K-quant and IQ4_XS quantizers) against ggml's own quantizer.
 
 With libggml (llama-cpp-python's build, or $GGRAPH_LIBGGML): every block's bytes must equal
 what `ggml_quantize_chunk(type, ..., imatrix=NULL)` writes (it runs quantize_row_q*_K_ref /
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ggraph.kquantize import KQUANT_KERNELS
+from ggraph.codecs.kquantize import KQUANT_KERNELS
 
 gguf = pytest.importorskip("gguf", reason="gguf-py (the reference dequantizer) is not installed")
 from gguf.quants import dequantize  # noqa: E402
@@ -33,9 +33,9 @@ RMS_BOUND = {"Q2_K": 0.36, "Q3_K": 0.18, "Q4_K": 0.086, "Q5_K": 0.044, "Q6_K": 0
 
 def _load_quantize_chunk():
     try:
-        from ggraph.ggml_cdefs import GGMLUnavailable, find_libggml
+        from ggraph.check.ggml_cdefs import GGMLUnavailable, find_libggml
     except ImportError as e:  # pragma: no cover - ggraph always ships it
-        return None, f"ggraph.ggml_cdefs unavailable: {e}"
+        return None, f"ggraph.check.ggml_cdefs unavailable: {e}"
     try:
         lib = ctypes.CDLL(str(find_libggml() / "libggml-base.so"))
     except (GGMLUnavailable, OSError) as e:

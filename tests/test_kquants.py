@@ -1,4 +1,4 @@
-"""The K-quants, IQ4_NL, IQ4_XS and Q8_K (ggraph/quants_k.py) and the Q5 types: numpy codecs
+"""The K-quants, IQ4_NL, IQ4_XS and Q8_K (ggraph/codecs/quants_k.py) and the Q5 types: numpy codecs
 bit-exact with gguf.quants and libggml, their records, and the compiled codecs
 (backends/shared/codecs*.py) bit-exact with the numpy ones."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ import gguf.quants
 import numpy as np
 import pytest
 
-from ggraph.quants import dequantize, first_nonfinite, quantize
-from ggraph.type_records import kv_types, storable_types, weight_types
-from ggraph.types import GGMLType as T
+from ggraph.codecs.quants import dequantize, first_nonfinite, quantize
+from ggraph.ir.types import kv_types, storable_types, weight_types
+from ggraph.ir.types import GGMLType as T
 
 NEW_WEIGHTS = [T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS]
 K_TYPES = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS]
@@ -66,7 +66,8 @@ def test_records() -> None:
 
 @pytest.mark.parametrize("t", K_TYPES, ids=str)
 def test_quantize_through_the_record(t: T) -> None:
-    """ggraph.quants.quantize reaches the K-quant quantizers of ggraph/kquantize.py (bit-exact
+    """ggraph.codecs.quants.quantize reaches the K-quant quantizers of ggraph/codecs/kquantize.py
+    (bit-exact
     with libggml: tests/test_kquantize.py) and gguf.quants reads their bytes back."""
     x = np.random.default_rng(3).normal(size=(3, 512)).astype(np.float32)
     raw = quantize(t, x)
@@ -104,7 +105,7 @@ def test_quantizers_match_libggml(t: T, kind: str) -> None:
     quantizer ggml_quantize_chunk runs for files); Q8_K: quantize_row_q8_K_ref. Blocks that
     are all zero are compared by value: ggml leaves part of them unwritten."""
     pytest.importorskip("llama_cpp", reason="libggml comes with llama-cpp-python")
-    from ggraph.ggml_cdefs import find_libggml
+    from ggraph.check.ggml_cdefs import find_libggml
 
     lib = ctypes.CDLL(str(next(find_libggml().glob("libggml-base.*"))))
     fn = getattr(lib, {T.IQ4_NL: "quantize_row_iq4_nl_ref", T.Q8_K: "quantize_row_q8_K_ref"}[t])

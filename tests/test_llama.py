@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ggraph.conformance import nmse
+from ggraph.check.conformance import nmse
 from ggraph.graphs.engine import Engine, EngineConfig
 from ggraph.graphs.model_graph import causal_batch
 from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
-from ggraph.reference import run_reference
-from ggraph.tensor import Context
-from ggraph.types import MIB
+from ggraph.check.reference import run_reference
+from ggraph.ir.tensor import Context
+from ggraph.ir.types import MIB
 
 
 
@@ -78,7 +78,7 @@ def test_quantized_kv_cache_with_flash_attention(tiny, tk, tv):
     eng = Engine(tiny, EngineConfig(n_ctx=256, n_ubatch=32, type_k=tk, type_v=tv,
                                     flash_attn=True))
     from ggraph.graphs.kv_cache import kv_cache_bytes
-    from ggraph.types import GGMLType
+    from ggraph.ir.types import GGMLType
 
     hp = eng.model.hp
     assert eng.cache.nbytes == kv_cache_bytes(hp.n_layer, hp.n_embd_gqa, hp.n_embd_gqa, 256,

@@ -1,7 +1,7 @@
 """An op's record is enough for the modules that consume records: toy ops defined outside
 ggraph.ops (tests/toy_ops.py) with the record fields (GGMLMap op/cdecl/build/probe/limits/
-cpu_limits, GGMLMap.unary, OpDef.src_labels) are drawn by ggraph.dot and run, probed and
-refused by ggraph.ggml_ref without a line of those files naming them.
+cpu_limits, GGMLMap.unary, OpDef.src_labels) are drawn by ggraph.pictures.dot and run, probed and
+refused by ggraph.check.ggml_ref without a line of those files naming them.
 
 The toys join the process-wide registry, so they live in a child process; its facts come back
 as JSON. Also checked here, in this process: every real record's ggml mapping is complete
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ggraph import ggml_ref
+from ggraph.check import ggml_ref
 from ggraph.ops import REGISTRY
 
 HERE = Path(__file__).parent

@@ -20,7 +20,7 @@ import gguf
 import gguf.quants as gq
 
 from ggraph import Context, GGMLType, build_graph, ops
-from ggraph.reference import run_reference
+from ggraph.check.reference import run_reference
 
 SLOW_OK = settings(max_examples=50, deadline=None)
 

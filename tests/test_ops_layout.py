@@ -2,7 +2,7 @@
 
 Views are checked by gathering elements straight from the root's bytes with the view's own
 ne/nb/offset (loops); cpy/set_rows into quantized types are compared byte for byte with
-gguf.quants (and ggraph.quants) and bounded by one quantization step; rows not written keep
+gguf.quants (and ggraph.codecs.quants) and bounded by one quantization step; rows not written keep
 their bytes. get_rows reads quantized rows; concat covers every dim; repeat tiles by modulo.
 """
 from __future__ import annotations
@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 import gguf
 import gguf.quants as gq
 
-from ggraph import Context, GGMLType, build_graph, ops, quants
-from ggraph.reference import run_reference
-from ggraph.types import row_size
+from ggraph import Context, GGMLType, build_graph, ops
+
+from ggraph.codecs import quants
+from ggraph.check.reference import run_reference
+from ggraph.ir.types import row_size
 
 FEW = settings(max_examples=30, deadline=None)
 QTYPES = [GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1]

@@ -20,7 +20,7 @@ import gguf.quants as gq
 
 from ggraph import Context, GGMLType, build_graph, ops
 from ggraph.ops import RopeMode, SortOrder
-from ggraph.reference import run_reference
+from ggraph.check.reference import run_reference
 
 FEW = settings(max_examples=30, deadline=None)
 

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from ggraph import Context, alloc_report as R, build_graph, dot, ops
-from ggraph.alloc import GraphAllocator
+from ggraph import Context, build_graph, ops
+
+from ggraph.pictures import alloc_report as R, dot
+from ggraph.plan.alloc import GraphAllocator
 from ggraph.cli import main as cli
-from ggraph.dot_summary import BAR_WIDTH, MEMORY_BAR, TIME_BAR, WEIGHT_BAR
+from ggraph.pictures.dot_summary import BAR_WIDTH, MEMORY_BAR, TIME_BAR, WEIGHT_BAR
 
 
 def layered_graph():

@@ -18,7 +18,7 @@ from ggraph.graphs.presets import bytes_per_weight, header_model, preset_model
 from ggraph.graphs.tiny_deepseek2 import write_tiny_deepseek2
 
 from ggraph.cli import main
-from ggraph.types import MIB
+from ggraph.ir.types import MIB
 
 GIB = 1 << 30
 

@@ -10,7 +10,7 @@ import pytest
 from ggraph import Context, build_graph, ops
 from ggraph.backends.cpu import CPUBackend
 from ggraph.backends.profile import Profile, node_bytes, node_flops, pattern
-from ggraph.types import GGMLType as T
+from ggraph.ir.types import GGMLType as T
 
 
 def _graph(k: int = 64, m: int = 32, n: int = 3):

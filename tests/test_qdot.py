@@ -13,8 +13,8 @@ from ggraph.backends import get_backend
 from ggraph.backends.cpu import qrows, qsimd, qvec
 from ggraph.backends.shared import qdot as shared
 from ggraph.ops.case import random_blocks
-from ggraph.quants import dequantize, quantize
-from ggraph.type_records import TYPE_RECORDS
+from ggraph.codecs.quants import dequantize, quantize
+from ggraph.ir.types import TYPE_RECORDS
 
 QDOT_TYPES = [t for t, r in TYPE_RECORDS.items() if r.qdot]
 # Q4_1/Q5_1 dot Q8_1, whose sum term d*sum(q) is stored as f16 (rounded): ~2^-11 relative

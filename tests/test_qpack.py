@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ggraph import quants
-from ggraph.type_records import TYPE_RECORDS
-from ggraph.types import GGMLType as T
+from ggraph.codecs import quants
+from ggraph.ir.types import TYPE_RECORDS
+from ggraph.ir.types import GGMLType as T
 from ggraph.backends.cpu import kernels as KK
 from ggraph.backends.cpu import qlanes, qpack
 

@@ -1,4 +1,4 @@
-"""ggraph.quants must be bit-exact with gguf.quants (itself bit-exact with ggml's C code).
+"""ggraph.codecs.quants must be bit-exact with gguf.quants (itself bit-exact with ggml's C code).
 
 The types here are those gguf.quants can quantize too; the K-quants, IQ4 and Q8_K are checked
 in tests/test_kquants.py."""
@@ -13,8 +13,8 @@ from hypothesis.extra.numpy import arrays
 gguf = pytest.importorskip("gguf", reason="gguf-py (the reference quantizers) is not installed")
 import gguf.quants as gq  # noqa: E402
 
-from ggraph.quants import dequantize, quantize  # noqa: E402
-from ggraph.types import GGMLType, row_size  # noqa: E402
+from ggraph.codecs.quants import dequantize, quantize  # noqa: E402
+from ggraph.ir.types import GGMLType, row_size  # noqa: E402
 
 FLOAT_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16]
 BLOCK_TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0]

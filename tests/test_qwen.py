@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from ggraph.conformance import nmse
+from ggraph.check.conformance import nmse
 from ggraph.graphs.engine import Engine, EngineConfig
 from ggraph.graphs.gguf_file import GGUFError
 from ggraph.graphs.tiny import TinyDense, write_tiny
@@ -139,7 +139,7 @@ def test_head_size_from_key_length(models):
 def test_the_graph_carries_each_architectures_nodes(models):
     """Qwen2's biases and Qwen3's head norms are nodes of the graph; NEOX rope in both."""
     from ggraph.ops.rope import RopeMode
-    from ggraph.tensor import Context
+    from ggraph.ir.tensor import Context
 
     for name, want, absent in [("qwen2-untied-bias", ["Qcur_b-0", "Vcur_b-1",
                                                       "result_output_b"], "Qcur_normed-0"),

@@ -31,7 +31,7 @@ from ggraph.cli import main
 from ggraph.graphs.engine import Engine, EngineConfig
 from ggraph.graphs.gguf_file import GGUFError
 from ggraph.graphs.tiny import TinyDense, write_tiny_llama
-from ggraph.host_memory import HostMemoryError
+from ggraph.plan.host_memory import HostMemoryError
 
 
 @pytest.fixture(scope="module")
@@ -127,13 +127,13 @@ def test_template_output_is_capped_by_the_context():
 # -- memory checked before allocating -------------------------------------------------------
 
 def test_kv_cache_larger_than_memory_is_one_line(capsys, monkeypatch, tiny):
-    monkeypatch.setattr("ggraph.host_memory.available", lambda: (1 << 19, "MemAvailable"))
+    monkeypatch.setattr("ggraph.plan.host_memory.available", lambda: (1 << 19, "MemAvailable"))
     with pytest.raises(HostMemoryError, match=r"failed to allocate the CPU KV cache buffer of "
                                               r"1\.00 MiB: 0\.50 MiB of memory"):
         Engine(tiny, EngineConfig(n_ctx=4096))
     one_line_error(capsys, ["run", tiny, "-c", "4096", "-n", "1"], "KV cache buffer",
                    "MiB of memory are available")
-    monkeypatch.setattr("ggraph.host_memory.available", lambda: (2 << 20, "RLIMIT_AS"))
+    monkeypatch.setattr("ggraph.plan.host_memory.available", lambda: (2 << 20, "RLIMIT_AS"))
     with pytest.raises(HostMemoryError, match="CPU compute buffer .* after 1.00 MiB"):
         Engine(tiny, EngineConfig(n_ctx=4096))
 
@@ -144,7 +144,7 @@ def test_session_refuses_a_plan_larger_than_memory(monkeypatch):
     ctx = Context()
     x = ctx.new_tensor("f32", (1 << 20,), name="x").set_input()
     g = build_graph(ops.scale(x, 2.0, name="y").set_output())
-    monkeypatch.setattr("ggraph.host_memory.available", lambda: (1 << 20, "MemAvailable"))
+    monkeypatch.setattr("ggraph.plan.host_memory.available", lambda: (1 << 20, "MemAvailable"))
     with pytest.raises(HostMemoryError, match=r"the CPU buffer of \d+\.00 MiB: 1\.00 MiB"):
         get_backend("cpu").session().run(g, {x: np.zeros(1 << 20)})
 

@@ -1,4 +1,4 @@
-"""The scheduler (ggraph/sched.py), running across backends (backends/multi.py), llama.cpp's
+"""The scheduler (ggraph/plan/sched.py), running across backends (backends/multi.py), llama.cpp's
 layer placement (graphs/placement.py) and deployment plans (graphs/plan_devices.py).
 
 Runs here use two CPU backends (a second CPUBackend stands in for a device, so every split,
@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from ggraph.alloc import check_graph
+from ggraph.plan.alloc import check_graph
 from ggraph.backends import get_backend
 from ggraph.backends.cpu import CPUBackend
 from ggraph.backends.multi import MultiSession
@@ -22,10 +22,10 @@ from ggraph.graphs.gguf_file import load_gguf
 from ggraph.graphs.placement import (layer_map, parse_devices, parse_size, parse_split,
                                      place_tensors)
 from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
-from ggraph.opkind import OpKind
-from ggraph.sched import SchedulerError, describe, schedule_graph
-from ggraph.tensor import Context
-from ggraph.types import MIB
+from ggraph.ir.opkind import OpKind
+from ggraph.plan.sched import SchedulerError, describe, schedule_graph
+from ggraph.ir.tensor import Context
+from ggraph.ir.types import MIB
 
 SEED_SPLIT = "37,25,25,25,24.5,24,24,24,24,25,24,25,24,24.5,31"
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ggraph import Context, ops
-from ggraph.tensor import fmt_ne
+from ggraph.ir.tensor import fmt_ne
 
 from shape_cases import CASES, T, case, transposed  # noqa: E402  (tests/ is on sys.path)
 

@@ -10,13 +10,15 @@ import numba
 import numpy as np
 import pytest
 
-from ggraph import Context, build_graph, ops, quants
+from ggraph import Context, build_graph, ops
+
+from ggraph.codecs import quants
 from ggraph.backends import accepts
 from ggraph.backends.cpu import CPUBackend
 from ggraph.backends.cpu.kernels import TARGET
 from ggraph.backends.jit import Target
 from ggraph.backends.shared import elementwise as E, kernel_args as KA
-from ggraph.opkind import OpKind
+from ggraph.ir.opkind import OpKind
 
 ALL16 = np.arange(65536, dtype=np.uint16)
 SHARED = Target("shared-arith", numba.njit(cache=True))

@@ -7,16 +7,17 @@ import os
 import numpy as np
 import pytest
 
-from ggraph import quants
-from ggraph.graphs.fetch import MODELS, cache_dir, resolve_model
+from ggraph.codecs import quants
+from ggraph.config import cache_dir
+from ggraph.graphs.fetch import MODELS, resolve_model
 from ggraph.graphs.gguf_file import load_gguf
 from ggraph.graphs.gguf_reader import read_header
 from ggraph.graphs.synthetic import (BLOCK_FILLS, SHAPES, q4_k_m_type, random_blocks,
                                      synthetic_model, tensor_plan, use_more_bits,
                                      write_synthetic)
 from ggraph.graphs.tensor_check import check_tensors
-from ggraph.type_records import record
-from ggraph.types import GGMLType
+from ggraph.ir.types import record
+from ggraph.ir.types import GGMLType
 
 Q4_K, Q6_K, F32 = GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.F32
 REAL_1_5B = cache_dir() / MODELS["qwen2.5-coder-1.5b"].gguf_name

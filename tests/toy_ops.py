@@ -1,7 +1,7 @@
 """Toy ops for tests/test_op_records.py, defined outside ggraph.ops the way an op module
 defines them: a kind, a constructor, and one record holding the ggml mapping (constructor,
 C declaration, enum probe, limits) and the picture's edge-label rule. Nothing in
-ggraph/ggml_ref.py, ggml_cdefs.py or dot.py names them.
+ggraph/check/ggml_ref.py, ggml_cdefs.py or dot.py names them.
 
 Importing this module registers the toys in the process-wide registry, so only a child
 process imports it (`facts()` runs there and prints what the test asserts on).
@@ -21,12 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from ggraph import Context, build_graph, dot
+from ggraph import Context, build_graph
+
+from ggraph.pictures import dot
 from ggraph.ops import views as V
 from ggraph.ops.registry import (GGMLMap, GGMLProbe, OpDef, ggml_packed_sources, new_node,
                                  register, require)
-from ggraph.opkind import Family, OpKind
-from ggraph.tensor import Tensor
+from ggraph.ir.opkind import Family, OpKind
+from ggraph.ir.tensor import Tensor
 
 TOY_SUB = OpKind.define("toy_sub", Family.ARITHMETIC)
 TOY_NEG = OpKind.define("toy_neg", Family.ACTIVATION)
@@ -104,8 +106,7 @@ def facts(use_ggml: bool) -> dict[str, Any]:
     out["dot_neg"] = dot.to_dot(g)
     if not use_ggml:
         return out
-    from ggraph import ggml_ref
-
+    from ggraph.check import ggml_ref
     lib = ggml_ref.load()
     ref = ggml_ref.GGMLReference()
     out["ggml_names"] = {str(k): lib.op_names[lib.op[k]] for k in (TOY_SUB, TOY_NEG)}

@@ -116,7 +116,7 @@ def int_list(flag: str, values: Sequence[str] | None, default: str, lo: int) -> 
 
 
 def type_list(flag: str, values: Sequence[str] | None, default: str) -> list[str]:
-    from ggraph.types import GGMLType
+    from ggraph.ir.types import GGMLType
 
     out = []
     for v in split(values, default):

@@ -11,10 +11,10 @@ import argparse
 import json
 from collections import defaultdict
 
-from ggraph.conformance import (Summary, cases_for, cases_inplace, perf_case, run_case,
-                                run_case_inplace)
-from ggraph.opkind import OpKind
-from ggraph.type_records import TYPE_RECORDS
+from ggraph.check.conformance import (Summary, cases_for, cases_inplace, parse_ops, perf_case,
+                                      run_case, run_case_inplace)
+from ggraph.ir.opkind import OpKind
+from ggraph.ir.types import TYPE_RECORDS
 
 TYPE_COLUMNS = tuple(str(t) for t in TYPE_RECORDS)  # every registered type, in record order
 
@@ -33,20 +33,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "memory, planned by the real allocator (test mode)")
     p.add_argument("-q", "--quiet", action="store_true", help="print failures only")
     p.set_defaults(func=main)
-
-
-def parse_ops(spec: str) -> list[OpKind] | None:
-    if not spec:
-        return None
-    out = []
-    for name in spec.split(","):
-        key = name.strip().upper()
-        try:
-            out.append(OpKind[key])
-        except KeyError:
-            raise ValueError(f"unknown op {name!r}; known ops: "
-                             f"{', '.join(k.value for k in OpKind)}") from None
-    return out
 
 
 def _case_type(case) -> str:
@@ -119,7 +105,7 @@ def _support(backend, ops) -> dict:
     table: dict[str, dict[str, str]] = {}
     for case in cases_for(ops):
         _, out = case.make()
-        from ggraph.graph import build_graph
+        from ggraph.ir.graph import build_graph
 
         node = next(n for n in build_graph(out).nodes if n.op == case.op)
         row = table.setdefault(case.op.value, {})

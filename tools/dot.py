@@ -7,7 +7,8 @@ class registered for the GGUF's architecture (`default` is SmolLM2-135M), a name
 file.py:function returning a Graph, a ModelGraph or an output Tensor). Only the header of a
 GGUF is read. With --plan every tensor shows its place in the planned compute buffer.
 """
-# The picture itself is ggraph.dot's: this file finds the graph and turns options into calls.
+# The picture itself is ggraph.pictures.dot's: this file finds the graph and turns options into
+# calls.
 from __future__ import annotations
 
 import argparse
@@ -130,7 +131,7 @@ def model_graph(model: Any, n_ctx: int = 4096, n_ubatch: int = 512, amb: int = 0
                 flash_attn: bool = False, type_k: str = "f16", type_v: str = "f16",
                 reserve_outputs: str = "all") -> Any:
     """The worst-case ModelGraph as llama.cpp reserves it, from any registered builder."""
-    from ggraph.tensor import Context
+    from ggraph.ir.tensor import Context
 
     if n_ctx <= 0 or n_ubatch <= 0:
         raise ValueError("context and ubatch sizes must be positive")
@@ -143,8 +144,8 @@ def model_graph(model: Any, n_ctx: int = 4096, n_ubatch: int = 512, amb: int = 0
 
 def user_graph(spec: str) -> tuple[Any, str]:
     """The Graph returned by MODULE:FUNCTION or path/file.py:FUNCTION."""
-    from ggraph.graph import Graph, build_graph
-    from ggraph.tensor import Tensor
+    from ggraph.ir.graph import Graph, build_graph
+    from ggraph.ir.tensor import Tensor
 
     mod_name, _, fn_name = spec.rpartition(":")
     if not mod_name or not fn_name:
@@ -184,8 +185,7 @@ def main(args: argparse.Namespace) -> int:
     from .defaults import flash_attn_on
 
     args.fa = flash_attn_on(args.fa)
-    from ggraph import dot
-
+    from ggraph.pictures import dot
     chosen = [x for x in (args.model, args.preset, args.graph) if x]
     if len(chosen) > 1:
         raise ValueError("give one of MODEL, --preset NAME or --graph MODULE:FUNCTION")
@@ -215,11 +215,11 @@ def main(args: argparse.Namespace) -> int:
                  f"n_outputs {mg.n_outputs}{amb}{fa}")
     plan = None
     if args.plan:
-        from ggraph.alloc import ALIGNMENTS, GraphAllocator
+        from ggraph.plan.alloc import ALIGNMENTS, GraphAllocator
 
         plan = GraphAllocator(alignment=ALIGNMENTS[args.backend], strategy=args.strategy,
                               name=args.backend.upper()).plan(graph)
-    from ggraph.cli import argv_text, fail
+    from ggraph.tools.cli_text import argv_text, fail
 
     # argv and file names may hold bytes that are not UTF-8: U+FFFD in the picture
     title = argv_text(args.title if args.title is not None else label)

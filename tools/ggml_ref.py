@@ -1,4 +1,4 @@
-"""`ggraph ggml-compare`: ggraph against the real libggml (through cffi, ggraph.ggml_ref).
+"""`ggraph ggml-compare`: ggraph against the real libggml (through cffi, ggraph.check.ggml_ref).
 
 (a) Every conformance case runs on ggraph's CPU backend and on ggml's CPU backend; the two
     outputs are compared by NMSE within the case's tolerance (facts page section 9). Lines read
@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ggraph.ggml_ref import (GGMLReference, GGMLUnavailable, GGMLUnsupported,  # noqa: F401
+from ggraph.check.ggml_ref import (GGMLReference, GGMLUnavailable, GGMLUnsupported,  # noqa: F401
                              ggml_gallocr_size, load)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,9 +62,9 @@ class _Capture:
 
 def compare_case(case: Any, backend: Any, ref: GGMLReference) -> dict:
     """One case: ggraph CPU vs ggml; the status and NMSE figures as a dict."""
-    from ggraph.conformance import compare, run_case
-    from ggraph.graph import build_graph
-    from ggraph.reference import run_reference
+    from ggraph.check.conformance import compare, run_case
+    from ggraph.ir.graph import build_graph
+    from ggraph.check.reference import run_reference
 
     _, out = case.make()
     out.set_output()
@@ -101,7 +101,7 @@ def case_line(row: dict) -> str:
 
 def run_cases(ref: GGMLReference, ops: Any, quiet: bool) -> dict:
     from ggraph.backends import get_backend
-    from ggraph.conformance import cases_for
+    from ggraph.check.conformance import cases_for
 
     backend = get_backend("cpu")
     rows = []
@@ -147,8 +147,8 @@ def valid_random_graph(seed: int, n_nodes: int = 60) -> Any:
     wise and in-place ops, mat-muls with weights, norms, softmax, views, reshapes, transposed
     copies, concats, row gathers, writes through cpy, inputs and outputs."""
     from ggraph import ops as O
-    from ggraph.graph import Graph
-    from ggraph.tensor import Context
+    from ggraph.ir.graph import Graph
+    from ggraph.ir.tensor import Context
 
     rnd = random.Random(seed)
     ctx = Context("valid-random")
@@ -209,9 +209,9 @@ def valid_random_graph(seed: int, n_nodes: int = 60) -> Any:
 def attention_graph(flash: bool = False, amb: int = 0, max_bias: float = 0.0, T: int = 32,
                     n_kv: int = 256, hd: int = 64, H: int = 8, Hkv: int = 2) -> Any:
     """One attention block (graphs/attention.py) over a pre-allocated F16 cache."""
-    from ggraph.graph import Graph
+    from ggraph.ir.graph import Graph
     from ggraph.graphs.attention import AttentionShape, build_attention
-    from ggraph.tensor import Context
+    from ggraph.ir.tensor import Context
 
     ctx = Context("attention")
     q = ctx.new_tensor("f32", (hd, H, T), name="q").set_input()
@@ -229,8 +229,8 @@ def attention_graph(flash: bool = False, amb: int = 0, max_bias: float = 0.0, T:
 def clamp_probe() -> Any:
     """x -> mul -> clamp -> add: ggml-alloc may run CLAMP in place (ggml_op_can_inplace)."""
     from ggraph import ops as O
-    from ggraph.graph import build_graph
-    from ggraph.tensor import Context
+    from ggraph.ir.graph import build_graph
+    from ggraph.ir.tensor import Context
 
     ctx = Context("clamp")
     x = ctx.new_tensor("f32", (256, 64), name="x").set_input()
@@ -246,7 +246,7 @@ def _model_graph(n_tokens: int, n_kv: int, n_out: int, flash: bool = False, amb:
     from ggraph.graphs.arch import model_class
     from ggraph.graphs.fetch import default_model
     from ggraph.graphs.gguf_file import load_gguf
-    from ggraph.tensor import Context
+    from ggraph.ir.tensor import Context
 
     gguf = _MODEL.get("gguf")
     if gguf is None:  # the header only: planning needs no weights
@@ -264,7 +264,7 @@ def _tiny_deepseek2_graph(n_tokens: int, n_kv: int, flash: bool) -> Any:
     from ggraph.graphs.arch import model_class
     from ggraph.graphs.gguf_file import load_gguf
     from ggraph.graphs.tiny_deepseek2 import write_tiny_deepseek2
-    from ggraph.tensor import Context
+    from ggraph.ir.tensor import Context
 
     with tempfile.TemporaryDirectory() as d:
         gguf = load_gguf(write_tiny_deepseek2(Path(d) / "ds2.gguf"), with_data=False)
@@ -318,7 +318,7 @@ def alloc_graphs(model: bool = True) -> Iterator[AllocGraph]:
 
 
 def compare_alloc(g: AllocGraph, alignment: int) -> dict:
-    from ggraph.alloc import plan_graph
+    from ggraph.plan.alloc import plan_graph
 
     row: dict[str, Any] = {"graph": g.name, "kind": g.kind}
     try:
@@ -368,7 +368,7 @@ def run_alloc(alignment: int, model: bool) -> dict:
 # -- entry point ---------------------------------------------------------------------------
 
 def main(args: argparse.Namespace) -> int:
-    from ggraph.tools.conformance import parse_ops
+    from ggraph.check.conformance import parse_ops
 
     try:
         lib = load()

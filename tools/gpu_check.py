@@ -6,7 +6,7 @@ all written to --json:
 - header: the device, and the kernel geometry the backend launches with (threads per block
   and tiles of backends/cuda/templates.py and templates_mm.py: the GPU's sizes on a device,
   small ones in the simulator unless GGRAPH_CUDASIM_GEOMETRY=gpu);
-- conformance: every case of ggraph.conformance (all ops, all accepted types, strided
+- conformance: every case of ggraph.check.conformance (all ops, all accepted types, strided
   sources) judged by NMSE with canaries around every output; on a GPU split over `--jobs`
   processes, which compile kernels in parallel (tools/gpu_child.py);
 - graphs: llama-style attention, split attention over head groups (-amb) and flash attention
@@ -48,11 +48,11 @@ from typing import Any, Callable
 import numpy as np
 
 from ggraph import Context, GGMLType as T, build_graph
-from ggraph.conformance import Result, Summary, cases_for, compare, run_case
+from ggraph.check.conformance import Result, Summary, cases_for, compare, run_case
 from ggraph.graphs.attention import AttentionShape, build_attention
-from ggraph.opkind import OpKind
-from ggraph.reference import run_reference
-from ggraph.tensor import Tensor
+from ggraph.ir.opkind import OpKind
+from ggraph.check.reference import run_reference
+from ggraph.ir.tensor import Tensor
 
 from ggraph.tools import gpu_perf as _perf
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from ggraph.tensor import Context, Tensor
-from ggraph.types import GGMLType
+from ggraph.ir.tensor import Context, Tensor
+from ggraph.ir.types import GGMLType
 
 
 @dataclass(frozen=True)

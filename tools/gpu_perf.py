@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ggraph import Context, GGMLType as T, build_graph, ops as O
-from ggraph.tensor import Tensor
+from ggraph.ir.tensor import Tensor
 
 PerfCase = tuple[str, Callable[[Context, np.random.Generator], Tensor],
                  Callable[[Tensor], float], Callable[[Tensor], float]]

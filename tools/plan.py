@@ -12,7 +12,7 @@ seconds.
 """
 from __future__ import annotations
 
-from ggraph.types import MIB
+from ggraph.ir.types import MIB
 
 import argparse
 import json
@@ -190,7 +190,7 @@ def _mib(n: int) -> str:
 
 
 def peak_parts(r: Any, limit: int) -> list[dict[str, Any]]:
-    from ggraph.alloc_report import peak_info
+    from ggraph.pictures.alloc_report import peak_info
 
     info = peak_info(r.plan)
     return [{"name": p.tensor.name or f"#{p.tensor.id}", "op": str(p.tensor.op or "leaf"),
@@ -199,7 +199,7 @@ def peak_parts(r: Any, limit: int) -> list[dict[str, Any]]:
 
 
 def format_lines(r: Any, parts: int = 10) -> list[str]:
-    from ggraph.alloc_report import human
+    from ggraph.pictures.alloc_report import human
 
     caches = f"K cache {r.type_k}" if r.is_mla else f"K cache {r.type_k}, V cache {r.type_v}"
     lines = [
@@ -271,7 +271,7 @@ def _mla_lines(r: Any) -> list[str]:
 
 
 def _buffer_lines(r: Any, parts: int) -> list[str]:
-    from ggraph.alloc_report import human, peak_info
+    from ggraph.pictures.alloc_report import human, peak_info
 
     plan = r.plan
     ggml = ""

@@ -4,7 +4,7 @@ Builds the attention example (graphs/attention.py, reserved like llama.cpp: n_to
 n_kv = n_ctx, K/V caches pre-allocated), a model's worst-case graph (a GGUF path or a model
 name: default, smollm2, gemma3), or any user graph (`--graph module:function` or
 `--graph file.py:function`, as `ggraph dot` takes it: a function returning a Graph, a
-ModelGraph or an output Tensor), plans it with ggraph.alloc and prints the llama.cpp-style
+ModelGraph or an output Tensor), plans it with ggraph.plan.alloc and prints the llama.cpp-style
 size line, the peak, and the tensor table; optionally writes JSON and a PNG memory map (one
 panel when ggml-alloc's rules and the chosen strategy lay the graph out alike).
 """
@@ -15,10 +15,10 @@ import math
 import sys
 from typing import Any
 
-from ggraph.alloc import ALIGNMENTS, AllocError, GraphAllocator
-from ggraph.graph import Graph
-from ggraph.tensor import Context
-from ggraph.types import GGMLType
+from ggraph.plan.alloc import ALIGNMENTS, AllocError, GraphAllocator
+from ggraph.ir.graph import Graph
+from ggraph.ir.tensor import Context
+from ggraph.ir.types import GGMLType
 
 
 def attention_graph(n_head: int = 32, n_head_kv: int = 8, head_dim: int = 128,
@@ -140,8 +140,7 @@ def run(args: argparse.Namespace) -> int:
     from .defaults import flash_attn_on
 
     args.fa = flash_attn_on(args.fa)
-    from ggraph import alloc_report as R
-
+    from ggraph.pictures import alloc_report as R
     if args.model and args.model_opt and args.model != args.model_opt:
         raise ValueError(f"two models given: {args.model} and -m {args.model_opt}")
     model = args.model or args.model_opt

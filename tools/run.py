@@ -210,7 +210,7 @@ def main(args: argparse.Namespace) -> int:
     if args.list_devices:
         print("\n".join(list_devices()))
         return 0
-    from ggraph.cli import argv_text, process_escapes
+    from ggraph.tools.cli_text import argv_text, process_escapes
     from ggraph.graphs.engine import Engine
     from ggraph.graphs.fetch import resolve_model
 

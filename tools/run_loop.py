@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from ggraph.cli import fail
+from ggraph.tools.cli_text import fail
 from ggraph.graphs.tokenizer import TooManyTokens
 
 FOREVER = sys.maxsize  # -n -1: until an end-of-generation token

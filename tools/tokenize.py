@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ggraph.cli import argv_text, process_escapes
+    from ggraph.tools.cli_text import argv_text, process_escapes
     from ggraph.graphs.fetch import resolve_model
     from ggraph.graphs.gguf_reader import read_header
     from ggraph.graphs.tokenizer import Tokenizer

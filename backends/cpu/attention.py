@@ -23,8 +23,8 @@ from typing import Callable
 
 import numpy as np
 
-from ggraph.tensor import Tensor
-from ggraph.types import GGMLType as T
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import GGMLType as T
 from .blas import run_units
 
 Q_BLOCK = 64  # queries per unit: smaller skips more of a causal mask, larger calls BLAS less

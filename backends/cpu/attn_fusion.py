@@ -23,10 +23,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ggraph.opkind import OpKind
+from ggraph.ir.opkind import OpKind
 from ggraph.ops.attention import alibi_slopes
-from ggraph.tensor import Tensor
-from ggraph.types import GGMLType as T
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import GGMLType as T
 from ..shared.kernel_args import soft_max_args
 from .attention import Q_BLOCK, SharedMask, k_round_half, k_soft_max_rows
 from .blas import run_units

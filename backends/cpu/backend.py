@@ -16,10 +16,10 @@ configure_openmp()
 
 import numba  # noqa: E402
 
-from ggraph.tensor import Tensor  # noqa: E402
+from ggraph.ir.tensor import Tensor  # noqa: E402
 from ..base import Backend, Session  # noqa: E402
 from . import fusion  # noqa: E402
-from ggraph.opkind import OpKind  # noqa: E402
+from ggraph.ir.opkind import OpKind  # noqa: E402
 from .kernels import KERNELS, compiled_for, compiled_nogil, packed_weight  # noqa: E402
 from .packstore import PackStore, WeightSource  # noqa: E402
 

@@ -27,8 +27,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ggraph.opkind import OpKind
-from ggraph.tensor import Tensor
+from ggraph.ir.opkind import OpKind
+from ggraph.ir.tensor import Tensor
 from ..fusion_rules import PRE_OPS, Group, dead, match, scan
 from ..shared.elementwise import BINARY_CODE
 from . import attn_fusion, fused_templates as F

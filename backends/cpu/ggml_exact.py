@@ -35,9 +35,9 @@ from typing import Any, Callable
 import numpy as np
 from numba import njit, prange
 
-from ggraph.opkind import OpKind
-from ggraph.tensor import Tensor
-from ggraph.types import GGMLType
+from ggraph.ir.opkind import OpKind
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import GGMLType
 
 from ..shared.kernel_args import rope_args
 from . import ggml_exact_kquants as kq

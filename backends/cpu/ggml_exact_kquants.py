@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from ggraph.types import GGMLType
+from ggraph.ir.types import GGMLType
 
 from .ggml_exact_lanes import fma32, sum_halves
 
@@ -249,7 +249,7 @@ def unpack_q6_K(w: np.ndarray) -> tuple[np.ndarray, ...]:
 class KQuantPaths:
     """Which of ggml's paths the exact mode reproduces: `repack` as llama.cpp loads a model
     (Q4_K weights with a multiple of 8 rows in the CPU_REPACK buffer); False as a plain ggml
-    buffer (libggml run directly, ggraph.ggml_ref). `tiled_min_rows`: the batch from which
+    buffer (libggml run directly, ggraph.check.ggml_ref). `tiled_min_rows`: the batch from which
     ggml takes the tiled path for weights not repacked (ggml_tiled_min_batch)."""
     repack: bool = True
     tiled_min_rows: int = 8

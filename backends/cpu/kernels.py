@@ -16,11 +16,11 @@ from functools import partial
 import numba
 import numpy as np
 
-from ggraph.opkind import OpKind
+from ggraph.ir.opkind import OpKind
 from ggraph.ops.attention import alibi_slopes
-from ggraph.tensor import Tensor
-from ggraph.type_records import TYPE_RECORDS
-from ggraph.types import GGMLType as T
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import TYPE_RECORDS
+from ggraph.ir.types import GGMLType as T
 from ..accepts import BINARY_OPS, UNARY_OPS, VIEW_OPS, rule
 from ..base import Kernel, Session
 from ..jit import Target, source_hash

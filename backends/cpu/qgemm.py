@@ -37,7 +37,7 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from ggraph.types import GGMLType
+from ggraph.ir.types import GGMLType
 from .qvec import AVX2, VNNI, dot4_acc, f8_blk, f8_sum, f8_zero, i32_zero, ld32, ldf8
 
 CHUNK = 64  # weight rows a thread unpacks and sweeps all columns through (fixed: see above)

@@ -30,8 +30,8 @@ from functools import lru_cache
 import numpy as np
 from numba import njit, prange
 
-from ggraph.type_records import TYPE_RECORDS
-from ggraph.types import GGMLType
+from ggraph.ir.types import TYPE_RECORDS
+from ggraph.ir.types import GGMLType
 from .qlanes import AVX2, AVX512, R, VNNI256, VNNI512, load_u32
 
 T = GGMLType

@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from ggraph.types import GGMLType
+from ggraph.ir.types import GGMLType
 from .qvec import (add32, dot4, dot4_off, f8_fma, f8_sum, f8_zero, hplane, i32_zero, ld32,
                    madd_2s, madd_s, maddubs, maddubs_c, nib32, nib_hi, nib_lo, q5_bits,
                    signed_dot, sub16)

@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from ggraph.types import GGMLType
+from ggraph.ir.types import GGMLType
 from .qlanes import (R, bit5, cf16, cf32, dpb, dpw, fadd, ffma, ffms, fload, fmas, fstore, fzero,
                      hi2, hi4, ladd, ldh, ldq, lmul, lo4, lsubm, lut16, lzero, prefetch)
 

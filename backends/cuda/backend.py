@@ -4,7 +4,7 @@ memory hooks of backends/base.py for device memory.
 Leaf data (weights, test inputs) is uploaded once per backend and cached by tensor identity
 (weakly, so dropping a tensor frees its device copy; a new `set_data` array uploads again).
 Reads and writes of one tensor copy the byte span it covers between host and device and
-convert on the host with ggraph.buffers, so strided views read and write correctly.
+convert on the host with ggraph.codecs.buffers, so strided views read and write correctly.
 
 Each backend holds one GPU (`CUDABackend(device=1)`): every allocation, copy, binding and run
 happens with that GPU current on the calling thread, and its launches and copies queue on the
@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ggraph import buffers
-from ggraph.tensor import Tensor
-from .. import BackendUnavailableError
+from ggraph.codecs import buffers
+from ggraph.ir.tensor import Tensor
+from ..errors import BackendUnavailableError
 from ..base import Backend, Session
 from . import runtime as R
 from . import templates as K

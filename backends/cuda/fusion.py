@@ -25,9 +25,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ggraph.opkind import OpKind
-from ggraph.tensor import Tensor
-from ggraph.types import GGMLType as T
+from ggraph.ir.opkind import OpKind
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import GGMLType as T
 from ..fusion_rules import PRE_OPS, Group, dead, match, scan
 from ..shared.elementwise import BINARY_CODE
 from ..shared.kernel_args import norm_args

@@ -17,9 +17,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ggraph.opkind import OpKind
-from ggraph.tensor import Tensor
-from ggraph.types import GGMLType as T
+from ggraph.ir.opkind import OpKind
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import GGMLType as T
 from ..accepts import BINARY_OPS, UNARY_OPS, VIEW_OPS, rule
 from ..base import Kernel, Session
 from ..jit import source_hash

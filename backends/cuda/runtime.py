@@ -24,9 +24,9 @@ import numpy as np
 from numba import cuda
 from numba.cuda import libdevice
 
-from ggraph import buffers
-from ggraph.tensor import Tensor
-from ggraph.types import GGMLType
+from ggraph.codecs import buffers
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import GGMLType
 from ..shared.elementwise import unflatten_i32
 from ..half import bf16_to_f32_hw, f32_to_bf16_hw, f32_to_half_hw, half_to_f32_hw
 from ..jit import Target

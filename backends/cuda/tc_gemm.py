@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ggraph.tensor import Tensor
-from ggraph.types import GGMLType as T
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import GGMLType as T
 from . import runtime as R
 
 ENABLED = os.environ.get("GGRAPH_CUDA_TORCH", "1") != "0"

@@ -24,8 +24,8 @@ import types
 import numpy as np
 from numba import cuda, float32
 
-from ggraph.tensor import Context
-from ggraph.types import GGMLType
+from ggraph.ir.tensor import Context
+from ggraph.ir.types import GGMLType
 from . import runtime as R
 from .runtime import SMALL
 from .templates import CH, alibi_slope_f32

@@ -2,7 +2,7 @@
 codec of Q8_K (the activation type of K-quant dot products), shared by the CPU and CUDA
 targets like codecs.py (same signatures, same helpers: `_half_row`, `_opaque`, ...).
 
-Block layouts are ggraph/quants_k.py's. Decoders compute in ggml's order (`d * sc` first,
+Block layouts are ggraph/codecs/quants_k.py's. Decoders compute in ggml's order (`d * sc` first,
 then times the quant, then minus `dmin * m`), so they are bit-exact with the numpy codecs.
 The dot products are the mat-vec hot path (memory-bound): each walks a block in inner loops
 over contiguous bytes whose trip count the compiler cannot see (`_opaque`), accumulating the
@@ -365,7 +365,7 @@ def _best_iq4(f):
 
 
 def enc_iq4_nl(v, x, i3, i2, i1, n):
-    """quantize_row_iq4_nl_ref, as ggraph/quants_k.py: indices from d0 = max/-127, scale
+    """quantize_row_iq4_nl_ref, as ggraph/codecs/quants_k.py: indices from d0 = max/-127, scale
     sum(w q x) / sum(w q q) with w = x*x; the indices are found again when packing (no
     scratch: the same inputs give the same indices)."""
     for b in range(n // 32):

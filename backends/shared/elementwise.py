@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from ggraph.opkind import OpKind
+from ggraph.ir.opkind import OpKind
 
 from ..accepts import BINARY_OPS, UNARY_OPS
 from .numeric import gelu, sigmoid, silu

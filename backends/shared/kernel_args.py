@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ggraph.opkind import OpKind
+from ggraph.ir.opkind import OpKind
 from ggraph.ops.reduce import SortOrder
 from ggraph.ops.rope import RopeMode, yarn_corr_dims
-from ggraph.tensor import Tensor
+from ggraph.ir.tensor import Tensor
 from .elementwise import BINARY_CODE, UNARY_CODE
 
 

@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from ggraph import buffers
+from ggraph.codecs import buffers
 from ggraph import ops as O
-from ggraph.graph import Graph
+from ggraph.ir.graph import Graph
 from ggraph.ops.rope import RopeMode
-from ggraph.tensor import Context, Tensor
-from ggraph.types import GGMLType
+from ggraph.ir.tensor import Context, Tensor
+from ggraph.ir.types import GGMLType
 
 from ..arch import Architecture, MLAPlanner, register_arch
 from ..gguf_file import GGUFError, GGUFModel

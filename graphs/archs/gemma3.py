@@ -26,9 +26,9 @@ import numpy as np
 from gguf.constants import Keys
 
 from ggraph import ops as O
-from ggraph.graph import Graph
+from ggraph.ir.graph import Graph
 from ggraph.ops.rope import RopeMode
-from ggraph.tensor import Context, Tensor
+from ggraph.ir.tensor import Context, Tensor
 
 from ..arch import Architecture, KShift, register_arch
 from ..attention import AttentionShape, build_attention, split_heads, store_kv

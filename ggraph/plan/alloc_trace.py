@@ -5,8 +5,8 @@ This file owns when each planned tensor takes memory and when it gives it back: 
 inputs, then node by node (ggml_gallocr_alloc_graph_impl), with ggml's in-place rule (a node
 takes over the memory of a source it may overwrite) and, optionally, the same rule through a
 view at offset 0. The result is a Trace: alloc/free/shrink events on blocks of memory, and the
-lifetime of every planned tensor. Placement (ggraph.alloc_fit) turns a trace into offsets;
-ggraph.alloc turns both into a Plan.
+lifetime of every planned tensor. Placement (ggraph.plan.alloc_fit) turns a trace into offsets;
+ggraph.plan.alloc turns both into a Plan.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ggraph.ops.registry import get_op
-from ggraph.tensor import Flag, Tensor
+from ggraph.ir.tensor import Flag, Tensor
 
 # event kinds
 ALLOC = 0    # a block is taken

@@ -1,7 +1,7 @@
 """Placement for the graph allocator: ggml's online best fit over a coalescing free list, and
 an offline fit (all lifetimes known: largest blocks first into the lowest free gap).
 
-Both read a liveness trace (ggraph.alloc_trace.Trace) and return offsets by block; neither
+Both read a liveness trace (ggraph.plan.alloc_trace.Trace) and return offsets by block; neither
 touches memory.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggraph.alloc_trace import ALLOC, FREE, Trace
+from ggraph.plan.alloc_trace import ALLOC, FREE, Trace
 
 _HUGE = sys.maxsize // 2                # the open tail block of ggml's single chunk
 _NEVER = sys.maxsize                    # free event of a block that is never freed

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from ggraph.types import MIB
+from ggraph.ir.types import MIB
 
 
 class HostMemoryError(MemoryError, ValueError):

@@ -1,14 +1,14 @@
 """Node orders for the graph allocator's default strategy: orders that keep every dependency,
 including the hidden ones of writes through views, and that lower the bytes live at once.
 
-Both take `sizes`, the bytes of every planned tensor (ggraph.alloc.check_graph), and return
+Both take `sizes`, the bytes of every planned tensor (ggraph.plan.alloc.check_graph), and return
 a permutation of node indices."""
 from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
 
-from ggraph.tensor import Tensor
+from ggraph.ir.tensor import Tensor
 
 
 def _dependencies(nodes: Sequence[Tensor]) -> tuple[list[list[int]], list[set[Tensor]]]:

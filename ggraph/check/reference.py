@@ -11,9 +11,9 @@ from typing import Mapping
 
 import numpy as np
 
-from ggraph import buffers
-from ggraph.graph import Graph
-from ggraph.tensor import Tensor
+from ggraph.codecs import buffers
+from ggraph.ir.graph import Graph
+from ggraph.ir.tensor import Tensor
 from ggraph.ops.registry import get_op
 
 

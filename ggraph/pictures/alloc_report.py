@@ -1,4 +1,4 @@
-"""Reports of a memory plan (ggraph.alloc.Plan) that people can read.
+"""Reports of a memory plan (ggraph.plan.alloc.Plan) that people can read.
 
 This file owns the presentation of plans: the llama.cpp-style size line
 (`CPU compute buffer size = 99.38 MiB`), the comparison with ggml-alloc's plan, the tensors
@@ -12,9 +12,9 @@ import json
 import textwrap
 from typing import Any
 
-from ggraph.alloc import Placement, Plan
-from ggraph.tensor import fmt_ne
-from ggraph.types import MIB
+from ggraph.plan.alloc import Placement, Plan
+from ggraph.ir.tensor import fmt_ne
+from ggraph.ir.types import MIB
 
 
 def human(n: int) -> str:

@@ -3,18 +3,19 @@ leafs, edges counting the tensors that cross. A layer box reads at a glance: its
 steps, its ops (or "ops as layer N" when an earlier layer has the same), its weights and KV
 cache bytes (a bar against the heaviest layer's when layers differ, as dense and MoE layers
 do), with a plan its own compute high-water mark as a bar against the buffer, and with
-per-node times (a profile) its time as a bar against the slowest layer. ggraph/dot.py owns the
-full picture; both draw with ggraph.dot_style."""
+per-node times (a profile) its time as a bar against the slowest layer. ggraph/pictures/dot.py
+owns the
+full picture; both draw with ggraph.pictures.dot_style."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ggraph.dot_errors import GraphTooLargeError
-from ggraph.dot_style import (PEAK_COLOR, DrawContext, Writer, attr_str, display_name, esc,
+from ggraph.pictures.dot_errors import GraphTooLargeError
+from ggraph.pictures.dot_style import (PEAK_COLOR, DrawContext, Writer, attr_str, display_name, esc,
                               family, human, leaf_kind, node_attrs, node_id, write_header)
-from ggraph.tensor import Tensor
+from ggraph.ir.tensor import Tensor
 
 BAR_WIDTH = 170          # points: a full bar (the whole buffer, the slowest layer)
 MEMORY_BAR = "#d7301f"
@@ -126,7 +127,7 @@ def _layer_facts(c: DrawContext, members: dict[str, list[Tensor]],
                  node_seconds: Mapping[Tensor, float] | None) -> dict[str, LayerFacts]:
     live = None
     if c.plan is not None:
-        from ggraph.alloc_report import live_by_step, peak_within
+        from ggraph.pictures.alloc_report import live_by_step, peak_within
 
         live = live_by_step(c.plan)
     caches: dict[int, int] = defaultdict(int)

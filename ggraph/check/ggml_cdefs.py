@@ -1,5 +1,5 @@
 """The cffi binding of libggml (ABI mode): hand-written declarations of the few functions
-ggraph.ggml_ref calls besides op constructors (those come from the op records,
+ggraph.check.ggml_ref calls besides op constructors (those come from the op records,
 GGMLMap.cdecl), locating and loading the library, and checking it against them.
 
 Declarations come from ggml.h / ggml-alloc.h / ggml-backend.h / ggml-cpu.h of ggml 0.25.3 (the
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ggraph.opkind import OpKind
-from ggraph.types import GGMLType
+from ggraph.ir.opkind import OpKind
+from ggraph.ir.types import GGMLType
 
 # sizeof(struct ggml_object) in ggml.c: size_t offs, size; ptr next; enum type; char pad[4]
 GGML_OBJECT_SIZE = 32
@@ -269,7 +269,7 @@ def _check_layout(lib: GGML) -> None:
     ffi, b = lib.ffi, lib.base
     lib.tensor_size = ffi.sizeof("struct ggml_tensor")
     if lib.tensor_size + GGML_OBJECT_SIZE != b.ggml_tensor_overhead():
-        raise GGMLUnavailable(f"struct ggml_tensor of ggraph.ggml_cdefs is {lib.tensor_size} "
+        raise GGMLUnavailable(f"struct ggml_tensor of ggraph.check.ggml_cdefs is {lib.tensor_size} "
                               f"bytes but {lib.dir} reports a tensor overhead of "
                               f"{b.ggml_tensor_overhead()}: the library's ggml.h differs")
     ctx = new_context(lib, 4, no_alloc=False, data_bytes=4096)
@@ -291,8 +291,8 @@ def _check_layout(lib: GGML) -> None:
         b.ggml_free(ctx)
     bad = [k for k, ok in checks.items() if not ok]
     if bad:
-        raise GGMLUnavailable(f"struct ggml_tensor of ggraph.ggml_cdefs does not match {lib.dir}"
-                              f" (fields {', '.join(bad)} differ): the library's ggml.h differs")
+        raise GGMLUnavailable(f"struct ggml_tensor of ggraph.check.ggml_cdefs does not match "
+                              f"{lib.dir} (fields {', '.join(bad)} differ): the library's ggml.h differs")
 
 
 def _read_enums(lib: GGML) -> None:

@@ -1,5 +1,5 @@
-"""How a picture reads, shared by the full view (ggraph.dot) and the summary view
-(ggraph.dot_summary): colours of op families and leaf kinds, the text and attributes of a
+"""How a picture reads, shared by the full view (ggraph.pictures.dot) and the summary view
+(ggraph.pictures.dot_summary): colours of op families and leaf kinds, the text and attributes of a
 drawn tensor (with a plan: offset, size, lifetime, in-place reuse, the peak), the title with
 its legend, and the writer of indented DOT lines.
 
@@ -12,15 +12,15 @@ import html
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ggraph.dot_errors import DotError
-from ggraph.dot_layers import Where, assign_layers, graph_layers, layer_span
-from ggraph.graph import Graph
-from ggraph.opkind import Family
-from ggraph.tensor import Tensor
-from ggraph.types import MIB
+from ggraph.pictures.dot_errors import DotError
+from ggraph.pictures.dot_layers import Where, assign_layers, graph_layers, layer_span
+from ggraph.ir.graph import Graph
+from ggraph.ir.opkind import Family
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import MIB
 
 if TYPE_CHECKING:
-    from ggraph.alloc import Plan
+    from ggraph.plan.alloc import Plan
 
 # op family -> fill colour; the legend lists the families a picture uses in this order (which
 # ops belong to a family is their records' business: OpKind.family)
@@ -122,7 +122,7 @@ def draw_context(graph: Graph, plan: Plan | None, layers: tuple[int, int] | None
         if plan.graph is not graph:
             raise DotError("the plan was made for another graph: plan this graph (or pass the "
                            "graph the plan belongs to, plan.graph)")
-        from ggraph.alloc_report import peak_info, peak_within
+        from ggraph.pictures.alloc_report import peak_info, peak_within
 
         step = {t: i for i, t in enumerate(plan.order)}
         info = peak_info(plan)

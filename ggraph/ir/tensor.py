@@ -8,12 +8,22 @@ carry host bytes in `Tensor.data` (weights loaded by a user, test inputs).
 from __future__ import annotations
 
 from enum import IntFlag
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from ggraph.opkind import OpKind
-from ggraph.types import GGMLType, row_size
+from ggraph.ir.opkind import OpKind
+from ggraph.ir.types import GGMLType, row_size
+
+# Values become a type's stored bytes in the codecs layer (ggraph/codecs/buffers.py), above the
+# IR: it installs its encoder here when it loads, and `import ggraph` loads it before anything
+# runs, so Tensor.set_data quantizes without the IR importing the codecs.
+VALUE_ENCODERS: list[Callable[["Tensor", np.ndarray], np.ndarray]] = []
+
+
+def install_value_encoder(fn: Callable[["Tensor", np.ndarray], np.ndarray]) -> None:
+    """Make `fn(tensor, values) -> bytes` the encoder Tensor.set_data uses."""
+    VALUE_ENCODERS[:] = [fn]
 
 MAX_DIMS = 4
 INT64_MAX = (1 << 63) - 1  # ggml_nelements and ggml_nbytes are 64-bit
@@ -183,12 +193,12 @@ class Tensor:
     # -- host data for leafs ---------------------------------------------------------------
     def set_data(self, values: np.ndarray) -> "Tensor":
         """Attach host values to a leaf, converted (quantized) to the tensor's type."""
-        from ggraph.buffers import encode
-
         if not self.is_leaf or self.is_view:
             raise ValueError(f"tensor {self.label}: only leaf tensors that own memory carry "
                              f"host data")
-        self.data = encode(self, values)
+        if not VALUE_ENCODERS:
+            raise RuntimeError("no value encoder installed: import ggraph (it loads ggraph.codecs)")
+        self.data = VALUE_ENCODERS[-1](self, values)
         return self
 
     # -- display --------------------------------------------------------------------------

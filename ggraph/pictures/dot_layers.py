@@ -3,7 +3,7 @@ conventions, and the layer filters of `ggraph dot`.
 
 Layers are tensor names ending in `-{il}` (also `-{il}_{suffix}`), weights `blk.{il}.*` and
 caches `*_l{il}`; split-attention steps are `-{il}-s{step}`. Pictures use them for clusters
-(ggraph.dot) and layer boxes (ggraph.dot_summary).
+(ggraph.pictures.dot) and layer boxes (ggraph.pictures.dot_summary).
 """
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 
-from ggraph.dot_errors import DotError, UnknownLayerError
-from ggraph.graph import Graph
-from ggraph.tensor import Tensor
+from ggraph.pictures.dot_errors import DotError, UnknownLayerError
+from ggraph.ir.graph import Graph
+from ggraph.ir.tensor import Tensor
 
 Where = tuple["int | None", "int | None"]   # (layer, split step)
 

@@ -20,8 +20,9 @@ Two strategies:
   placing, so blocks go largest first into the lowest gap). A candidate whose most-bytes-live
   bound cannot beat the best plan so far is skipped.
 
-The steps live apart: ggraph.alloc_trace replays the bookkeeping (when each tensor takes and
-gives back memory), ggraph.alloc_fit chooses offsets, ggraph.alloc_order proposes node orders;
+The steps live apart: ggraph.plan.alloc_trace replays the bookkeeping (when each tensor takes and
+gives back memory), ggraph.plan.alloc_fit chooses offsets, ggraph.plan.alloc_order proposes node
+orders;
 this file checks graphs, runs the candidates and builds, reserves and reuses plans.
 """
 from __future__ import annotations
@@ -29,12 +30,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ggraph.alloc_fit import Fit, fit_offline, fit_online
-from ggraph.alloc_order import greedy_order, subtree_order
-from ggraph.alloc_trace import ALLOC, Trace, live_peak, same_layout, trace_liveness
-from ggraph.graph import Graph, GraphCapacityError, GraphCycleError
-from ggraph.tensor import Flag, Tensor, fmt_ne
-from ggraph.types import MIB
+from ggraph.plan.alloc_fit import Fit, fit_offline, fit_online
+from ggraph.plan.alloc_order import greedy_order, subtree_order
+from ggraph.plan.alloc_trace import ALLOC, Trace, live_peak, same_layout, trace_liveness
+from ggraph.ir.graph import Graph, GraphCapacityError, GraphCycleError
+from ggraph.ir.tensor import Flag, Tensor, fmt_ne
+from ggraph.ir.types import MIB
 
 ALIGNMENTS = {"cpu": 32, "cuda": 128}   # ggml CPU TENSOR_ALIGNMENT, CUDA buffer alignment
 STRATEGIES = ("default", "ggml")

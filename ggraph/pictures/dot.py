@@ -9,9 +9,11 @@ its own, and a peak the picture holds (a layer picture without the graph's peak 
 layer's own high-water mark and says where the graph's is). A graph too big to read is
 refused with a suggestion instead of drawn as a hairball.
 It also writes and renders the files. The rest lives apart: how a tensor reads (colours of op
-families, leaf shapes, plan rows, the peak outlined red) in ggraph.dot_style, layers from names
-in ggraph.dot_layers, the summary (one box per layer) in ggraph.dot_summary, the errors in
-ggraph.dot_errors; this module re-exports their public names.
+families, leaf shapes, plan rows, the peak outlined red) in ggraph.pictures.dot_style, layers from
+names
+in ggraph.pictures.dot_layers, the summary (one box per layer) in ggraph.pictures.dot_summary, the
+errors in
+ggraph.pictures.dot_errors; this module re-exports their public names.
 ggml_graph_dump_dot (facts page section 4) is the starting point: its record nodes, pink leafs
 and `src j` edges become coloured HTML-label nodes, shaped leafs and labels only where the
 source order matters (ops whose record sets src_labels).
@@ -24,22 +26,22 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ggraph.dot_errors import DotError, DotNotInstalledError, GraphTooLargeError, \
+from ggraph.pictures.dot_errors import DotError, DotNotInstalledError, GraphTooLargeError, \
     UnknownLayerError
-from ggraph.dot_layers import Where, assign_layers, check_layers, graph_layers, layer_span, \
-    parse_layers, where_by_name
-from ggraph.dot_style import (FAMILIES, INPLACE_COLOR, LEAF_STYLE, OUTPUT_COLOR, PEAK_COLOR,
-                              DrawContext, Writer, attr_str, display_name, draw_context, esc,
-                              family, human, leaf_kind, ne_text, node_attrs, node_id,
-                              write_header)
-from ggraph.dot_summary import summary_dot
-from ggraph.graph import Graph
-from ggraph.opkind import OpKind
+from ggraph.pictures.dot_layers import (Where, assign_layers, check_layers, graph_layers,
+                                        layer_span, parse_layers, where_by_name)
+from ggraph.pictures.dot_style import (FAMILIES, INPLACE_COLOR, LEAF_STYLE, OUTPUT_COLOR,
+                                       PEAK_COLOR, DrawContext, Writer, attr_str, display_name,
+                                       draw_context, esc, family, human, leaf_kind, ne_text,
+                                       node_attrs, node_id, write_header)
+from ggraph.pictures.dot_summary import summary_dot
+from ggraph.ir.graph import Graph
+from ggraph.ir.opkind import OpKind
 from ggraph.ops.registry import get_op
-from ggraph.tensor import Tensor
+from ggraph.ir.tensor import Tensor
 
 if TYPE_CHECKING:
-    from ggraph.alloc import Plan
+    from ggraph.plan.alloc import Plan
 
 DEFAULT_MAX_NODES = 400     # past this a drawing of the whole graph does not read
 FORMATS = ("dot", "svg", "png", "pdf")
@@ -263,7 +265,7 @@ def write(graph: Graph, path: str | os.PathLike, plan: Plan | None = None,
     return [dot_path, render(source, out, fmt, dot_path)]
 
 
-# the names of dot_errors, dot_layers and dot_style that callers use through ggraph.dot
+# the names of dot_errors, dot_layers and dot_style that callers use through ggraph.pictures.dot
 __all__ = ["DEFAULT_MAX_NODES", "FAMILIES", "FORMATS", "INPLACE_COLOR", "LEAF_STYLE",
            "OUTPUT_COLOR", "PEAK_COLOR", "DotError", "DotNotInstalledError",
            "GraphTooLargeError", "UnknownLayerError", "Where", "assign_layers", "check_layers",

@@ -1,5 +1,5 @@
 """The K-quants (Q2_K .. Q6_K), IQ4_NL, IQ4_XS and Q8_K: their block layouts, numpy codecs
-and records (ggraph/type_records.py), in the same registry as ggraph/quants.py's types.
+and records (ggraph/ir/types.py), in the same registry as ggraph/codecs/quants.py's types.
 
 K-quants pack 256 elements per block ("super-block") in 16 or 8 sub-blocks with their own
 small integer scales (and mins), times one or two f16 super-block scales. IQ4_NL maps 4-bit
@@ -12,15 +12,15 @@ Every `dequantize` kernel is bit-exact with gguf.quants (one f32 rounding per C 
 ggml's order: `d * sc` first, then times the quant, then minus `dmin * m`). Quantizers here:
 IQ4_NL (ggml's quantize_row_iq4_nl_ref, the conversion set_rows/cpy use) and Q8_K
 (quantize_row_q8_K_ref); the K-quant and IQ4_XS records have no quantizer yet (quantize=None:
-`ggraph.quants.quantize` refuses them by name).
+`ggraph.codecs.quants.quantize` refuses them by name).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .kquantize import KQUANT_KERNELS
-from .type_records import register_type
-from .types import GGMLType
+from ggraph.codecs.kquantize import KQUANT_KERNELS
+from ggraph.ir.types import register_type
+from ggraph.ir.types import GGMLType
 
 __all__ = ["KVALUES_IQ4NL", "QK_K"]
 
@@ -193,7 +193,8 @@ def _q8_k_dequantize(b: np.ndarray, out: np.ndarray) -> None:
 
 
 # K-quants and IQ4_XS: weights only (ggml has no K-quant KV cache); dotted with Q8_K
-# activations. Their quantizers (ggraph/kquantize.py) are ggml's reference quantizers, bit for
+# activations. Their quantizers (ggraph/codecs/kquantize.py) are ggml's reference quantizers, bit
+# for
 # bit; numpy only (no compiled encoder: nothing stores them at run time).
 _K = dict(weight=True, vec_dot_type=GGMLType.Q8_K)
 

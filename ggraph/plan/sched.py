@@ -28,10 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-from ggraph.graph import Graph
-from ggraph.opkind import OpKind
-from ggraph.tensor import Context, Flag, Tensor
-from ggraph.types import MIB
+from ggraph.ir.graph import Graph
+from ggraph.ir.opkind import OpKind
+from ggraph.ir.tensor import Context, Flag, Tensor
+from ggraph.ir.types import MIB
 
 Supports = Callable[[Tensor], bool]
 

@@ -1,4 +1,4 @@
-"""The errors of ggraph's pictures (ggraph.dot re-exports them): a picture that cannot be
+"""The errors of ggraph's pictures (ggraph.pictures.dot re-exports them): a picture that cannot be
 drawn as asked, and a missing Graphviz."""
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Every executor (the numpy reference, the numba CPU backend) keeps tensor memory in flat uint8
 buffers and reaches a tensor through a zero-copy view at `offset` with the tensor's own strides.
 Floats are converted to and from each type exactly as ggml does (through f32), quantized rows
-through ggraph.quants.
+through ggraph.codecs.quants.
 """
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ggraph import quants
-from ggraph.tensor import Tensor
-from ggraph.types import GGMLType
+from ggraph.codecs import quants
+from ggraph.ir.tensor import Tensor, install_value_encoder
+from ggraph.ir.types import GGMLType
 
 
 def _check_bounds(buf: np.ndarray, offset: int, t: Tensor) -> None:
@@ -214,3 +214,6 @@ def _inputs_of(leafs: list[Tensor]) -> list[Tensor]:
     """The leafs a caller is expected to feed: graph inputs, else anything without memory."""
     flagged = [t for t in leafs if t.is_input]
     return flagged or [t for t in leafs if t.data is None and t.buffer is None]
+
+
+install_value_encoder(encode)   # Tensor.set_data's conversion (the IR cannot import this layer)

@@ -1,5 +1,5 @@
 """Conversion between float32 rows and ggml's storage formats (F32, F16, BF16, Q4_0, Q4_1, Q5_0,
-Q5_1, Q8_0 here; the K-quants, IQ4_NL, IQ4_XS and Q8_K in ggraph/quants_k.py).
+Q5_1, Q8_0 here; the K-quants, IQ4_NL, IQ4_XS and Q8_K in ggraph/codecs/quants_k.py).
 
 This module owns the byte layout and the exact rounding of every float type ggraph stores:
 `quantize` turns float rows into the bytes ggml would write, `dequantize` turns such bytes
@@ -21,7 +21,7 @@ back into float32. Both are vectorized numpy and bit-exact with ggml's reference
 
 All multi-byte fields are little-endian, as in GGUF files, whatever the host.
 
-Each type's record (ggraph/type_records.py) is registered here, by `register_type` next to
+Each type's record (ggraph/ir/types.py) is registered here, by `register_type` next to
 its numpy code: block layout, these kernels, its scale offsets, the names of its compiled
 codecs in backends/shared/codecs.py and its roles (weight, KV cache, storable), and the type
 ggml's CPU dot products round activations to for it (vec_dot_type).
@@ -32,8 +32,8 @@ from typing import Callable
 
 import numpy as np
 
-from .type_records import TYPE_RECORDS, register_type
-from .types import GGMLType, row_size
+from ggraph.ir.types import TYPE_RECORDS, register_type
+from ggraph.ir.types import GGMLType, row_size
 
 __all__ = ["quantize", "dequantize", "f32_to_bf16_bits", "bf16_bits_to_f32", "first_nonfinite"]
 
@@ -256,7 +256,7 @@ register_type(GGMLType.Q5_1, 32, 24, quantize=_q5_1_quantize, dequantize=_q5_1_d
               scale_fields=(0, 2), codecs=("dec_q5_1", "enc_q5_1", "dot_q5_1"),
               qdot="qdot_q5_1", **_ROLES, **_Q8)
 
-from . import quants_k as _quants_k  # noqa: E402,F401  (K-quants, IQ4, Q8_K: same registry)
+from ggraph.codecs import quants_k as _quants_k  # noqa: E402,F401  (K-quants, IQ4, Q8_K: same registry)
 
 # index types: stored, never converted; compiled as plain integer loads/stores
 register_type(GGMLType.I32, 1, 4, numpy_dtype="int32", integer=True,

@@ -18,14 +18,14 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from ggraph.alloc import GraphAllocator
-from ggraph.alloc_trace import same_layout
-from ggraph.graph import Graph, build_graph
-from ggraph.opkind import OpKind
+from ggraph.plan.alloc import GraphAllocator
+from ggraph.plan.alloc_trace import same_layout
+from ggraph.ir.graph import Graph, build_graph
+from ggraph.ir.opkind import OpKind
 from ggraph.ops.case import Case
 from ggraph.ops.registry import REGISTRY, ops_where
-from ggraph.reference import run_reference
-from ggraph.tensor import Tensor
+from ggraph.check.reference import run_reference
+from ggraph.ir.tensor import Tensor
 
 CANARY = 64                     # bytes of canary before and after every planned tensor
 CANARY_BYTE = 0xA5
@@ -420,3 +420,19 @@ def run_case_inplace(case: Case, backend: Any, reference: Any = None, src: int |
         return Result(case, "FAIL", err, "; ".join(problems + ([why] if why else [])), dt,
                       variant=variant)
     return Result(case, "OK" if ok else "FAIL", err, why, dt, variant=variant)
+
+
+def parse_ops(spec: str) -> list[OpKind] | None:
+    """`--op rms_norm,soft_max` -> the op kinds (None: every op); an unknown name is an error
+    listing the known ones."""
+    if not spec:
+        return None
+    out = []
+    for name in spec.split(","):
+        key = name.strip().upper()
+        try:
+            out.append(OpKind[key])
+        except KeyError:
+            raise ValueError(f"unknown op {name!r}; known ops: "
+                             f"{', '.join(k.value for k in OpKind)}") from None
+    return out

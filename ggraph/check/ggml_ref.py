@@ -1,7 +1,7 @@
 """The real libggml as a reference, through cffi: run ggraph graphs on ggml's CPU backend and
 ask ggml's own graph allocator (ggml_gallocr) how big a compute buffer a graph needs.
 
-The library is located, loaded and checked by ggraph.ggml_cdefs (`load()`: $GGRAPH_LIBGGML,
+The library is located, loaded and checked by ggraph.check.ggml_cdefs (`load()`: $GGRAPH_LIBGGML,
 else llama-cpp-python's build; declarations checked against the library, enum values read
 from it).
 
@@ -31,12 +31,12 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from ggraph import buffers
-from ggraph.ggml_cdefs import (ENV_VAR, GGML, GGMLUnavailable, ensure_op,  # noqa: F401
+from ggraph.codecs import buffers
+from ggraph.check.ggml_cdefs import (ENV_VAR, GGML, GGMLUnavailable, ensure_op,  # noqa: F401
                                find_libggml, load, new_context)
-from ggraph.graph import Graph
+from ggraph.ir.graph import Graph
 from ggraph.ops.registry import get_op
-from ggraph.tensor import Flag, Tensor
+from ggraph.ir.tensor import Flag, Tensor
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from ggraph.tensor import Tensor
+from ggraph.ir.tensor import Tensor
 
 DEFAULT_CAPACITY = 2048  # GGML_DEFAULT_GRAPH_SIZE
 
