@@ -347,6 +347,24 @@ class Session(ThreadGuard):
                     profile.time_calls(self._calls, self._groups, self.backend.synchronize)
             return self
 
+    @property
+    def bound_calls(self) -> list[Callable[[], None]] | None:
+        """The calls one run of the bound graph makes, in order (None until a graph is bound):
+        what benchmarks replay and tools count as launches. Time them through `profile`."""
+        return self._calls
+
+    @property
+    def bound_graph(self) -> Graph | None:
+        """The graph whose calls are bound (the last one run)."""
+        return self._graph
+
+    def take_new_copies(self) -> bool:
+        """Whether a write has copied a leaf's data since the last call (copy-on-write: calls
+        bound before it still see the old array, so the caller binds again)."""
+        with self._lock:
+            changed, self._own_changed = self._own_changed, False
+            return changed
+
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
         """Held while kernels run: a kernel written in Python may read its sources through

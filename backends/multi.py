@@ -31,7 +31,7 @@ from .runner import ComputeBuffer, ModelMemory, ThreadGuard, check_device
 
 
 @dataclass
-class _Bound:
+class BoundSchedule:
     """A scheduled graph with every device planned and every split's calls bound."""
     sch: Schedule
     steps: list[tuple[list[tuple[Tensor, Tensor, int]], int, list[Callable[[], None]]]]
@@ -57,7 +57,7 @@ class MultiSession(ThreadGuard):
             alignment=b.alignment, strategy=strategy, name=n, keep_order=True))
             for b, n in zip(self.backends, self._names)]
         self._schedules: dict[Graph, tuple[Graph, Schedule]] = {}
-        self._bound: _Bound | None = None
+        self._bound: BoundSchedule | None = None
         self._bound_graph: Graph | None = None
         ThreadGuard.__init__(self)                # run/read/write take turns
         self._reserved: list[ComputeBuffer] = []  # what the last reserve() returned
@@ -106,7 +106,7 @@ class MultiSession(ThreadGuard):
             s.prepare(g)
         return sch
 
-    def _bind(self, sch: Schedule) -> _Bound:
+    def _bind(self, sch: Schedule) -> BoundSchedule:
         steps = []
         for split in sch.splits:
             d = split.device
@@ -114,7 +114,7 @@ class MultiSession(ThreadGuard):
                       for t in split.inputs]
             calls = self.sessions[d].bind([sch.clones[n] for n in split.nodes])
             steps.append((copies, d, calls))
-        return _Bound(sch, steps)
+        return BoundSchedule(sch, steps)
 
     # -- running ------------------------------------------------------------------------------
     def run(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None = None
@@ -143,12 +143,11 @@ class MultiSession(ThreadGuard):
         else:
             sch = self._bound.sch
         buffers.feed_inputs(graph, inputs or {}, self.write)
-        if self._bound is None or any(s._own_changed for s in self.sessions):
+        copied = [s.take_new_copies() for s in self.sessions]
+        if self._bound is None or any(copied):
             # the feed may have copied leaf data on write (Session.write): bind that copy
             self._bound = self._bind(sch)
             self._bound_graph = graph
-            for s in self.sessions:
-                s._own_changed = False
         self.mark_run()
 
     def _copy(self, src: Session, t: Tensor, dst: Session, c: Tensor) -> None:

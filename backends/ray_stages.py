@@ -32,7 +32,7 @@ from ggraph.ir.graph import Graph
 from ggraph.plan.sched import Schedule
 from ggraph.ir.tensor import Tensor
 from .base import Backend
-from .multi import MultiSession, _Bound
+from .multi import MultiSession, BoundSchedule
 from .runner import ComputeBuffer
 from .tensor_wire import WireRegistry, tensor_table
 
@@ -97,8 +97,12 @@ class RemoteStage:
         self.graphs: dict[Graph, _Shipped] = {}
         self.ship_weights = ship_weights
         self.mapped = False
-        self._own_changed = False
         self.busy = 0.0  # seconds of kernels the stage reported (pipelining figures)
+
+    def take_new_copies(self) -> bool:
+        """Session's question (MultiSession.run asks every session): a stage binds its own
+        calls, so a host-side copy never leaves its bound calls stale."""
+        return False
 
     def get(self, ref: Any, what: str) -> Any:
         ray = _ray()
@@ -217,7 +221,7 @@ class RayMultiSession(MultiSession):
         return isinstance(self.sessions[d], RemoteStage)
 
     # -- binding ------------------------------------------------------------------------------
-    def _bind(self, sch: Schedule) -> _Bound:
+    def _bind(self, sch: Schedule) -> BoundSchedule:
         steps: list[Any] = []
         self._effects = []
         for k, split in enumerate(sch.splits):
@@ -244,7 +248,7 @@ class RayMultiSession(MultiSession):
                     last_on[sd].outputs.append(src_t)
             if isinstance(st, _RemoteStep):
                 last_on[split.device] = st
-        return _Bound(sch, steps)
+        return BoundSchedule(sch, steps)
 
     # -- running --------------------------------------------------------------------------------
     def _check(self) -> None:

@@ -78,7 +78,7 @@ class GraphRun:
         self.out = out
 
     def __call__(self):
-        for c in self.s._calls:
+        for c in self.s.bound_calls:
             c()
 
 

@@ -207,8 +207,8 @@ def decode_speed(backend: Any, tiny: bool, weight_type: str = "q8_0",
                 per = float(np.median(wall))
                 row.update(tok_s=1.0 / per, ms_per_token=per * 1e3,
                            gpu_ms_per_token=None if None in gpu else float(np.median(gpu)) * 1e3,
-                           launches_per_token=len(session._calls or ()),
-                           replay=_replay_mode(session._calls),
+                           launches_per_token=len(session.bound_calls or ()),
+                           replay=_replay_mode(session.bound_calls),
                            nodes_per_token=len(mg.graph.nodes), steps=steps,
                            logits_finite=finite)
             except Exception as e:  # one configuration failing must not hide the others

@@ -184,7 +184,7 @@ def ggraph_perf(backend: Any, tiny: bool, min_seconds: float) -> list[dict[str, 
                            0.0 if tiny else min_seconds, 1 if tiny else 2000,
                            lambda: CudaEvent(backend_stream(backend)))
             us = r["event_us"] if r["event_us"] is not None else r["wall_us"]
-            row = {"case": name, "us": us, **r, "launches": len(session._calls or ()),
+            row = {"case": name, "us": us, **r, "launches": len(session.bound_calls or ()),
                    "gflops": flops(out) / us / 1e3, "gbs": nbytes(out) / us / 1e3}
         except Exception as e:  # report and go on: one broken case must not hide the rest
             row = {"case": name, "error": f"{type(e).__name__}: {e}"[:300]}

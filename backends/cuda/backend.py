@@ -14,7 +14,7 @@ to their device.
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -45,6 +45,9 @@ class CUDABackend(Backend):
         # tensor -> (the host array that was uploaded, its device copy)
         self._uploads: "weakref.WeakKeyDictionary[Tensor, tuple[np.ndarray, Any]]" = \
             weakref.WeakKeyDictionary()
+        # called with each tensor whose data is uploaded (gpu-check keeps them alive to read
+        # their device copies back)
+        self.upload_observers: list[Callable[[Tensor], None]] = []
 
     @property
     def device_name(self) -> str:
@@ -83,7 +86,13 @@ class CUDABackend(Backend):
         with self.device.active():
             dev = R.upload_bytes(t.data)
         self._uploads[t] = (t.data, dev)
+        for observe in self.upload_observers:
+            observe(t)
         return dev
+
+    def uploaded(self, t: Tensor) -> tuple[np.ndarray, Any] | None:
+        """(the host array uploaded for `t`, its device copy), or None if none is held."""
+        return self._uploads.get(t)
 
     def fill(self, buf: Any, byte: int) -> None:
         if R.MODE == "ptx":
