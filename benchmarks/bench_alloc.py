@@ -21,7 +21,7 @@ import time
 from ggraph import Context, GGMLType, Graph, OpKind, Tensor
 from ggraph import ops as O
 from ggraph.plan.alloc import plan_graph
-from ggraph.graphs.attention import AttentionShape, build_attention
+from ggraph.graphs.models.attention import AttentionShape, build_attention
 from ggraph.ir.types import MIB
 
 

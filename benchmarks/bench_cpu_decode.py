@@ -20,8 +20,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     import numba
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.fetch import default_model
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    from ggraph.graphs.gguf.fetch import default_model
 
     numba.set_num_threads(args.threads)
     eng = Engine(str(default_model()), EngineConfig(n_ctx=2048, n_ubatch=512,

@@ -58,7 +58,7 @@ import numpy as np
 # loads the same libgomp (backends/cpu/threads.py), so neither side's idle threads spin long
 from ggraph.backends.cpu.membw import read_bandwidth
 from ggraph.check.ggml_cdefs import GGMLUnavailable, find_libggml
-from ggraph.graphs.bench import load_average, machine_info
+from ggraph.graphs.eval.bench import load_average, machine_info
 
 # weight type -> ggml_type id, block size, bytes per block (ggml.h / ggml-common.h)
 TYPES: dict[str, tuple[int, int, int]] = {
@@ -522,7 +522,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def machine_summary() -> dict[str, Any]:
-    """graphs/bench.py's machine line, and the vector features ggraph's kernels compile for."""
+    """graphs/eval/bench.py's machine line, and the vector features ggraph's kernels compile for."""
     from ggraph.backends.cpu.qvec import FEATURES
 
     mi = machine_info()

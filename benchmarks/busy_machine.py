@@ -52,7 +52,7 @@ def child(args: argparse.Namespace) -> None:
     prints the tok/s; the parent decides what load runs meanwhile."""
     import numpy as np
 
-    from ggraph.graphs.fetch import resolve_model
+    from ggraph.graphs.gguf.fetch import resolve_model
 
     path = str(resolve_model("default"))
     prompt = list(range(100, 132))
@@ -70,7 +70,7 @@ def child(args: argparse.Namespace) -> None:
             llm.reset()
             llm.eval(prompt)
     else:
-        from ggraph.graphs.engine import Engine, EngineConfig
+        from ggraph.graphs.runtime.engine import Engine, EngineConfig
 
         eng = Engine(path, EngineConfig(n_ctx=1024, n_ubatch=512, n_threads=args.threads,
                                         reserve_outputs="last"))

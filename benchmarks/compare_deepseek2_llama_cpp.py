@@ -1,6 +1,6 @@
 """A tiny random DeepSeek2 (MLA + MoE, F32 weights) in llama.cpp and in ggraph, same tokens.
 
-Writes the tiny GGUF (graphs/tiny_deepseek2.py: q_lora, YaRN with a log multiplier, a dense
+Writes the tiny GGUF (graphs/testing/tiny_deepseek2.py: q_lora, YaRN with a log multiplier, a dense
 leading layer, sigmoid MoE with exp_probs_b, group-limited routing, a shared expert), runs
 llama.cpp through llama-cpp-python (logits for every token, then greedy decoding) and ggraph's
 reference executor and CPU backend on the same tokens, and prints the logits NMSE of each
@@ -57,8 +57,8 @@ def ggraph_logits(path: str, tokens: list[int], *, backend: str = "cpu", path_na
                   "absorbed", amb_mib: int = 0, n_ctx: int = N_CTX,
                   cache: str = "f32") -> np.ndarray:
     """All-token logits from ggraph: the reference executor or a backend, one MLA path."""
-    from ggraph.graphs.archs import deepseek2
-    from ggraph.graphs.gguf_file import load_gguf
+    from ggraph.graphs.models.archs import deepseek2
+    from ggraph.graphs.gguf.gguf_file import load_gguf
 
     from ggraph.check.reference import run_reference
     from ggraph.ir.tensor import Context
@@ -80,7 +80,7 @@ def ggraph_logits(path: str, tokens: list[int], *, backend: str = "cpu", path_na
 
 
 def ggraph_greedy(path: str, tokens: list[int], n_gen: int = N_GEN) -> list[int]:
-    from ggraph.graphs.engine import Engine, EngineConfig
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
 
     eng = Engine(path, EngineConfig(n_ctx=N_CTX, n_ubatch=64, type_k="f32"))
     return list(eng.generate(tokens, n_gen, stop_at_eos=False))
@@ -88,7 +88,7 @@ def ggraph_greedy(path: str, tokens: list[int], n_gen: int = N_GEN) -> list[int]
 
 def variants() -> dict[str, Any]:
     """Other hyperparameter forms llama.cpp reads, each checked on the reference executor."""
-    from ggraph.graphs.tiny_deepseek2 import TinyDeepSeek2
+    from ggraph.graphs.testing.tiny_deepseek2 import TinyDeepSeek2
 
     return {
         "yarn without log multiplier": TinyDeepSeek2(yarn_log_mul=0.0, seed=5),
@@ -107,7 +107,7 @@ def variants() -> dict[str, Any]:
 def compare(workdir: str, n_tokens: int = N_TOKENS, seed: int = 1,
             runs: tuple[tuple[str, str, int, int], ...] | None = None) -> dict[str, Any]:
     """Write the tiny models, run both, return the NMSE figures."""
-    from ggraph.graphs.tiny_deepseek2 import TinyDeepSeek2, write_tiny_deepseek2
+    from ggraph.graphs.testing.tiny_deepseek2 import TinyDeepSeek2, write_tiny_deepseek2
 
     rng = np.random.default_rng(seed)
     tokens = [int(x) for x in rng.integers(3, 250, n_tokens)]

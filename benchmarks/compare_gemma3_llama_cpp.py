@@ -209,7 +209,7 @@ def dequantized_check(path: str, tokens: list[int], quantized: tuple[np.ndarray,
 
     import llama_cpp
 
-    from ggraph.graphs.engine import Engine, EngineConfig
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         f32 = os.path.join(tmp, "f32.gguf")
@@ -253,8 +253,8 @@ def main() -> None:
     import llama_cpp
     import numba
 
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.fetch import resolve_model
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    from ggraph.graphs.gguf.fetch import resolve_model
 
     numba.set_num_threads(args.threads)
     path = str(resolve_model("gemma3"))

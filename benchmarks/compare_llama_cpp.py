@@ -45,8 +45,8 @@ def main() -> None:
     import llama_cpp
     import numba
 
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.fetch import default_model
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    from ggraph.graphs.gguf.fetch import default_model
 
     numba.set_num_threads(args.threads)
     path = str(default_model())

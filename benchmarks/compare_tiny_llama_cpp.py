@@ -1,9 +1,9 @@
 """Every tiny random GGUF writer in ggraph, run by llama.cpp and by ggraph on the same token
 ids: per-position logits NMSE of ggraph against llama.cpp.
 
-Writers (a table, one row each): llama, qwen2 and qwen3 from graphs/tiny.py (F32 and Q8_0
-matrices, tied and untied output), deepseek2 from graphs/tiny_deepseek2.py, and gemma3 from
-graphs/tiny_gemma3.py (`write_tiny_gguf(path, **kw)`) when that module exists; a writer whose
+Writers (a table, one row each): llama, qwen2 and qwen3 from graphs/testing/tiny.py (F32 and Q8_0
+matrices, tied and untied output), deepseek2 from graphs/testing/tiny_deepseek2.py, and gemma3 from
+graphs/testing/tiny_gemma3.py (`write_tiny_gguf(path, **kw)`) when that module exists; a writer whose
 module is missing or whose file llama.cpp refuses is reported as such, not dropped. Both
 sides use their default F16 KV cache and one ubatch per sequence. ggraph runs twice: its
 default CPU kernels, and `ggml_exact` (quantized mul_mat, rms_norm, rope, softmax bit for bit
@@ -48,7 +48,7 @@ class Writer:
         return fn(path, **self.kwargs)
 
 
-TINY = "ggraph.graphs.tiny"
+TINY = "ggraph.graphs.testing.tiny"
 WRITERS: dict[str, Writer] = {
     "llama-f32": Writer(TINY, "write_tiny_gguf", dict(arch="llama")),
     "llama-q8_0-untied": Writer(TINY, "write_tiny_gguf", dict(arch="llama", weight_type="q8_0",
@@ -63,9 +63,9 @@ WRITERS: dict[str, Writer] = {
         arch="qwen3", head_dim=32, n_head_kv=1, tied_output=False, seed=2)),
     "qwen3-q8_0": Writer(TINY, "write_tiny_gguf", dict(arch="qwen3", head_dim=32,
                                                        weight_type="q8_0")),
-    "deepseek2-f32": Writer("ggraph.graphs.tiny_deepseek2", "write_tiny_deepseek2",
+    "deepseek2-f32": Writer("ggraph.graphs.testing.tiny_deepseek2", "write_tiny_deepseek2",
                             config="TinyDeepSeek2"),
-    "gemma3-f32": Writer("ggraph.graphs.tiny_gemma3", "write_tiny_gguf"),
+    "gemma3-f32": Writer("ggraph.graphs.testing.tiny_gemma3", "write_tiny_gguf"),
 }
 
 
@@ -86,7 +86,7 @@ def llama_cpp_logits(path: str, seqs: list[list[int]], threads: int) -> list[np.
 
 def ggraph_logits(path: str, seqs: list[list[int]], threads: int,
                   ggml_exact: bool = False) -> list[np.ndarray]:
-    from ggraph.graphs.engine import Engine, EngineConfig
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
 
     eng = Engine(path, EngineConfig(n_ctx=N_CTX, n_ubatch=N_CTX, n_threads=threads,
                                     ggml_exact=ggml_exact))
@@ -105,7 +105,7 @@ def compare(name: str, writer: Writer, tmp: str, threads: int) -> dict[str, Any]
     except ModuleNotFoundError as e:
         return dict(row, status=f"skipped: {e.name} is not present")
     try:
-        from ggraph.graphs.gguf_file import load_gguf
+        from ggraph.graphs.gguf.gguf_file import load_gguf
 
         n_vocab = len(load_gguf(path, with_data=False).metadata["tokenizer.ggml.tokens"])
         rng = np.random.default_rng(0)

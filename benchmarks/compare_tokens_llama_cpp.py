@@ -58,8 +58,8 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 def compare_model(path: str, files: list[str]) -> list[dict[str, Any]]:
     import llama_cpp
 
-    from ggraph.graphs.gguf_reader import read_header
-    from ggraph.graphs.tokenizer import Tokenizer
+    from ggraph.graphs.gguf.gguf_reader import read_header
+    from ggraph.graphs.tokenizers.tokenizer import Tokenizer
 
     t0 = time.perf_counter()
     tok = Tokenizer(read_header(path).metadata, path)
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if importlib.util.find_spec("llama_cpp") is None:
         print("llama-cpp-python is not installed: nothing to compare against", file=sys.stderr)
         return 2
-    from ggraph.graphs.fetch import resolve_model
+    from ggraph.graphs.gguf.fetch import resolve_model
 
     models = [resolve_model(m) for m in (args.model or ["smollm2", "gemma3"])]
     if args.vocab_dir:

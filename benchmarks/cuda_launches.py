@@ -49,8 +49,8 @@ def count(model: str, n_ctx: int, steps: int, flash: bool = False, fuse: bool = 
 
     ran = [0]
     R.bound = counting_bound  # restored below: counts of one configuration at a time
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.fetch import resolve_model
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    from ggraph.graphs.gguf.fetch import resolve_model
 
     eng = Engine(resolve_model(model), EngineConfig(backend="cuda", n_ctx=n_ctx, n_ubatch=32,
                                                     reserve_outputs="last", flash_attn=flash))

@@ -46,10 +46,10 @@ def main() -> int:
     from ggraph.backends.cpu import CPUBackend
     from ggraph.check.conformance import nmse
     from ggraph.check.ggml_ref import run_graph
-    from ggraph.graphs.arch import model_class
+    from ggraph.graphs.models.arch import model_class
     from ggraph.backends.cpu import ggml_exact_kquants
-    from ggraph.graphs.fetch import resolve_model
-    from ggraph.graphs.gguf_file import load_gguf
+    from ggraph.graphs.gguf.fetch import resolve_model
+    from ggraph.graphs.gguf.gguf_file import load_gguf
     from ggraph.ir.tensor import Context
 
     path = str(resolve_model(args.model))

@@ -30,16 +30,16 @@ import time
 
 import numpy as np
 
-from ggraph.graphs.bench import machine_info
+from ggraph.graphs.eval.bench import machine_info
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEXT = os.path.join(HERE, "..", "tests", "data", "ppl", "python_reference.txt")
 
 
 def load_tokens(model: str, n_ctx: int, n_chunks: int):
-    from ggraph.graphs.gguf_reader import read_header
-    from ggraph.graphs.perplexity import plan_chunks, read_text
-    from ggraph.graphs.tokenizer import Tokenizer
+    from ggraph.graphs.gguf.gguf_reader import read_header
+    from ggraph.graphs.eval.perplexity import plan_chunks, read_text
+    from ggraph.graphs.tokenizers.tokenizer import Tokenizer
 
     tok = Tokenizer(read_header(model).metadata, model)
     text = read_text(TEXT)
@@ -65,8 +65,8 @@ def llama_cpp_evaluate(llm):
 
 
 def ggraph_evaluate(model: str, n_ctx: int, threads: int, exact: bool = False):
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.perplexity import engine_evaluate
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    from ggraph.graphs.eval.perplexity import engine_evaluate
 
     eng = Engine(model, EngineConfig(n_ctx=n_ctx, n_ubatch=min(n_ctx, 512), n_threads=threads,
                                      ggml_exact=exact))
@@ -74,7 +74,7 @@ def ggraph_evaluate(model: str, n_ctx: int, threads: int, exact: bool = False):
 
 
 def ppl_of(values: list[np.ndarray]) -> dict:
-    from ggraph.graphs.perplexity import PplStats
+    from ggraph.graphs.eval.perplexity import PplStats
 
     s = PplStats()
     for v in values:
@@ -94,7 +94,7 @@ def kld_figures(stats) -> dict:
 
 def write_base(evaluate, tokens, chunking, n_vocab: int, path: str) -> dict:
     """Evaluate every chunk, write the base file, return PPL figures and timings."""
-    from ggraph.graphs.perplexity import BaseWriter, run_perplexity
+    from ggraph.graphs.eval.perplexity import BaseWriter, run_perplexity
 
     times: list[float] = []
     with BaseWriter(path, chunking, n_vocab, tokens) as w:
@@ -109,7 +109,7 @@ def mode_base(args: argparse.Namespace, model: str) -> None:
         llm = llama_cpp_model(model, args.ctx, args.threads)
         evaluate, n_vocab = llama_cpp_evaluate(llm), llm.n_vocab()
     else:
-        from ggraph.graphs.gguf_reader import read_header
+        from ggraph.graphs.gguf.gguf_reader import read_header
         from ggraph.backends.cpu import kernels
 
         evaluate = ggraph_evaluate(model, args.ctx, args.threads)
@@ -120,8 +120,8 @@ def mode_base(args: argparse.Namespace, model: str) -> None:
 
 def compare(evaluate, tokens, chunking, bases: dict, chunks: int | None = None) -> dict:
     """NLL per chunk and KL divergence against each base file, one pass over the chunks."""
-    from ggraph.graphs.kl_divergence import KldStats, token_kld
-    from ggraph.graphs.perplexity import BaseFile, token_nll
+    from ggraph.graphs.eval.kl_divergence import KldStats, token_kld
+    from ggraph.graphs.eval.perplexity import BaseFile, token_nll
 
     files = {k: BaseFile.read(p) for k, p in bases.items()}
     stats = {k: KldStats() for k in bases}
@@ -186,7 +186,7 @@ def main() -> None:
     args = ap.parse_args()
     import numba
 
-    from ggraph.graphs.fetch import resolve_model
+    from ggraph.graphs.gguf.fetch import resolve_model
 
     numba.set_num_threads(args.threads)
     model = resolve_model(args.model)
@@ -276,7 +276,7 @@ def main() -> None:
 
 
 def read_bytes(path: str) -> bytes:
-    from ggraph.graphs.perplexity import read_text
+    from ggraph.graphs.eval.perplexity import read_text
 
     return read_text(path).encode()
 

@@ -18,7 +18,7 @@ import os
 import re
 import sys
 
-from ggraph.graphs.bench import machine_info
+from ggraph.graphs.eval.bench import machine_info
 from ggraph.ir.types import MIB
 
 SETTINGS = [  # (n_ctx, n_ubatch, type_k, type_v, flash_attn)
@@ -73,8 +73,8 @@ def llama_cpp_memory(path: str, n_ctx: int, n_ubatch: int, tk: str, tv: str, fa:
 
 
 def ggraph_memory(path: str, n_ctx: int, n_ubatch: int, tk: str, tv: str, fa: bool) -> dict:
-    from ggraph.graphs.memory_plan import plan_model
-    from ggraph.graphs.presets import header_model
+    from ggraph.graphs.deploy.memory_plan import plan_model
+    from ggraph.graphs.deploy.presets import header_model
 
     model, wbytes = header_model(path)
     r = plan_model(model, path, n_ctx, n_ubatch, 0, tk, tv, fa, strategy="default",
@@ -88,7 +88,7 @@ def main() -> int:
     ap.add_argument("--models", default="smollm2,gemma3")
     ap.add_argument("--json", default="benchmarks/results/plan_llama_cpp.json")
     args = ap.parse_args()
-    from ggraph.graphs.fetch import resolve_model
+    from ggraph.graphs.gguf.fetch import resolve_model
 
     log = LlamaLog()
     rows = []

@@ -29,8 +29,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from ggraph.backends.profile import Profile
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.fetch import resolve_model
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    from ggraph.graphs.gguf.fetch import resolve_model
 
     path = str(resolve_model(args.model))
     eng = Engine(path, EngineConfig(n_ctx=1024, n_ubatch=512, n_threads=args.threads,

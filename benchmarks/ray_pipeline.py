@@ -40,8 +40,8 @@ def main() -> int:
 
     import ray
 
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.fetch import default_model
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    from ggraph.graphs.gguf.fetch import default_model
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     path = str(default_model())

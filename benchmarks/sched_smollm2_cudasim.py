@@ -26,8 +26,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from ggraph.backends.cuda import runtime as R
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.fetch import default_model
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    from ggraph.graphs.gguf.fetch import default_model
 
     path = str(default_model())
     cfg = dict(n_ctx=256, n_ubatch=32, reserve_outputs="last")

@@ -27,7 +27,7 @@ and warm here are numba's kernel cache, not the disk.
                               [--json benchmarks/results/ttft.json]
     python benchmarks/ttft.py --profile cold|warm [-m ...]   # cProfile of one ggraph child
 
-A table on stdout and the JSON (with the CPU, graphs/bench.py's machine_info) are the output.
+A table on stdout and the JSON (with the CPU, graphs/eval/bench.py's machine_info) are the output.
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def child_ggraph(a: argparse.Namespace, stamps: Stamps,
     import numpy as np
 
     from ggraph.backends.compiles import counting
-    from ggraph.graphs.engine import Engine, EngineConfig
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
     stamps("import")
     with counting() as compiles:
         eng = Engine(a.model, EngineConfig(
@@ -274,8 +274,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.child:
         child(a)
         return
-    from ggraph.graphs.bench import machine_info
-    from ggraph.graphs.fetch import resolve_model
+    from ggraph.graphs.eval.bench import machine_info
+    from ggraph.graphs.gguf.fetch import resolve_model
 
     a.model = resolve_model(a.model)
     read_through(a.model)

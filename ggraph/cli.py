@@ -1,7 +1,7 @@
 """The `ggraph` console command. Each subcommand lives in a module of ggraph.tools that
 defines `register(subparsers)`; this file only discovers and dispatches them (the options
-several subcommands share and how they resolve are tools/defaults.py's; the text helpers the
-commands share, one-line errors among them, are tools/cli_text.py's)."""
+several subcommands share and how they resolve are tools/common/defaults.py's; the text helpers the
+commands share, one-line errors among them, are tools/common/cli_text.py's)."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ import pkgutil
 import sys
 from typing import Sequence
 
-from ggraph.tools.cli_text import fail
+from ggraph.tools.common.cli_text import fail
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,9 +5,9 @@ worker process (the Python API) or as `ggraph run` (the CLI), with tables of out
     python scripts/fuzz_gguf.py --cases 5000 [--seed 0] [--jobs 2]
     python scripts/fuzz_gguf.py --seed 0 --mutant 123 [--keep DIR]   # one mutant again
 
-Mutants (graphs/gguf_mutate.py) start from tiny llama, qwen2, qwen3, gemma3 and deepseek2
+Mutants (graphs/testing/gguf_mutate.py) start from tiny llama, qwen2, qwen3, gemma3 and deepseek2
 files and from SmolLM2-135M (2% of them; --no-smollm2 leaves it out); each runs at
---per-mutant settings (graphs/fuzz_cases.py: n_ctx, ubatch, threads, flash attention, mmap,
+--per-mutant settings (graphs/testing/fuzz_cases.py: n_ctx, ubatch, threads, flash attention, mmap,
 a short, long, chat or multi-turn prompt). The tables count outcomes per mutation, setting,
 base file and way of running; every traceback, signal and timeout is listed with the command
 that runs its mutant again, and the exit status is 1 when there is any. The JSON
@@ -40,12 +40,12 @@ def main() -> int:
     ap.add_argument("--json", default="benchmarks/results/fuzz_gguf_structured.json")
     args = ap.parse_args()
 
-    from ggraph.graphs.fuzz_structured import StructuredFuzz, structured_bases
+    from ggraph.graphs.testing.fuzz_structured import StructuredFuzz, structured_bases
 
     kinds = tuple(k for k in args.kinds.split(",") if k) or None
     smollm2 = None
     if not args.no_smollm2:
-        from ggraph.graphs.fetch import default_model
+        from ggraph.graphs.gguf.fetch import default_model
 
         smollm2 = str(default_model())
     repro = "python scripts/fuzz_gguf.py" + (f" --kinds {args.kinds}" if kinds else "") + \

@@ -19,7 +19,7 @@ from ggraph.plan.alloc import (BufferLimitError, GraphAllocator, GraphOrderError
 from ggraph.plan.alloc_trace import ALLOC, FREE, trace_liveness
 from ggraph.plan.alloc_trace import live_peak as trace_peak
 from ggraph.cli import main as cli_main
-from ggraph.graphs.attention import AttentionShape, build_attention, split_heads
+from ggraph.graphs.models.attention import AttentionShape, build_attention, split_heads
 from ggraph.ir.types import MIB
 
 

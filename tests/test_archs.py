@@ -1,6 +1,6 @@
-"""Architectures by interface (graphs/arch.py, graphs/archs/): a new module is found without
+"""Architectures by interface (graphs/models/arch.py, graphs/models/archs/): a new module is found without
 editing a list; the interface and its capabilities are checked when a class registers; tensor
-names are gguf-py's; no module outside graphs/archs/ names an architecture module; the
+names are gguf-py's; no module outside graphs/models/archs/ names an architecture module; the
 shared graph types and the head-group join serve every architecture.
 """
 from __future__ import annotations
@@ -15,12 +15,13 @@ from gguf.constants import MODEL_ARCH, MODEL_TENSORS, TENSOR_NAMES
 
 from ggraph import ops as O
 from ggraph.ir.graph import Graph
-from ggraph.graphs import archs, engine, model_graph
-from ggraph.graphs.arch import (ARCHITECTURES, Architecture, MLAPlanner, architectures_with,
+from ggraph.graphs.models import archs, model_graph
+from ggraph.graphs.runtime import engine
+from ggraph.graphs.models.arch import (ARCHITECTURES, Architecture, MLAPlanner, architectures_with,
                                 discover_architectures, model_class, register_arch, supports)
-from ggraph.graphs.attention import HeadJoin
-from ggraph.graphs.gguf_file import GGUFError, GGUFModel
-from ggraph.graphs.tensor_names import TensorNames, expect_tensor
+from ggraph.graphs.models.attention import HeadJoin
+from ggraph.graphs.gguf.gguf_file import GGUFError, GGUFModel
+from ggraph.graphs.models.tensor_names import TensorNames, expect_tensor
 from ggraph.check.reference import run_reference
 from ggraph.ir.tensor import Context
 
@@ -28,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 TOY_MODULE = '''
 """A toy architecture written by tests/test_archs.py."""
-from ggraph.graphs.arch import Architecture, register_arch
-from ggraph.graphs.tensor_names import TensorNames
+from ggraph.graphs.models.arch import Architecture, register_arch
+from ggraph.graphs.models.tensor_names import TensorNames
 
 
 @register_arch("toy")
@@ -57,7 +58,7 @@ class ToyModel(Architecture):
 @pytest.fixture
 def scratch_archs(tmp_path, monkeypatch):
     """A folder added to the graphs.archs package: a module written there is an architecture
-    module like those in graphs/archs/. Registrations and imports made from it are undone."""
+    module like those in graphs/models/archs/. Registrations and imports made from it are undone."""
     before = dict(discover_architectures())
     monkeypatch.setattr(archs, "__path__", list(archs.__path__) + [str(tmp_path)])
     yield tmp_path
@@ -72,7 +73,7 @@ def test_a_new_module_is_found_without_editing_a_list(scratch_archs):
         model_class("toy")
     (scratch_archs / "toy_arch.py").write_text(TOY_MODULE)
     cls = model_class("toy")
-    assert cls.__module__ == "ggraph.graphs.archs.toy_arch" and cls.arch_name == "toy"
+    assert cls.__module__ == "ggraph.graphs.models.archs.toy_arch" and cls.arch_name == "toy"
     assert issubclass(cls, Architecture) and not supports(cls, MLAPlanner)
     assert {"toy", "llama", "deepseek2"} <= set(discover_architectures())
 
@@ -81,7 +82,7 @@ def test_builtin_architectures_are_modules_of_the_package():
     found = discover_architectures()
     assert {"llama", "deepseek2", "qwen2", "qwen3"} <= set(found)
     for name, cls in found.items():
-        assert cls.__module__.startswith("ggraph.graphs.archs."), (name, cls.__module__)
+        assert cls.__module__.startswith("ggraph.graphs.models.archs."), (name, cls.__module__)
         assert cls.arch_name == name
     known = ", ".join(sorted(found))       # every registered builder, in order
     with pytest.raises(GGUFError, match=r"x\.gguf: unknown architecture 'mamba9'; ggraph "
@@ -167,8 +168,8 @@ def test_no_module_outside_the_package_names_an_architecture_module():
 
 
 def test_shared_graph_types_come_from_one_module(tmp_path):
-    from ggraph.graphs.tiny_deepseek2 import TinyDeepSeek2, write_tiny_deepseek2
-    from ggraph.graphs.gguf_file import load_gguf
+    from ggraph.graphs.testing.tiny_deepseek2 import TinyDeepSeek2, write_tiny_deepseek2
+    from ggraph.graphs.gguf.gguf_file import load_gguf
 
     assert engine.ModelGraph is model_graph.ModelGraph
     path = write_tiny_deepseek2(tmp_path / "ds.gguf", TinyDeepSeek2(n_layer=2))

@@ -1,4 +1,4 @@
-"""`ggraph bench` (tools/bench.py) and its measuring library (graphs/bench.py) on the tiny
+"""`ggraph bench` (tools/bench.py) and its measuring library (graphs/eval/bench.py) on the tiny
 random model: the tests the options make, the result records and their statistics, every
 output format, and the errors for bad values. No speed thresholds: speed is the benchmark's
 business, not the tests'."""
@@ -13,8 +13,8 @@ import statistics
 import pytest
 
 from ggraph.cli import main
-from ggraph.graphs import bench
-from ggraph.graphs.tiny import write_tiny_gguf
+from ggraph.graphs.eval import bench
+from ggraph.graphs.testing.tiny import write_tiny_gguf
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_depth_prefix_is_evaluated_once_and_cut_back(tiny, monkeypatch):
 
 
 def test_depth_on_a_sliding_window_cache_refills_when_the_ring_lost_it(tmp_path, monkeypatch):
-    from ggraph.graphs.tiny_gemma3 import write_tiny_gguf as write_gemma3
+    from ggraph.graphs.testing.tiny_gemma3 import write_tiny_gguf as write_gemma3
 
     path = write_gemma3(tmp_path / "g3.gguf", n_swa=16)
     calls: list = []

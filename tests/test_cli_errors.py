@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from ggraph.cli import main
-from ggraph.tools.cli_text import argv_text, error_text
+from ggraph.tools.common.cli_text import argv_text, error_text
 
 DEFAULT = "default"
 RUN = ["run", DEFAULT, "-n", "2", "-c", "64"]
@@ -44,8 +44,8 @@ def test_empty_prompt_without_bos(capsys):
 
 
 def test_empty_prompt_with_bos_is_fine(tmp_path, capsys, monkeypatch):
-    from ggraph.graphs import tokenizer
-    from ggraph.graphs.tiny import write_tiny_llama
+    from ggraph.graphs.tokenizers import tokenizer
+    from ggraph.graphs.testing.tiny import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "tiny.gguf")
     init = tokenizer.Tokenizer.__init__
@@ -160,7 +160,7 @@ def test_threads(capsys):
 
 
 def test_parse_split_and_size():
-    from ggraph.graphs.placement import parse_size, parse_split
+    from ggraph.graphs.deploy.placement import parse_size, parse_split
 
     assert parse_split("3,1") == [3.0, 1.0]
     for bad in ("inf", "nan,1", "1,-inf", "1e400"):
@@ -237,8 +237,7 @@ def test_prompt_longer_than_the_context(capsys):
 # -- 6. --check-tensors ----------------------------------------------------------------------
 
 def test_check_tensors_reaches_the_engine(capsys, monkeypatch):
-    from ggraph.graphs import engine
-
+    from ggraph.graphs.runtime import engine
     seen = []
 
     class Stop(engine.Engine):
@@ -253,7 +252,7 @@ def test_check_tensors_reaches_the_engine(capsys, monkeypatch):
 
 
 def test_check_tensors_runs(tmp_path, capsys):
-    from ggraph.graphs.tiny import write_tiny_llama
+    from ggraph.graphs.testing.tiny import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "tiny.gguf")
     assert main(["run", str(path), "--check-tensors", "-p", "a b", "-n", "2", "-c", "64"]) == 0

@@ -17,7 +17,7 @@ import pytest
 
 from ggraph import Context, build_graph, ops
 from ggraph.backends import get_backend
-from ggraph.graphs.engine import Engine, EngineConfig
+from ggraph.graphs.runtime.engine import Engine, EngineConfig
 
 N_ENGINE_CALLS = 400     # per thread
 N_SESSION_CALLS = 200    # per thread
@@ -59,7 +59,7 @@ def run_threads(*targets: Callable[[], None]) -> None:
 
 @pytest.fixture(scope="module")
 def engine():
-    from ggraph.graphs.fetch import default_model
+    from ggraph.graphs.gguf.fetch import default_model
 
     return Engine(str(default_model()), EngineConfig(n_ctx=64, n_ubatch=32))
 

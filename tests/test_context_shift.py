@@ -1,5 +1,5 @@
 """The context shift of a full context (llama-cli's: keep n_keep tokens, discard half of the
-rest, re-rope the cached K by the position delta): graphs/kv_cache.py's discard and
+rest, re-rope the cached K by the position delta): graphs/models/kv_cache.py's discard and
 shift_graph, the engine's shift_context / make_room, and generation that goes on past n_ctx.
 
 With one layer, a token's K and V depend only on the token and its position, so a shifted
@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ggraph.graphs.engine import Engine, EngineConfig
-from ggraph.graphs.tiny import TinyDense, write_tiny_llama
-from ggraph.graphs.tiny_gemma3 import write_tiny_gguf as write_tiny_gemma3
+from ggraph.graphs.runtime.engine import Engine, EngineConfig
+from ggraph.graphs.testing.tiny import TinyDense, write_tiny_llama
+from ggraph.graphs.testing.tiny_gemma3 import write_tiny_gguf as write_tiny_gemma3
 
 
 def shifted_and_fresh(path: str, toks: list[int], n_keep: int, n_discard: int,
@@ -92,7 +92,7 @@ def test_generation_goes_on_past_the_context(tmp_path):
 
 
 def test_discard_bounds_and_models_that_cannot_shift(tmp_path):
-    from ggraph.graphs.tiny_deepseek2 import write_tiny_deepseek2
+    from ggraph.graphs.testing.tiny_deepseek2 import write_tiny_deepseek2
 
     eng = Engine(str(write_tiny_llama(tmp_path / "l.gguf")), EngineConfig(n_ctx=32))
     eng.eval([3, 4, 5])

@@ -27,7 +27,7 @@ SHAPES = [  # head_dim, n_head, n_head_kv, n_tokens, n_kv, cache size
 
 
 def _attention_matvecs(hd, nh, nkvh, nt, nkv, size):
-    """K*Q and V*P on views of F16 caches laid out as graphs/attention.py lays them out."""
+    """K*Q and V*P on views of F16 caches laid out as graphs/models/attention.py lays them out."""
     ctx = Context()
     kc = ctx.new_tensor("f16", (hd * nkvh, size), name="k_cache").set_input()
     vc = ctx.new_tensor("f16", (size, hd * nkvh), name="v_cache").set_input()

@@ -86,8 +86,8 @@ def test_each_backend_keeps_to_its_gpu(two_gpus, tmp_path):
     allocated, uploaded and launched with GPU 1 current, on backend 1's stream; the same
     logits and greedy tokens as the CPU alone."""
     from ggraph.check.conformance import nmse
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    from ggraph.graphs.testing.tiny import TinyLlama, write_tiny_llama
 
     p = write_tiny_llama(tmp_path / "t.gguf", TinyLlama(n_layer=2, n_embd=32, n_head=2,
                                                         n_head_kv=1, n_ff=48))

@@ -110,8 +110,8 @@ def test_tiny_llama_decodes_fused_as_the_cpu(tmp_path):
     """A whole model's decode steps on CUDA with every group the pass finds (the GLU over x's
     freed memory falls back to the gate/up pair): the CPU's logits and greedy tokens."""
     from ggraph.check.conformance import nmse
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    from ggraph.graphs.testing.tiny import TinyLlama, write_tiny_llama
 
     p = write_tiny_llama(tmp_path / "t.gguf", TinyLlama(n_layer=1, n_embd=32, n_head=2,
                                                         n_head_kv=1, n_ff=48))

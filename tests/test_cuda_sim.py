@@ -5,7 +5,7 @@ Runs in its own process with NUMBA_ENABLE_CUDASIM=1 set before numba is imported
 CPU table's accepts rules, the shared-memory caps), the conformance cases of every op and
 accepted type combination (heavy ops deduplicated by type/path, see `_selected`; set
 GGRAPH_CUDASIM_ALL=1 for every case), strided and permuted sources, odd sizes across tile
-edges, the attention graphs of graphs/attention.py (plain, split over head groups, flash,
+edges, the attention graphs of graphs/models/attention.py (plain, split over head groups, flash,
 quantized K/V) planned by the real allocator (in-place softmax), device memory behaviour
 (uploads cached by tensor identity, static caches kept across runs, strided reads/writes,
 128-byte alignment), and tools/gpu_check.py --tiny.
@@ -322,8 +322,8 @@ def test_scheduler_splits_a_model_across_cpu_and_cuda(tmp_path):
     inputs across): the logits of the CPU alone, and the same greedy tokens. SmolLM2 itself
     takes minutes per token in the simulator: benchmarks/sched_smollm2_cudasim.py."""
     from ggraph.check.conformance import nmse
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    from ggraph.graphs.testing.tiny import TinyLlama, write_tiny_llama
 
     p = write_tiny_llama(tmp_path / "t.gguf", TinyLlama(n_layer=2, n_embd=64))
     cfg = dict(n_ctx=64, n_ubatch=8, reserve_outputs="last")

@@ -14,11 +14,11 @@ import math
 
 import numpy as np
 import pytest
-from ggraph.graphs.archs import deepseek2
-from ggraph.graphs.engine import Engine, EngineConfig
-from ggraph.graphs.gguf_file import GGUFError, load_gguf
-from ggraph.graphs.mla import MLAShape, absorbed_groups, decompress_groups, ik_decompress_niter
-from ggraph.graphs.tiny_deepseek2 import TinyDeepSeek2, write_tiny_deepseek2
+from ggraph.graphs.models.archs import deepseek2
+from ggraph.graphs.runtime.engine import Engine, EngineConfig
+from ggraph.graphs.gguf.gguf_file import GGUFError, load_gguf
+from ggraph.graphs.models.mla import MLAShape, absorbed_groups, decompress_groups, ik_decompress_niter
+from ggraph.graphs.testing.tiny_deepseek2 import TinyDeepSeek2, write_tiny_deepseek2
 
 from ggraph.check.conformance import nmse
 from ggraph.ir.graph import GraphCapacityError
@@ -329,7 +329,7 @@ def test_graph_capacity_grows_with_iterations_and_overflow_is_clear(files):
         kv = m.new_cache(ctx, 4096, "f16", flash_attn=flash)
         mg = m.build(ctx, kv, 64, 4096, 64, flash, amb, path=path)
         assert mg.graph.n_nodes <= mg.graph.capacity
-    from ggraph.graphs.presets import preset_model
+    from ggraph.graphs.deploy.presets import preset_model
 
     v3, _ = preset_model("deepseek-v3")    # 61 layers: past the 2048-node floor
     one = v3.graph_capacity(512, 163000, 0)

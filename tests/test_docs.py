@@ -82,7 +82,7 @@ def test_shell_blocks_run(page, tmp_path, monkeypatch, capsys):
 def test_architecture_and_type_tables_match_the_registries():
     """docs/architectures.md marks **yes** exactly what ggraph registers: architectures (by
     `general.architecture`) and tensor types, with each type's weight and KV roles."""
-    from ggraph.graphs.arch import discover_architectures
+    from ggraph.graphs.models.arch import discover_architectures
     from ggraph.ir.types import TYPE_RECORDS
 
     text = (ROOT / "docs" / "architectures.md").read_text()

@@ -232,8 +232,8 @@ def test_smollm2_layer_svg_and_png(smollm2, smol_split, tmp_path):
 
 @needs_dot
 def test_deepseek2_layer_svg_with_split_steps(tmp_path):
-    pytest.importorskip("ggraph.graphs.archs.deepseek2",
-                        reason="the DeepSeek2 builder (graphs/archs/deepseek2.py) is not there")
+    pytest.importorskip("ggraph.graphs.models.archs.deepseek2",
+                        reason="the DeepSeek2 builder (graphs/models/archs/deepseek2.py) is not there")
     from ggraph.tools.dot import load_preset, model_graph
 
     model = load_preset("deepseek-v3")[0]

@@ -1,4 +1,4 @@
-"""End-of-generation tokens and special ids as llama.cpp derives them (graphs/special_tokens.py).
+"""End-of-generation tokens and special ids as llama.cpp derives them (graphs/tokenizers/special_tokens.py).
 
 For SmolLM2, Gemma 3 and Qwen2.5 0.5B the EOG set is compared with llama.cpp's for every token
 id: with llama-cpp-python's llama_vocab_is_eog when it is installed, and always with the sets
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ggraph.graphs.gguf_file import GGUFError, load_gguf
-from ggraph.graphs.special_tokens import KEYS
-from ggraph.graphs.tokenizer import Tokenizer
+from ggraph.graphs.gguf.gguf_file import GGUFError, load_gguf
+from ggraph.graphs.tokenizers.special_tokens import KEYS
+from ggraph.graphs.tokenizers.tokenizer import Tokenizer
 
 DATA = Path(__file__).parent / "data" / "eog"
 MODELS = ("default", "gemma3", "qwen2.5-coder-0.5b")
@@ -23,7 +23,7 @@ K = "tokenizer.ggml."
 
 
 def model_tokenizer(name: str) -> tuple[str, Tokenizer]:
-    from ggraph.graphs.fetch import resolve_model
+    from ggraph.graphs.gguf.fetch import resolve_model
 
     path = resolve_model(name)
     return path, Tokenizer(load_gguf(path, with_data=False).metadata, path)
@@ -133,8 +133,8 @@ def test_every_special_id_is_range_checked(key, value):
 
 def test_generation_ends_on_any_eog(tmp_path, monkeypatch):
     """Engine.generate stops at the first EOG token, not only at EOS."""
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.tiny import write_tiny_llama
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    from ggraph.graphs.testing.tiny import write_tiny_llama
 
     eng = Engine(str(write_tiny_llama(tmp_path / "t.gguf")), EngineConfig(n_ctx=32))
     greedy = list(eng.generate([1, 3], 8, stop_at_eos=False))
@@ -147,7 +147,7 @@ def test_generation_ends_on_any_eog(tmp_path, monkeypatch):
 
 if __name__ == "__main__":  # record llama.cpp's sets (needs llama-cpp-python)
     import llama_cpp
-    from ggraph.graphs.fetch import resolve_model
+    from ggraph.graphs.gguf.fetch import resolve_model
 
     DATA.mkdir(parents=True, exist_ok=True)
     for m in MODELS:

@@ -110,8 +110,8 @@ def test_overlap_rule():
 
 def test_engine_decode_is_unchanged_by_fusion(tmp_path):
     """A tiny llama's logits, prompt and decode, with and without the pass."""
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    from ggraph.graphs.testing.tiny import TinyLlama, write_tiny_llama
 
     path = str(write_tiny_llama(tmp_path / "tiny.gguf", TinyLlama(n_layer=2, n_embd=64)))
     outs = []

@@ -1,4 +1,4 @@
-"""What the structured GGUF fuzzer (graphs/gguf_mutate.py, scripts/fuzz_gguf.py) found, one
+"""What the structured GGUF fuzzer (graphs/testing/gguf_mutate.py, scripts/fuzz_gguf.py) found, one
 test each: every case now a one-line error naming what is wrong, or a model that runs.
 
 - a chat template building a huge value in one C call that its time limit cannot stop (an
@@ -20,12 +20,12 @@ import time
 import numpy as np
 import pytest
 
-from ggraph.graphs.engine import Engine, EngineConfig
-from ggraph.graphs.gguf_file import GGUFError
-from ggraph.graphs.gguf_edit import GGUFParts
-from ggraph.graphs.gguf_reader import ValueType, read_header
-from ggraph.graphs.tiny import write_tiny_llama
-from ggraph.graphs.tokenizer import TooManyTokens, Tokenizer
+from ggraph.graphs.runtime.engine import Engine, EngineConfig
+from ggraph.graphs.gguf.gguf_file import GGUFError
+from ggraph.graphs.gguf.gguf_edit import GGUFParts
+from ggraph.graphs.gguf.gguf_reader import ValueType, read_header
+from ggraph.graphs.testing.tiny import write_tiny_llama
+from ggraph.graphs.tokenizers.tokenizer import TooManyTokens, Tokenizer
 
 from test_tokenizer_safety import error, small
 
@@ -63,7 +63,7 @@ def test_template_bounds_leave_real_templates_alone():
 
 
 def test_template_compile_is_bounded(monkeypatch):
-    import ggraph.graphs.tokenizer as tokenizer
+    import ggraph.graphs.tokenizers.tokenizer as tokenizer
 
     monkeypatch.setattr(tokenizer, "_RENDER_SECONDS", 0.3)
     t0 = time.monotonic()
@@ -97,7 +97,7 @@ def test_quantized_cache_must_divide_the_head_size(tmp_path, ctk, ctv):
 def test_gemma3_with_every_layer_sliding_runs_and_shifts(tmp_path, fa):
     """With a window longer than the context and one rope base, a sliding layer is a global
     layer: every layer sliding (pattern 0) must give the logits of no layer sliding."""
-    from ggraph.graphs.tiny_gemma3 import write_tiny_gguf
+    from ggraph.graphs.testing.tiny_gemma3 import write_tiny_gguf
 
     kw = dict(n_layer=2, n_swa=4096, rope_freq_base=10000.0, rope_freq_base_swa=10000.0)
     slide = write_tiny_gguf(tmp_path / "slide.gguf", swa_pattern=0, **kw)
@@ -112,7 +112,7 @@ def test_gemma3_with_every_layer_sliding_runs_and_shifts(tmp_path, fa):
 
 
 def test_deepseek2_expert_groups_of_one_expert(tmp_path):
-    from ggraph.graphs.tiny_deepseek2 import TinyDeepSeek2, write_tiny_deepseek2
+    from ggraph.graphs.testing.tiny_deepseek2 import TinyDeepSeek2, write_tiny_deepseek2
 
     path = write_tiny_deepseek2(tmp_path / "d.gguf", TinyDeepSeek2(
         n_expert=4, n_expert_used=1, n_expert_groups=4, n_group_used=1))
@@ -154,8 +154,8 @@ def test_gguf_parts_round_trip_and_hostile_values(tmp_path):
 def test_sentencepiece_merges_cost_the_file_not_its_longest_token_squared():
     """spm_merges tried every split of every token: one token of 2^20 characters took two
     minutes to load. Only splits into two token lengths can be merges; the same merges."""
-    from ggraph.graphs.tokenizer_models import spm_merges
-    from ggraph.graphs.tokenizer_vocab import check_vocab
+    from ggraph.graphs.tokenizers.tokenizer_models import spm_merges
+    from ggraph.graphs.tokenizers.tokenizer_vocab import check_vocab
 
     def brute(v) -> list:
         vocab = {t: i for i, t in enumerate(v.tokens)}
@@ -187,7 +187,7 @@ def test_sentencepiece_merges_cost_the_file_not_its_longest_token_squared():
 def test_yarn_with_rope_freq_base_1(tmp_path):
     """YaRN's correction dims divide by log(freq_base): a ZeroDivisionError at freq_base 1,
     where ggml's float division gives infinities that its clamps take."""
-    from ggraph.graphs.tiny_deepseek2 import TinyDeepSeek2, write_tiny_deepseek2
+    from ggraph.graphs.testing.tiny_deepseek2 import TinyDeepSeek2, write_tiny_deepseek2
     from ggraph.ops.rope import yarn_corr_dims
 
     assert yarn_corr_dims(32, 1024, 1.0, 32.0, 1.0) == (float("inf"), 31.0)   # as ggml

@@ -1,5 +1,5 @@
 """The gemma3 builder and llama.cpp's iswa KV cache on tiny random Gemma 3 GGUFs
-(graphs/tiny_gemma3.py): logits against a plain numpy forward pass written here from the model
+(graphs/testing/tiny_gemma3.py): logits against a plain numpy forward pass written here from the model
 description, sliding-window masking past the window and past the ring of cells, decode steps
 against one prompt pass, cutting the sequence back, the cache's sizes and memory lines, and
 (with llama-cpp-python installed) logits against llama.cpp itself. The real Gemma 3 270M is
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from ggraph.check.conformance import nmse
-from ggraph.graphs.engine import Engine, EngineConfig
-from ggraph.graphs.gguf_file import GGUFError, load_gguf
-from ggraph.graphs.kv_cache import IswaKVCache, KVCache, kv_cache_bytes, swa_cache_size
-from ggraph.graphs.tiny_gemma3 import write_tiny_gguf
+from ggraph.graphs.runtime.engine import Engine, EngineConfig
+from ggraph.graphs.gguf.gguf_file import GGUFError, load_gguf
+from ggraph.graphs.models.kv_cache import IswaKVCache, KVCache, kv_cache_bytes, swa_cache_size
+from ggraph.graphs.testing.tiny_gemma3 import write_tiny_gguf
 from ggraph.ir.types import GGMLType
 
 N_SWA = 16
@@ -180,7 +180,7 @@ def test_cache_sizes_and_memory_lines(tmp_path):
 
 
 def test_pattern_keys_and_no_window(tmp_path):
-    from ggraph.graphs.arch import build_model
+    from ggraph.graphs.models.arch import build_model
 
     m = build_model(load_gguf(write_tiny_gguf(tmp_path / "p3.gguf", swa_pattern=3)))
     assert m.hp.is_swa == (True, True, False) * 2 + (True,)
@@ -211,7 +211,7 @@ def test_a_ubatch_longer_than_the_ring_allows_is_refused(tiny):
 
 
 def test_bad_pattern_key(tmp_path):
-    from ggraph.graphs.arch import build_model
+    from ggraph.graphs.models.arch import build_model
 
     p = write_tiny_gguf(tmp_path / "bad.gguf", swa_pattern=[True, False])
     with pytest.raises(GGUFError, match="sliding_window_pattern' must hold 7 per-layer flags"):
@@ -221,7 +221,7 @@ def test_bad_pattern_key(tmp_path):
 def test_a_vocabulary_ggraph_cannot_build_leaves_token_ids(tiny, tmp_path):
     from gguf.constants import GGUFValueType as VT
 
-    from ggraph.graphs.gguf_fuzz import rewrite_gguf
+    from ggraph.graphs.testing.gguf_fuzz import rewrite_gguf
 
     p = rewrite_gguf(tiny, tmp_path / "t5.gguf", {"tokenizer.ggml.model": ("t5", VT.STRING, None)})
     eng = Engine(p, EngineConfig(**CFG))

@@ -151,12 +151,12 @@ def test_gemma3_logits_are_llama_cpps(monkeypatch):
     import os
 
     from ggraph.backends.cpu import fusion
-    from ggraph.graphs.engine import Engine, EngineConfig
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
 
     llama_cpp = pytest.importorskip("llama_cpp", reason="no llama-cpp-python (the reference)")
     path = os.path.expanduser("~/.cache/ggraph/gemma-3-270m-q4_k_m.gguf")
     if not os.path.exists(path):
-        pytest.skip(f"{path} not downloaded (ggraph.graphs.fetch.resolve_model('gemma3'))")
+        pytest.skip(f"{path} not downloaded (ggraph.graphs.gguf.fetch.resolve_model('gemma3'))")
     monkeypatch.setattr(fusion, "ENABLED", False)   # its fused norm chain rounds as ggraph's
     llm = llama_cpp.Llama(model_path=path, n_ctx=256, n_batch=64, n_ubatch=64, swa_full=False,
                           n_threads=2, logits_all=True, verbose=False)

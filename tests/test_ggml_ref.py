@@ -151,9 +151,9 @@ def test_allocator_matches_ggml_gallocr(name, mode, graphs):
 
 @needs_ggml
 def test_tiny_llama_graph_matches_ggml_gallocr(tmp_path):
-    from ggraph.graphs.arch import model_class
-    from ggraph.graphs.gguf_file import load_gguf
-    from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
+    from ggraph.graphs.models.arch import model_class
+    from ggraph.graphs.gguf.gguf_file import load_gguf
+    from ggraph.graphs.testing.tiny import TinyLlama, write_tiny_llama
     from ggraph.ir.tensor import Context
 
     gguf = load_gguf(write_tiny_llama(tmp_path / "t.gguf", TinyLlama(weight_type="q8_0")))

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ggraph.graphs.fuzz_cases import MAX_MESSAGE, SETTINGS, clean_message, run_cli
-from ggraph.graphs.fuzz_structured import StructuredFuzz, plan_mutant, structured_bases
-from ggraph.graphs.gguf_fuzz import BAD_OUTCOMES, KINDS, fuzz, fuzz_bases, mutants
-from ggraph.graphs.gguf_mutate import MUTATORS
-from ggraph.graphs.gguf_reader import GGUFError, ValueType as VT, read_header
+from ggraph.graphs.testing.fuzz_cases import MAX_MESSAGE, SETTINGS, clean_message, run_cli
+from ggraph.graphs.testing.fuzz_structured import StructuredFuzz, plan_mutant, structured_bases
+from ggraph.graphs.testing.gguf_fuzz import BAD_OUTCOMES, KINDS, fuzz, fuzz_bases, mutants
+from ggraph.graphs.testing.gguf_mutate import MUTATORS
+from ggraph.graphs.gguf.gguf_reader import GGUFError, ValueType as VT, read_header
 
 
 def _check(report) -> None:
@@ -33,7 +33,7 @@ def test_fuzz_tiny_models(tmp_path):
 
 
 def test_fuzz_smollm2_header():
-    from ggraph.graphs.fetch import default_model
+    from ggraph.graphs.gguf.fetch import default_model
 
     _check(fuzz(default_model(), 30, seed=7, timeout=60,
                 kinds=("bitflip", "edge", "typeid", "truncate")))
@@ -87,7 +87,7 @@ def test_structured_mutants_are_reproducible(bases):
 
 def test_clean_error_rules(tmp_path):
     from ggraph import ops
-    from ggraph.graphs.gguf_file import load_gguf
+    from ggraph.graphs.gguf.gguf_file import load_gguf
     from ggraph.ir.tensor import Context
 
     with pytest.raises(GGUFError) as e:

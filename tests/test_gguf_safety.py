@@ -7,13 +7,13 @@ import time
 import numpy as np
 import pytest
 
-from ggraph.graphs.arch import build_model
-from ggraph.graphs.engine import Engine, EngineConfig
-from ggraph.graphs.gguf_file import GGUFError, load_gguf
-from ggraph.graphs.gguf_fuzz import patch_field, rewrite_gguf
-from ggraph.graphs.gguf_reader import ValueType as VT, read_header
-from ggraph.graphs.tensor_check import check_tensors
-from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
+from ggraph.graphs.models.arch import build_model
+from ggraph.graphs.runtime.engine import Engine, EngineConfig
+from ggraph.graphs.gguf.gguf_file import GGUFError, load_gguf
+from ggraph.graphs.testing.gguf_fuzz import patch_field, rewrite_gguf
+from ggraph.graphs.gguf.gguf_reader import ValueType as VT, read_header
+from ggraph.graphs.gguf.tensor_check import check_tensors
+from ggraph.graphs.testing.tiny import TinyLlama, write_tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def test_bad_hyperparameters(tiny, tmp_path, key, value, match):
 
 
 def test_empty_per_layer_array():
-    from ggraph.graphs.hparams import LlamaHParams, read_hparams
+    from ggraph.graphs.models.hparams import LlamaHParams, read_hparams
 
     meta = {"llama.block_count": 2, "llama.embedding_length": 64, "llama.context_length": 64,
             "llama.feed_forward_length": 96, "llama.attention.head_count": 4,

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from ggraph.ir.opkind import OpKind
-from ggraph.tools import gpu_check, gpu_child, gpu_perf
-
+from ggraph.tools import gpu_check
+from ggraph.tools.gpu import gpu_child, gpu_perf
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 sim_only = pytest.mark.skipif(not SIM, reason="needs NUMBA_ENABLE_CUDASIM=1 before numba is "
                               "imported (tests/conftest.py runs these in their own process)")
@@ -222,7 +222,7 @@ def test_kernel_writing_into_its_source_passes_conformance_but_not_the_input_che
 @pytest.mark.parametrize("wtype", ["q8_0", "q4_1"])
 def test_random_weights_are_made_on_the_device_with_finite_scales(sim, wtype):
     R, CUDABackend = sim
-    from ggraph.tools import gpu_decode as D
+    from ggraph.tools.gpu import gpu_decode as D
     from ggraph.ir.types import GGMLType
 
     backend = CUDABackend()

@@ -120,9 +120,9 @@ def test_bytes_equal_ggml_on_every_kind_of_block(name):
 def _gemma_weight(type_name: str) -> np.ndarray:
     """The first weight of type_name in the Gemma-3 270M Q4_K_M file, dequantized by gguf."""
     if not GEMMA.is_file():
-        pytest.skip(f"{GEMMA} not present (ggraph.graphs.fetch.resolve_model('gemma3') "
+        pytest.skip(f"{GEMMA} not present (ggraph.graphs.gguf.fetch.resolve_model('gemma3') "
                     "downloads it)")
-    from ggraph.graphs.gguf_reader import read_header  # ggraph's reader: ~10x faster here
+    from ggraph.graphs.gguf.gguf_reader import read_header  # ggraph's reader: ~10x faster here
 
     qtype = gguf.GGMLQuantizationType[type_name]
     hdr = read_header(str(GEMMA))

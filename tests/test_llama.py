@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from ggraph.check.conformance import nmse
-from ggraph.graphs.engine import Engine, EngineConfig
-from ggraph.graphs.model_graph import causal_batch
-from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
+from ggraph.graphs.runtime.engine import Engine, EngineConfig
+from ggraph.graphs.models.model_graph import causal_batch
+from ggraph.graphs.testing.tiny import TinyLlama, write_tiny_llama
 from ggraph.check.reference import run_reference
 from ggraph.ir.tensor import Context
 from ggraph.ir.types import MIB
@@ -77,7 +77,7 @@ def test_quantized_kv_cache_with_flash_attention(tiny, tk, tv):
     ref = Engine(tiny, EngineConfig(n_ctx=256, n_ubatch=32, flash_attn=True))
     eng = Engine(tiny, EngineConfig(n_ctx=256, n_ubatch=32, type_k=tk, type_v=tv,
                                     flash_attn=True))
-    from ggraph.graphs.kv_cache import kv_cache_bytes
+    from ggraph.graphs.models.kv_cache import kv_cache_bytes
     from ggraph.ir.types import GGMLType
 
     hp = eng.model.hp
@@ -139,7 +139,7 @@ def test_bad_models(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from ggraph.graphs.fetch import default_model
+    from ggraph.graphs.gguf.fetch import default_model
 
     return str(default_model())
 

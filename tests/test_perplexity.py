@@ -1,4 +1,4 @@
-"""`ggraph perplexity` and graphs/perplexity.py, graphs/kl_divergence.py: llama-perplexity's
+"""`ggraph perplexity` and graphs/eval/perplexity.py, graphs/eval/kl_divergence.py: llama-perplexity's
 chunking, PPL and its error against a direct numpy computation from a tiny random model's
 logits; the base file written and read back (statistics of a file against its own logits);
 the KL-divergence statistics on a hand-computed case; the command's errors."""
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from ggraph.cli import main
-from ggraph.graphs.kl_divergence import (KldStats, mean_and_uncertainty, median, percentile,
+from ggraph.graphs.eval.kl_divergence import (KldStats, mean_and_uncertainty, median, percentile,
                                          token_kld)
-from ggraph.graphs.perplexity import (BaseFile, BaseWriter, Chunking, TooFewTokens,
+from ggraph.graphs.eval.perplexity import (BaseFile, BaseWriter, Chunking, TooFewTokens,
                                       dequantize_log_probs, engine_evaluate, plan_chunks,
                                       quantize_log_probs, row_width, run_perplexity)
 
@@ -26,14 +26,14 @@ TEXT = ("the quick brown fox jumps over the lazy dog; then the cat thinks that t
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> str:
-    from ggraph.graphs.tiny import write_tiny_llama
+    from ggraph.graphs.testing.tiny import write_tiny_llama
 
     return write_tiny_llama(tmp_path_factory.mktemp("ppl") / "tiny.gguf")
 
 
 @pytest.fixture(scope="module")
 def engine(tiny):
-    from ggraph.graphs.engine import Engine, EngineConfig
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
 
     return Engine(tiny, EngineConfig(n_ctx=N_CTX, n_ubatch=8))
 

@@ -110,8 +110,8 @@ def test_layer_picture_with_the_graphs_peak_is_unchanged():
 
 
 def test_split_picture_of_deepseek_names_a_drawn_peak(tmp_path):
-    pytest.importorskip("ggraph.graphs.presets", reason="this installation has no presets")
-    from ggraph.graphs.presets import preset_model
+    pytest.importorskip("ggraph.graphs.deploy.presets", reason="this installation has no presets")
+    from ggraph.graphs.deploy.presets import preset_model
     from ggraph.tools.dot import model_graph
 
     model = preset_model("deepseek-v3")[0]
@@ -217,10 +217,10 @@ def _legend_clear(fig) -> None:
 def test_plan_png_legend_and_totals_cover_no_data(tmp_path):
     import matplotlib.pyplot as plt
 
-    pytest.importorskip("ggraph.graphs.presets", reason="this installation has no presets")
-    from ggraph.graphs.placement import parse_devices
-    from ggraph.graphs.plan_devices import plan_figure, render_png
-    from ggraph.graphs.presets import preset_model
+    pytest.importorskip("ggraph.graphs.deploy.presets", reason="this installation has no presets")
+    from ggraph.graphs.deploy.placement import parse_devices
+    from ggraph.graphs.deploy.plan_devices import plan_figure, render_png
+    from ggraph.graphs.deploy.presets import preset_model
 
     model = preset_model("qwen2-7b")[0]
     dp = plan_devices_small(model, parse_devices("2x2GiB,1x1GiB"))
@@ -245,7 +245,7 @@ def test_plan_png_legend_and_totals_cover_no_data(tmp_path):
 
 
 def plan_devices_small(model, devices):
-    from ggraph.graphs.plan_devices import plan_devices
+    from ggraph.graphs.deploy.plan_devices import plan_devices
 
     return plan_devices(model, "qwen2-7b", devices, n_ctx=4096, n_ubatch=512)
 
@@ -276,7 +276,7 @@ def test_report_takes_a_graph_file_as_dot_does(tmp_path, capsys):
 
 
 def test_report_takes_a_model_name(capsys):
-    from ggraph.graphs.fetch import resolve_model
+    from ggraph.graphs.gguf.fetch import resolve_model
 
     try:
         resolve_model("default")

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from ggraph.graphs.memory_plan import plan_model
-from ggraph.graphs.presets import bytes_per_weight, header_model, preset_model
-from ggraph.graphs.tiny_deepseek2 import write_tiny_deepseek2
+from ggraph.graphs.deploy.memory_plan import plan_model
+from ggraph.graphs.deploy.presets import bytes_per_weight, header_model, preset_model
+from ggraph.graphs.testing.tiny_deepseek2 import write_tiny_deepseek2
 
 from ggraph.cli import main
 from ggraph.ir.types import MIB
@@ -83,7 +83,7 @@ def test_text_report_names_every_part(capsys):
 
 def test_gguf_header_plan_equals_the_engine(tmp_path):
     """The same graph from a file's header (no weights) and from the loaded model."""
-    from ggraph.graphs.engine import Engine, EngineConfig
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
 
     p = write_tiny_deepseek2(tmp_path / "t.gguf")
     model, wbytes = header_model(p)
@@ -105,7 +105,7 @@ def test_weights_parameter():
 
 
 def test_bad_arguments(tmp_path, capsys):
-    from ggraph.graphs.tiny import write_tiny_llama
+    from ggraph.graphs.testing.tiny import write_tiny_llama
 
     assert main(["plan"]) == 1
     assert "give a GGUF file or --preset" in capsys.readouterr().err
@@ -124,8 +124,8 @@ def test_bad_arguments(tmp_path, capsys):
 def test_llama_header_plan_equals_the_engine(tmp_path, capsys, fa, ctk, ctv):
     """A non-MLA architecture plans from its header as the engine reserves it: the same KV
     cache (llama.cpp's line) and the same compute buffer."""
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.tiny import TinyDense, write_tiny_llama
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    from ggraph.graphs.testing.tiny import TinyDense, write_tiny_llama
 
     # heads of 32 values: quantized caches store whole blocks per head
     p = str(write_tiny_llama(tmp_path / "llama.gguf", TinyDense(n_embd=128)))

@@ -1,4 +1,4 @@
-"""Planning across hosts (graphs/plan_hosts.py, `ggraph plan --hosts`): the host list and link
+"""Planning across hosts (graphs/deploy/plan_hosts.py, `ggraph plan --hosts`): the host list and link
 syntax, per-host sums of the device plan, and the bytes and time on each host link."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from ggraph.graphs.plan_hosts import parse_hosts, parse_rate, parse_time, plan_hosts
-from ggraph.graphs.presets import header_model
+from ggraph.graphs.deploy.plan_hosts import parse_hosts, parse_rate, parse_time, plan_hosts
+from ggraph.graphs.deploy.presets import header_model
 
 
 def test_host_lists():
@@ -37,7 +37,7 @@ def test_two_hosts_of_one_device(tmp_path):
     positions, once per host) cross h0 -> h1, one row comes back to the host's output layer
     (the last hidden state) or sampling (logits), and the time per token is latency per
     transfer plus bytes over bandwidth."""
-    from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
+    from ggraph.graphs.testing.tiny import TinyLlama, write_tiny_llama
 
     hp_ = TinyLlama(n_layer=2, n_embd=64)
     model, _ = header_model(write_tiny_llama(tmp_path / "t.gguf", hp_))

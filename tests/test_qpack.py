@@ -129,8 +129,8 @@ def test_full_byte_types_need_vnni(monkeypatch):
 def test_decode_reads_the_packed_weights(tmp_path):
     """A tiny model's decode step packs each quantized weight once (2 layers x 7 matrices,
     the tied output), and its logits equal those of the row dots (a backend without packs)."""
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.tiny import TinyDense, write_tiny
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    from ggraph.graphs.testing.tiny import TinyDense, write_tiny
 
     path = write_tiny(tmp_path / "q4.gguf", TinyDense(n_embd=128, n_ff=256, weight_type="q4_0"))
     cfg = EngineConfig(n_ctx=64, n_ubatch=16, n_threads=1, reserve_outputs="last")
@@ -151,8 +151,8 @@ def test_weights_packed_at_load_from_the_file(tmp_path, monkeypatch):
     its mapping, and lets the mapped pages go: the copies equal packing the mapped bytes,
     which still read back the same afterwards."""
     from ggraph.backends.cpu.packstore import PackStore
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.tiny import TinyDense, write_tiny
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    from ggraph.graphs.testing.tiny import TinyDense, write_tiny
 
     path = write_tiny(tmp_path / "q5.gguf", TinyDense(n_embd=128, n_ff=256, weight_type="q4_1"))
     monkeypatch.setattr(PackStore, "CHUNK", 1)   # one group of rows per read

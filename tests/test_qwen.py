@@ -1,5 +1,5 @@
-"""The qwen2 and qwen3 builders (graphs/archs/qwen2.py, qwen3.py over graphs/archs/dense.py)
-on tiny random GGUFs (graphs/tiny.py): against a numpy forward pass written here from the
+"""The qwen2 and qwen3 builders (graphs/models/archs/qwen2.py, qwen3.py over graphs/models/archs/dense.py)
+on tiny random GGUFs (graphs/testing/tiny.py): against a numpy forward pass written here from the
 architectures' definitions (reading the file with gguf-py, not ggraph's loader), decode
 steps against one batch, tied and untied output, the tensors each architecture requires or
 refuses, and, where llama-cpp-python is installed, against llama.cpp itself."""
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from ggraph.check.conformance import nmse
-from ggraph.graphs.engine import Engine, EngineConfig
-from ggraph.graphs.gguf_file import GGUFError
-from ggraph.graphs.tiny import TinyDense, write_tiny
+from ggraph.graphs.runtime.engine import Engine, EngineConfig
+from ggraph.graphs.gguf.gguf_file import GGUFError
+from ggraph.graphs.testing.tiny import TinyDense, write_tiny
 
 QWEN2 = TinyDense(arch="qwen2", n_embd=64, n_head=4, n_head_kv=2, rms_eps=1e-6,
                   rope_freq_base=1e6)
@@ -178,8 +178,8 @@ def test_llama_refuses_qwen2s_biases(tmp_path):
 
 
 def test_partial_rope_is_refused_for_qwen(tmp_path):
-    from ggraph.graphs.arch import model_class
-    from ggraph.graphs.hparams import read_hparams
+    from ggraph.graphs.models.arch import model_class
+    from ggraph.graphs.models.hparams import read_hparams
 
     meta = {"qwen3.block_count": 1, "qwen3.embedding_length": 64, "qwen3.context_length": 64,
             "qwen3.feed_forward_length": 96, "qwen3.attention.head_count": 4,

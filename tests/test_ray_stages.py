@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ggraph.backends.tensor_wire import StageTensors, WireRegistry, tensor_table
-from ggraph.graphs.engine import Engine, EngineConfig
+from ggraph.graphs.runtime.engine import Engine, EngineConfig
 
 ray = pytest.importorskip("ray", reason="Ray is the optional extra ggraph[distributed]; the "
                                         "setup script installs it")
@@ -28,7 +28,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
+    from ggraph.graphs.testing.tiny import TinyLlama, write_tiny_llama
 
     return str(write_tiny_llama(tmp_path_factory.mktemp("ray") / "t.gguf",
                                 TinyLlama(n_layer=4, n_embd=64)))
@@ -40,7 +40,7 @@ CFG = dict(n_ctx=64, n_ubatch=4, reserve_outputs="last", n_threads=1)
 def test_smollm2_over_two_stages_bit_for_bit(cluster):
     """Two stage actors holding 15 layers each: every ubatch of the prompt pipelined, the
     logits of the same split in one process bit for bit, greedy tokens of one backend."""
-    from ggraph.graphs.fetch import default_model
+    from ggraph.graphs.gguf.fetch import default_model
 
     path = str(default_model())
     cfg = dict(n_ctx=256, n_ubatch=4, reserve_outputs="last", n_threads=1)
@@ -106,8 +106,8 @@ def test_the_core_never_imports_ray():
     import subprocess
     import sys
 
-    code = ("import sys, ggraph, ggraph.graphs.engine, ggraph.backends.multi, ggraph.cli; "
-            "from ggraph.graphs.engine import Engine; assert 'ray' not in sys.modules")
+    code = ("import sys, ggraph, ggraph.graphs.runtime.engine, ggraph.backends.multi, ggraph.cli; "
+            "from ggraph.graphs.runtime.engine import Engine; assert 'ray' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

@@ -28,9 +28,9 @@ import pytest
 
 from ggraph import Context, build_graph, ops
 from ggraph.cli import main
-from ggraph.graphs.engine import Engine, EngineConfig
-from ggraph.graphs.gguf_file import GGUFError
-from ggraph.graphs.tiny import TinyDense, write_tiny_llama
+from ggraph.graphs.runtime.engine import Engine, EngineConfig
+from ggraph.graphs.gguf.gguf_file import GGUFError
+from ggraph.graphs.testing.tiny import TinyDense, write_tiny_llama
 from ggraph.plan.host_memory import HostMemoryError
 
 
@@ -111,7 +111,7 @@ def test_device_and_host_counts_are_bounded_by_the_layers(capsys, tiny, argv, wo
 
 
 def test_template_output_is_capped_by_the_context():
-    from ggraph.graphs.tokenizer import Tokenizer
+    from ggraph.graphs.tokenizers.tokenizer import Tokenizer
 
     md = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "ab"],
           "tokenizer.ggml.merges": ["a b"],

@@ -30,8 +30,8 @@ def test_same_seed_same_text_other_seed_other_text(capsys):
 
 
 def test_temp_0_is_greedy(capsys):
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.fetch import resolve_model
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    from ggraph.graphs.gguf.fetch import resolve_model
 
     out, err = run(capsys, "default", "-p", PROMPT, "-n", "8", "-c", "256", "--temp", "0",
                    "-fa", "off")
@@ -60,7 +60,7 @@ def test_llama_cpp_spellings_and_message_order(capsys, tmp_path):
 
 
 def test_cnv_is_not_c_nv_and_keeps_the_cache(capsys, monkeypatch):
-    from ggraph.graphs.engine import Engine
+    from ggraph.graphs.runtime.engine import Engine
 
     seen = []
     real = Engine.eval

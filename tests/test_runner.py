@@ -9,14 +9,14 @@ import re
 import numpy as np
 import pytest
 
-import ggraph.graphs.engine as engine_mod
+import ggraph.graphs.runtime.engine as engine_mod
 from ggraph import Context, build_graph, ops
 from ggraph.backends.base import Session
 from ggraph.backends.cpu import CPUBackend
 from ggraph.backends.multi import MultiSession
 from ggraph.backends.runner import ComputeBuffer, Runner
-from ggraph.graphs.engine import Engine, EngineConfig
-from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
+from ggraph.graphs.runtime.engine import Engine, EngineConfig
+from ggraph.graphs.testing.tiny import TinyLlama, write_tiny_llama
 
 # what the Engine may touch on its runner: the Protocol's members and nothing else
 RUNNER_API = {"names", "placement", "place", "reserve", "plans", "run", "read", "write",

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from ggraph.graphs.sampling import (Candidates, SamplerParams, Sampler, StdMT19937,
+from ggraph.graphs.runtime.sampling import (Candidates, SamplerParams, Sampler, StdMT19937,
                                     samplers_from_chars)
 
 OFF = dict(top_k=0, top_p=1.0, min_p=0.0, temp=1.0, seed=7)  # every filter off

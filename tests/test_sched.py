@@ -1,5 +1,5 @@
 """The scheduler (ggraph/plan/sched.py), running across backends (backends/multi.py), llama.cpp's
-layer placement (graphs/placement.py) and deployment plans (graphs/plan_devices.py).
+layer placement (graphs/deploy/placement.py) and deployment plans (graphs/deploy/plan_devices.py).
 
 Runs here use two CPU backends (a second CPUBackend stands in for a device, so every split,
 copy and per-device plan is real); the CUDA backend in a split runs in tests/test_cuda_sim.py.
@@ -16,12 +16,12 @@ from ggraph.backends import get_backend
 from ggraph.backends.cpu import CPUBackend
 from ggraph.backends.multi import MultiSession
 from ggraph.cli import main as cli
-from ggraph.graphs.arch import model_class
-from ggraph.graphs.engine import Engine, EngineConfig
-from ggraph.graphs.gguf_file import load_gguf
-from ggraph.graphs.placement import (layer_map, parse_devices, parse_size, parse_split,
+from ggraph.graphs.models.arch import model_class
+from ggraph.graphs.runtime.engine import Engine, EngineConfig
+from ggraph.graphs.gguf.gguf_file import load_gguf
+from ggraph.graphs.deploy.placement import (layer_map, parse_devices, parse_size, parse_split,
                                      place_tensors)
-from ggraph.graphs.tiny import TinyLlama, write_tiny_llama
+from ggraph.graphs.testing.tiny import TinyLlama, write_tiny_llama
 from ggraph.ir.opkind import OpKind
 from ggraph.plan.sched import SchedulerError, describe, schedule_graph
 from ggraph.ir.tensor import Context
@@ -254,7 +254,7 @@ def test_plan_bad_device_input(capsys):
 def test_smollm2_split_across_two_backends_same_tokens():
     """SmolLM2 with 15 of its 30 layers on a second backend: the same greedy text as one
     backend (the CUDA backend in the split: benchmarks/sched_smollm2_cudasim.py)."""
-    from ggraph.graphs.fetch import default_model
+    from ggraph.graphs.gguf.fetch import default_model
 
     path = str(default_model())
     cfg = dict(n_ctx=256, n_ubatch=64, reserve_outputs="last")
@@ -271,7 +271,7 @@ def test_smollm2_split_across_two_backends_same_tokens():
 def test_deepseek2_split_across_two_backends(tmp_path):
     """MLA (prompt and decode take different attention paths, so decode derives its own
     weights, which are placed by name on their layer's device) and MoE across devices."""
-    from ggraph.graphs.tiny_deepseek2 import TinyDeepSeek2, write_tiny_deepseek2
+    from ggraph.graphs.testing.tiny_deepseek2 import TinyDeepSeek2, write_tiny_deepseek2
 
     p = str(write_tiny_deepseek2(tmp_path / "ds.gguf", TinyDeepSeek2(kv_b="legacy")))
     cfg = dict(n_ctx=64, n_ubatch=8)

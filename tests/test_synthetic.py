@@ -1,4 +1,4 @@
-"""graphs/synthetic.py: llama.cpp's Q4_K_M mix (against the real Qwen2.5-Coder-1.5B file when
+"""graphs/testing/synthetic.py: llama.cpp's Q4_K_M mix (against the real Qwen2.5-Coder-1.5B file when
 it is in the cache), random blocks that are valid and unit-gain, big shapes' headers (the data
 left a hole, so nothing big is written), and a tiny synthetic that ggraph and llama.cpp run."""
 import math
@@ -9,13 +9,13 @@ import pytest
 
 from ggraph.codecs import quants
 from ggraph.config import cache_dir
-from ggraph.graphs.fetch import MODELS, resolve_model
-from ggraph.graphs.gguf_file import load_gguf
-from ggraph.graphs.gguf_reader import read_header
-from ggraph.graphs.synthetic import (BLOCK_FILLS, SHAPES, q4_k_m_type, random_blocks,
+from ggraph.graphs.gguf.fetch import MODELS, resolve_model
+from ggraph.graphs.gguf.gguf_file import load_gguf
+from ggraph.graphs.gguf.gguf_reader import read_header
+from ggraph.graphs.testing.synthetic import (BLOCK_FILLS, SHAPES, q4_k_m_type, random_blocks,
                                      synthetic_model, tensor_plan, use_more_bits,
                                      write_synthetic)
-from ggraph.graphs.tensor_check import check_tensors
+from ggraph.graphs.gguf.tensor_check import check_tensors
 from ggraph.ir.types import record
 from ggraph.ir.types import GGMLType
 
@@ -65,7 +65,7 @@ def test_rows_that_are_not_whole_k_blocks_fall_back():
 
 
 @pytest.mark.skipif(not REAL_1_5B.is_file(), reason=f"{REAL_1_5B} is not in the cache "
-                    f"(ggraph.graphs.fetch.fetch_model('qwen2.5-coder-1.5b'), 1.1 GB)")
+                    f"(ggraph.graphs.gguf.fetch.fetch_model('qwen2.5-coder-1.5b'), 1.1 GB)")
 def test_the_1_5b_shape_is_the_real_files_tensors_and_keys(tmp_path):
     real = read_header(REAL_1_5B)
     plan = tensor_plan(SHAPES["qwen2.5-1.5b"])
@@ -131,7 +131,7 @@ def tiny(tmp_path_factory):
 
 
 def test_tiny_passes_the_tensor_check_and_runs_in_ggraph(tiny):
-    from ggraph.graphs.engine import Engine, EngineConfig
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
 
     check_tensors(load_gguf(tiny))
     eng = Engine(tiny, EngineConfig(n_ctx=64, n_ubatch=16, check_tensors=True))
@@ -155,7 +155,7 @@ def _llama_cpp_loads(llama_cpp, path: str) -> bool:
 
 def test_tiny_passes_llama_cpps_check_and_computes_ggraphs_logits(tiny, tmp_path):
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-    from ggraph.graphs.engine import Engine, EngineConfig
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
 
     assert _llama_cpp_loads(llama_cpp, tiny)
     # the check is live: one inf scale fails the load

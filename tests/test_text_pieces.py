@@ -1,4 +1,4 @@
-"""Long texts are tokenized in pieces (graphs/text_pieces.py) with the ids of the whole text:
+"""Long texts are tokenized in pieces (graphs/tokenizers/text_pieces.py) with the ids of the whole text:
 checked at hundreds of piece boundaries (pieces of a few dozen characters) over the corpus and
 texts made to be awkward at a cut, for byte-level BPE (SmolLM2's smollm pre-tokenizer, Qwen2.5's
 qwen2) and SentencePiece (Gemma 3). Memory stays bounded: a 4 MB line tokenizes under an
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from ggraph.graphs import text_pieces
-from ggraph.graphs.gguf_file import load_gguf
-from ggraph.graphs.tokenizer import Tokenizer
+from ggraph.graphs.tokenizers import text_pieces
+from ggraph.graphs.gguf.gguf_file import load_gguf
+from ggraph.graphs.tokenizers.tokenizer import Tokenizer
 
 CORPUS = sorted((Path(__file__).parent / "data" / "corpus").glob("*.txt"))
 AWKWARD = [
@@ -31,7 +31,7 @@ AWKWARD = [
 
 @functools.lru_cache(maxsize=None)
 def tokenizer(name: str) -> Tokenizer:
-    from ggraph.graphs.fetch import resolve_model
+    from ggraph.graphs.gguf.fetch import resolve_model
 
     path = resolve_model(name)
     return Tokenizer(load_gguf(path, with_data=False).metadata, path)
@@ -58,7 +58,7 @@ def test_pieces_give_the_ids_of_the_whole(name, monkeypatch):
         cuts.append(len(out) - 1)
         return iter(out)
 
-    monkeypatch.setattr("ggraph.graphs.tokenizer.pieces", counting)
+    monkeypatch.setattr("ggraph.graphs.tokenizers.tokenizer.pieces", counting)
     texts = [p.read_text(encoding="utf-8") for p in CORPUS] + AWKWARD
     for piece in (41, 97):
         for text in texts:
@@ -89,9 +89,9 @@ def test_memory_stays_bounded():
     bytes per byte (~640 MB more) and would abort; in pieces it needs a few tens of MB."""
     code = textwrap.dedent("""
         import resource, sys
-        from ggraph.graphs.fetch import resolve_model
-        from ggraph.graphs.gguf_file import load_gguf
-        from ggraph.graphs.tokenizer import Tokenizer
+        from ggraph.graphs.gguf.fetch import resolve_model
+        from ggraph.graphs.gguf.gguf_file import load_gguf
+        from ggraph.graphs.tokenizers.tokenizer import Tokenizer
         p = resolve_model("default")
         tok = Tokenizer(load_gguf(p, with_data=False).metadata, p)
         base = open(sys.argv[1]).read().replace("\\n", " ")

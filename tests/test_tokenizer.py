@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ggraph.graphs.gguf_reader import GGUFError, read_header
-from ggraph.graphs.pretokenize import PRE_TYPES
-from ggraph.graphs.tokenizer import Tokenizer
+from ggraph.graphs.gguf.gguf_reader import GGUFError, read_header
+from ggraph.graphs.tokenizers.pretokenize import PRE_TYPES
+from ggraph.graphs.tokenizers.tokenizer import Tokenizer
 
 CORPUS = sorted((Path(__file__).parent / "data" / "corpus").glob("*.txt"))
 K = "tokenizer.ggml."
@@ -148,7 +148,7 @@ def test_end_of_generation_texts_are_control_whatever_their_type():
 
 def test_tokenize_command(tmp_path, capsysbinary):
     from ggraph.cli import main
-    from ggraph.graphs.tiny import write_tiny_llama
+    from ggraph.graphs.testing.tiny import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "tiny.gguf")
     text = tmp_path / "t.txt"
@@ -167,7 +167,7 @@ def test_tokenize_command(tmp_path, capsysbinary):
 
 @pytest.fixture(scope="module", params=["smollm2", "gemma3"])
 def real(request):
-    from ggraph.graphs.fetch import resolve_model
+    from ggraph.graphs.gguf.fetch import resolve_model
 
     path = resolve_model(request.param)
     return path, Tokenizer(read_header(path).metadata, path), 0.0

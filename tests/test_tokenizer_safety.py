@@ -7,8 +7,8 @@ import jinja2
 import numpy as np
 import pytest
 
-from ggraph.graphs.gguf_file import GGUFError, load_gguf
-from ggraph.graphs.tokenizer import Tokenizer
+from ggraph.graphs.gguf.gguf_file import GGUFError, load_gguf
+from ggraph.graphs.tokenizers.tokenizer import Tokenizer
 
 PATH = "/models/evil.gguf"
 K = "tokenizer.ggml."
@@ -46,7 +46,7 @@ def error(md: dict, *, chat: bool = False) -> str:
 
 @pytest.fixture(scope="module")
 def real() -> dict:
-    from ggraph.graphs.fetch import default_model
+    from ggraph.graphs.gguf.fetch import default_model
 
     return load_gguf(default_model(), with_data=False).metadata
 
@@ -104,7 +104,7 @@ def test_template_cannot_build_huge_values(t, words):
 
 
 def test_template_that_loops_for_ever_is_stopped(monkeypatch):
-    import ggraph.graphs.tokenizer as tokenizer
+    import ggraph.graphs.tokenizers.tokenizer as tokenizer
 
     monkeypatch.setattr(tokenizer, "_RENDER_SECONDS", 0.5)
     loops = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"

@@ -15,7 +15,7 @@ CPU (its model name and AVX-512/AVX2/AMX flags) and the load average are printed
 table and kept in every csv/json record: speeds on a shared machine mean little without them.
 
 -fa takes on/off/auto (or 1/0) and defaults to auto, which is on as in `ggraph run`
-(tools/defaults.py).
+(tools/common/defaults.py).
 
 -d N runs each test with N random tokens already in the KV cache ("tg32 @ d4096"; the
 context holds depth + test tokens). Unlike llama-bench, the prefix is evaluated once per test
@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO
 
 if TYPE_CHECKING:
-    from ggraph.graphs.bench import BenchResult, MachineInfo
+    from ggraph.graphs.eval.bench import BenchResult, MachineInfo
 
-from .defaults import FLASH_ATTN, flash_attn_on
+from ggraph.tools.common.defaults import FLASH_ATTN, flash_attn_on
 
 FORMATS = ("md", "csv", "json", "jsonl")
 DEFAULTS = dict(n_prompt="512", n_gen="128", n_batch="2048", n_ubatch="512", type_k="f16",
@@ -176,7 +176,7 @@ class Settings:
 
 def settings(args: argparse.Namespace) -> Settings:
     """Every option list parsed and checked, before any model loads."""
-    from ggraph.graphs.bench import machine_info
+    from ggraph.graphs.eval.bench import machine_info
 
     if args.repetitions < 1:
         raise ValueError(f"-r/--repetitions must be >= 1, got {args.repetitions}")
@@ -200,7 +200,7 @@ def settings(args: argparse.Namespace) -> Settings:
         raise ValueError(f"-ngl/--n-gpu-layers {offload[0]} needs offload devices: give "
                          f"-dev/--devices (cuda, or cpu standing in for one)")
     if s.devices:
-        from ggraph.graphs.placement import parse_devices
+        from ggraph.graphs.deploy.placement import parse_devices
 
         try:
             devs = parse_devices(s.devices, flag="-dev/--devices")
@@ -345,9 +345,9 @@ class Printer:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ggraph.graphs.bench import (expand, load_average, machine_info, model_info,
+    from ggraph.graphs.eval.bench import (expand, load_average, machine_info, model_info,
                                      peer_available, run_test)
-    from ggraph.graphs.fetch import resolve_model
+    from ggraph.graphs.gguf.fetch import resolve_model
 
     s = settings(args)
     peers = list(dict.fromkeys(args.vs))

@@ -66,7 +66,7 @@ def register(subparsers: Any) -> None:
     mem.add_argument("--backend", choices=("cpu", "cuda"), default="cpu",
                      help="buffer alignment of this backend (cpu 32, cuda 128)")
     m = p.add_argument_group("model graph (llama.cpp's options)")
-    from .defaults import add_context_flags, add_flash_attn_flag
+    from ggraph.tools.common.defaults import add_context_flags, add_flash_attn_flag
 
     add_context_flags(m)
     m.add_argument("--amb", type=int, default=0, metavar="MIB",
@@ -87,16 +87,16 @@ def register(subparsers: Any) -> None:
 @functools.lru_cache(maxsize=4)
 def _load(path: str, mtime: float) -> Any:
     """The model over a GGUF's header (cached: reading the vocabulary takes seconds)."""
-    from ggraph.graphs.arch import model_class
-    from ggraph.graphs.gguf_file import GGUFError, load_gguf
+    from ggraph.graphs.models.arch import model_class
+    from ggraph.graphs.gguf.gguf_file import GGUFError, load_gguf
 
     try:
         gguf = load_gguf(path, with_data=False)
     except GGUFError as e:
-        if "cannot compute with" not in str(e) or not _have("ggraph.graphs.presets"):
+        if "cannot compute with" not in str(e) or not _have("ggraph.graphs.deploy.presets"):
             raise
         # weights of types ggraph cannot run (K-quants): draw from the header alone
-        from ggraph.graphs.presets import header_model
+        from ggraph.graphs.deploy.presets import header_model
 
         return header_model(path)[0]
     return model_class(gguf.arch, path)(gguf)
@@ -111,7 +111,7 @@ def _have(module: str) -> bool:
 
 def load_model(spec: str) -> tuple[Any, str]:
     """(model, label) for a GGUF path or a model name (default, smollm2, gemma3)."""
-    from ggraph.graphs.fetch import resolve_model
+    from ggraph.graphs.gguf.fetch import resolve_model
 
     spec = resolve_model(spec)
     model = _load(os.path.abspath(spec), os.path.getmtime(spec))
@@ -119,10 +119,10 @@ def load_model(spec: str) -> tuple[Any, str]:
 
 
 def load_preset(name: str) -> tuple[Any, str]:
-    if not _have("ggraph.graphs.presets"):
+    if not _have("ggraph.graphs.deploy.presets"):
         raise ValueError(f"preset {name!r}: this installation has no presets "
-                         f"(ggraph.graphs.presets)")
-    from ggraph.graphs.presets import preset_model
+                         f"(ggraph.graphs.deploy.presets)")
+    from ggraph.graphs.deploy.presets import preset_model
 
     return preset_model(name)[0], f"preset {name}"
 
@@ -176,13 +176,13 @@ def user_graph(spec: str) -> tuple[Any, str]:
 
 def check_options(args: argparse.Namespace) -> None:
     """Refuse option values that cannot work, with one-line errors."""
-    from .defaults import SIZE_BOUNDS, check_bounds
+    from ggraph.tools.common.defaults import SIZE_BOUNDS, check_bounds
 
     check_bounds(args, {**SIZE_BOUNDS, "max_nodes": ("--max-nodes", 0, " (0: any size)")})
 
 
 def main(args: argparse.Namespace) -> int:
-    from .defaults import flash_attn_on
+    from ggraph.tools.common.defaults import flash_attn_on
 
     args.fa = flash_attn_on(args.fa)
     from ggraph.pictures import dot
@@ -219,7 +219,7 @@ def main(args: argparse.Namespace) -> int:
 
         plan = GraphAllocator(alignment=ALIGNMENTS[args.backend], strategy=args.strategy,
                               name=args.backend.upper()).plan(graph)
-    from ggraph.tools.cli_text import argv_text, fail
+    from ggraph.tools.common.cli_text import argv_text, fail
 
     # argv and file names may hold bytes that are not UTF-8: U+FFFD in the picture
     title = argv_text(args.title if args.title is not None else label)

@@ -208,9 +208,9 @@ def valid_random_graph(seed: int, n_nodes: int = 60) -> Any:
 
 def attention_graph(flash: bool = False, amb: int = 0, max_bias: float = 0.0, T: int = 32,
                     n_kv: int = 256, hd: int = 64, H: int = 8, Hkv: int = 2) -> Any:
-    """One attention block (graphs/attention.py) over a pre-allocated F16 cache."""
+    """One attention block (graphs/models/attention.py) over a pre-allocated F16 cache."""
     from ggraph.ir.graph import Graph
-    from ggraph.graphs.attention import AttentionShape, build_attention
+    from ggraph.graphs.models.attention import AttentionShape, build_attention
     from ggraph.ir.tensor import Context
 
     ctx = Context("attention")
@@ -243,9 +243,9 @@ _MODEL: dict[str, Any] = {}
 
 def _model_graph(n_tokens: int, n_kv: int, n_out: int, flash: bool = False, amb: int = 0,
                  n_layer: int | None = None, type_k: str = "f16", type_v: str = "f16") -> Any:
-    from ggraph.graphs.arch import model_class
-    from ggraph.graphs.fetch import default_model
-    from ggraph.graphs.gguf_file import load_gguf
+    from ggraph.graphs.models.arch import model_class
+    from ggraph.graphs.gguf.fetch import default_model
+    from ggraph.graphs.gguf.gguf_file import load_gguf
     from ggraph.ir.tensor import Context
 
     gguf = _MODEL.get("gguf")
@@ -261,9 +261,9 @@ def _model_graph(n_tokens: int, n_kv: int, n_out: int, flash: bool = False, amb:
 def _tiny_deepseek2_graph(n_tokens: int, n_kv: int, flash: bool) -> Any:
     import tempfile
 
-    from ggraph.graphs.arch import model_class
-    from ggraph.graphs.gguf_file import load_gguf
-    from ggraph.graphs.tiny_deepseek2 import write_tiny_deepseek2
+    from ggraph.graphs.models.arch import model_class
+    from ggraph.graphs.gguf.gguf_file import load_gguf
+    from ggraph.graphs.testing.tiny_deepseek2 import write_tiny_deepseek2
     from ggraph.ir.tensor import Context
 
     with tempfile.TemporaryDirectory() as d:

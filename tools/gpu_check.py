@@ -8,7 +8,7 @@ all written to --json:
   small ones in the simulator unless GGRAPH_CUDASIM_GEOMETRY=gpu);
 - conformance: every case of ggraph.check.conformance (all ops, all accepted types, strided
   sources) judged by NMSE with canaries around every output; on a GPU split over `--jobs`
-  processes, which compile kernels in parallel (tools/gpu_child.py);
+  processes, which compile kernels in parallel (tools/gpu/gpu_child.py);
 - graphs: llama-style attention, split attention over head groups (-amb) and flash attention
   with quantized K/V caches, planned by the real graph allocator;
 - inputs: every leaf uploaded for the cases above read back from the device and compared byte
@@ -16,12 +16,12 @@ all written to --json:
   kernel writing into its source on the device, is seen here alone);
 - perf: F32 and Q4_1 mul_mat at 4096x4096x512 and mat-vec, flash attention at n_kv 32768, 32
   heads x 128, T=1 and 512, timed by CUDA events and wall clock side by side, and torch's
-  matmul (F32, TF32, BF16) and SDPA at the same shapes in the same process (tools/gpu_perf.py);
+  matmul (F32, TF32, BF16) and SDPA at the same shapes in the same process (tools/gpu/gpu_perf.py);
 - launch: the host's cost of one kernel launch through the Session's bound-launch replay;
 - decode: tokens/s of a SmolLM2-135M-shaped llama with random Q8_0 (or Q4_1) weights made on
-  the device, at several context lengths, and the launches per token (tools/gpu_decode.py);
+  the device, at several context lengths, and the launches per token (tools/gpu/gpu_decode.py);
 - sanitizer: this script re-run on a case subset under compute-sanitizer's memcheck and
-  racecheck, their error summaries (tools/gpu_child.py).
+  racecheck, their error summaries (tools/gpu/gpu_child.py).
 
 Sections that need a real GPU (torch, sanitizer) skip with a one-line reason elsewhere; on a GPU
 a time budget (--budget) leaves each later section its share. `--tiny` shrinks everything so
@@ -49,14 +49,12 @@ import numpy as np
 
 from ggraph import Context, GGMLType as T, build_graph
 from ggraph.check.conformance import Result, Summary, cases_for, compare, run_case
-from ggraph.graphs.attention import AttentionShape, build_attention
+from ggraph.graphs.models.attention import AttentionShape, build_attention
 from ggraph.ir.opkind import OpKind
 from ggraph.check.reference import run_reference
 from ggraph.ir.tensor import Tensor
 
-from ggraph.tools import gpu_perf as _perf
-
-# what this module offered before perf moved to gpu_perf.py, for scripts that import it here
+from ggraph.tools.gpu import gpu_perf as _perf  # what this module offered before perf moved to gpu_perf.py, for scripts that import it here
 perf_cases, time_node = _perf.perf_cases, _perf.time_node
 
 GraphCase = tuple[str, Callable[[Context, np.random.Generator], tuple[Tensor, dict]], float]
@@ -69,7 +67,7 @@ NEEDS = {"graphs": 30.0, "perf": 60.0, "launch": 10.0, "decode": 45.0, "sanitize
 # -- graphs -----------------------------------------------------------------------------------
 
 def attention_cases(tiny: bool = True) -> list[GraphCase]:
-    """Attention graphs of graphs/attention.py: plain (V transposed), split over head groups
+    """Attention graphs of graphs/models/attention.py: plain (V transposed), split over head groups
     (amb) with ALiBi, and flash; K/V caches of several types."""
     hd, H, Hkv, T_, nkv = (32, 4, 2, 3, 48) if tiny else (128, 32, 8, 7, 1024)
     sh = AttentionShape(hd, H, Hkv, T_, nkv)
@@ -121,7 +119,7 @@ class GraphResult:
 
 def run_graph_case(case: GraphCase, backend: Any, seed: int = 0) -> GraphResult:
     """Build, run on `backend` with the real graph allocator and on the reference; compare."""
-    import ggraph.graphs.attention as A
+    import ggraph.graphs.models.attention as A
 
     name, build, tol = case
     old = A.MIB
@@ -404,8 +402,7 @@ def run(args: argparse.Namespace) -> int:
     if R.SIM:
         sys.setswitchinterval(5e-4)  # simulated threads wait on each other; switch sooner
     from ggraph.backends.cuda import CUDABackend
-    from ggraph.tools import gpu_child as C, gpu_decode as D, gpu_perf as P
-
+    from ggraph.tools.gpu import gpu_child as C, gpu_decode as D, gpu_perf as P
     t_start = time.perf_counter()
     sections = _sections(args)
     on_gpu = R.MODE == "device"

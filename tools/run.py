@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--n-predict", type=int, default=32,
                    help="tokens to generate (default 32; -1: until an end-of-generation token, "
                         "shifting the context as it fills; -2: until the context is full)")
-    from .defaults import (N_BATCH, add_context_flags, add_flash_attn_flag, add_load_flags,
+    from ggraph.tools.common.defaults import (N_BATCH, add_context_flags, add_flash_attn_flag, add_load_flags,
                            add_threads_flag)
 
     m = p.add_argument_group("context and memory")
@@ -105,8 +105,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    """llama.cpp's sampling flags (graphs/sampling.py's SamplerParams, its CLI_FLAGS)."""
-    from ggraph.graphs.sampling import CLI_FLAGS, SamplerParams
+    """llama.cpp's sampling flags (graphs/runtime/sampling.py's SamplerParams, its CLI_FLAGS)."""
+    from ggraph.graphs.runtime.sampling import CLI_FLAGS, SamplerParams
 
     g = p.add_argument_group("sampling (llama.cpp's chain; --temp 0: greedy)")
     defaults = SamplerParams()
@@ -121,7 +121,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def sampler_params(args: argparse.Namespace) -> Any:
-    from ggraph.graphs.sampling import SamplerParams, samplers_from_chars
+    from ggraph.graphs.runtime.sampling import SamplerParams, samplers_from_chars
 
     kw = {k[2:]: v for k, v in vars(args).items()
           if k.startswith("s_") and k != "s_seq" and v is not None}
@@ -132,7 +132,7 @@ def sampler_params(args: argparse.Namespace) -> Any:
 
 def check_options(args: argparse.Namespace) -> None:
     """Refuse option values that cannot work, before the model loads (one-line errors)."""
-    from .defaults import SIZE_BOUNDS, check_bounds, check_threads
+    from ggraph.tools.common.defaults import SIZE_BOUNDS, check_bounds, check_threads
 
     check_bounds(args, {**SIZE_BOUNDS, "batch_size": ("-b/--batch-size", 1, ""), "n_predict": (
         "-n/--n-predict", -2, " (-1: until an end-of-generation token, -2: until the context "
@@ -162,10 +162,10 @@ def list_devices() -> list[str]:
 def engine_config(args: argparse.Namespace) -> Any:
     """The EngineConfig `ggraph run` loads with (options checked first; warnings for options
     that are changed or ignored)."""
-    from ggraph.graphs.engine import EngineConfig
-    from ggraph.graphs.placement import parse_split
+    from ggraph.graphs.runtime.engine import EngineConfig
+    from ggraph.graphs.deploy.placement import parse_split
 
-    from .defaults import flash_attn_on
+    from ggraph.tools.common.defaults import flash_attn_on
 
     check_options(args)
     amb = args.amb
@@ -210,9 +210,9 @@ def main(args: argparse.Namespace) -> int:
     if args.list_devices:
         print("\n".join(list_devices()))
         return 0
-    from ggraph.tools.cli_text import argv_text, process_escapes
-    from ggraph.graphs.engine import Engine
-    from ggraph.graphs.fetch import resolve_model
+    from ggraph.tools.common.cli_text import argv_text, process_escapes
+    from ggraph.graphs.runtime.engine import Engine
+    from ggraph.graphs.gguf.fetch import resolve_model
 
     cfg = engine_config(args)
     sampling = sampler_params(args)
@@ -229,7 +229,7 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
     eng = Engine(path, cfg, progress=sys.stderr.isatty())  # GGUFError: one line (ggraph.cli)
     load_s = time.perf_counter() - t0
-    from .run_loop import Conversation, Limits, generate_text, perf_lines, prompt_ids
+    from ggraph.tools.common.run_loop import Conversation, Limits, generate_text, perf_lines, prompt_ids
 
     interactive = args.conversation or args.interactive
     notes = eng.load_notes()

@@ -29,10 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ggraph.tools.cli_text import argv_text, process_escapes
-    from ggraph.graphs.fetch import resolve_model
-    from ggraph.graphs.gguf_reader import read_header
-    from ggraph.graphs.tokenizer import Tokenizer
+    from ggraph.tools.common.cli_text import argv_text, process_escapes
+    from ggraph.graphs.gguf.fetch import resolve_model
+    from ggraph.graphs.gguf.gguf_reader import read_header
+    from ggraph.graphs.tokenizers.tokenizer import Tokenizer
 
     if args.file is not None:
         with open(args.file, "rb") as f:

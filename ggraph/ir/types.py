@@ -27,7 +27,7 @@ MIB = 1 << 20   # bytes in a MiB: llama.cpp reports buffer sizes in MiB, and so 
 # never written out: `BLOCK_CODECS`/`ELEM_CODECS` (backends/jit.py), `VEC_DOT_TYPE`
 # (backends/cpu/kernels.py), `WEIGHT_TYPES` (ops/matmul.py), `KV_TYPES` (ops/attention.py),
 # `STORABLE`/`ELEM_FLOATS` (ops/registry.py), the conformance case types
-# `WEIGHTS`/`KV`/`STORED` (ops/case.py) and `CACHE_TYPES` (graphs/kv_cache.py).
+# `WEIGHTS`/`KV`/`STORED` (ops/case.py) and `CACHE_TYPES` (graphs/models/kv_cache.py).
 
 @dataclass(frozen=True)
 class TypeRecord:

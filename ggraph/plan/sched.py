@@ -21,7 +21,7 @@ In the spirit of ggml_backend_sched (ggml-backend.c), as a pure planner over met
    clones and copies), in execution order, which its own allocator plans with `keep_order`.
 
 Nothing here touches memory or imports a backend: `backends/multi.py` runs a Schedule, and
-`graphs/placement.py` plans virtual devices with it.
+`graphs/deploy/placement.py` plans virtual devices with it.
 """
 from __future__ import annotations
 

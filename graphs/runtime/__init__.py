@@ -1,0 +1,2 @@
+"""Running a model: the engine (load, reserve, evaluate, generate, context shift) and the
+samplers."""

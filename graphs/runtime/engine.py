@@ -1,0 +1,478 @@
+"""Running a model: load, reserve the compute buffer on the worst-case graph, then evaluate
+ubatches and generate tokens greedily, with memory figures in llama.cpp's wording.
+
+The worst case is what llama.cpp reserves: n_tokens = min(n_ctx, n_ubatch), n_kv = n_ctx and
+every token an output. Later graphs attend to the first n_kv cells (the used cells rounded up
+to KV_PAD) and are placed into the reserved offsets; a decode graph is reused while its n_kv
+holds, so a generated token costs one pass over bound kernel calls.
+
+The KV cache is whatever the architecture's `new_cache` gives (one cache, or llama.cpp's iswa
+pair for sliding-window models); the engine uses only what every cache offers (n_used, k/v,
+summary_lines: graphs/models/kv_cache.py). A model whose tokenizer ggraph cannot build yet still
+loads and runs on token ids; `Engine.tokenizer` raises the tokenizer's error.
+
+Before anything is allocated the KV cache and compute buffer are compared with the memory
+available (ggraph/plan/host_memory.py); before every evaluation one fstat checks that the mapped
+file did not change (a truncated mapping would be SIGBUS). When generation fills the context,
+`make_room` shifts it as llama-cli does (keep n_keep tokens, discard half of the rest, re-rope
+the cached K: kv_cache.discard and shift_graph), or generation stops cleanly.
+
+This file owns the model side (config, graphs, the KV cache's sequence, thread turns); the
+devices are one Runner (backends/runner.py): a Session on one backend or a MultiSession over
+several, chosen once by `new_runner` and used the same way after that.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Protocol
+
+import numpy as np
+
+from ggraph.plan.alloc import GraphAllocator, Plan
+from ggraph.backends.runner import ComputeBuffer, ModelMemory, Runner
+from ggraph.plan.host_memory import check_buffers
+from ggraph.ir.tensor import Context
+
+from ggraph.graphs.models.arch import KShift, build_model, supports
+from ggraph.graphs.gguf.gguf_file import GGUFError, load_gguf, lock_memory
+from ggraph.graphs.models.kv_cache import shift_graph
+from ggraph.graphs.models.model_graph import ModelGraph
+from ggraph.graphs.deploy.placement import LayerMap, layer_map, parse_devices, place_tensors
+from ggraph.graphs.gguf.tensor_check import check_tensors
+from ggraph.graphs.tokenizers.tokenizer import Tokenizer
+
+KV_PAD = 256  # llama.cpp pads the attended cells to 256
+
+
+class TokenSampler(Protocol):
+    """What Engine.generate needs of a sampler (graphs/runtime/sampling.py's Sampler is one)."""
+
+    def sample(self, logits: np.ndarray) -> int:
+        """The next token (accepted into the sampler's history)."""
+        ...
+
+    def accept_many(self, tokens: Iterable[int]) -> None:
+        ...
+
+
+@dataclass
+class EngineConfig:
+    n_ctx: int = 4096
+    n_ubatch: int = 512
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: bool = False
+    amb_mib: int = 0
+    backend: str = "cpu"
+    strategy: str = "default"
+    n_threads: int | None = None
+    # the CPU's thread governor (backends/cpu/threads.py) may run a graph on fewer threads
+    # when that is faster, as on a busy machine; False runs exactly n_threads (benchmarks)
+    adaptive_threads: bool = True
+    # outputs in the worst-case graph: "all" tokens as llama.cpp reserves, or only the "last"
+    # (what generation needs; the logits of a 512-token ubatch alone are 96 MiB for SmolLM2)
+    reserve_outputs: str = "all"
+    # several devices (graphs/deploy/placement.py): offload devices such as "cuda" or "cuda,cuda"
+    # ("cpu" stands in for a device with a second CPU backend); the host CPU is always added.
+    # Layers are placed with llama.cpp's -ngl / --tensor-split rules.
+    # compute as ggml's CPU does, bit for bit (backends/cpu/ggml_exact.py; slower)
+    ggml_exact: bool = False
+    devices: str = ""
+    n_gpu_layers: int = -1
+    tensor_split: tuple[float, ...] | None = None
+    # scan the weights for inf/NaN at load (llama.cpp's --check-tensors); on by default where
+    # GGRAPH_CHECK_TENSORS=1 (the test suite)
+    check_tensors: bool = field(
+        default_factory=lambda: os.environ.get("GGRAPH_CHECK_TENSORS", "") == "1")
+    # remote stages (devices "ray:cpu", backends/ray_stages.py): seconds to wait on a stage
+    # before calling it lost, whether a prompt's ubatches overlap across stages, and whether
+    # to send weights through Ray's object store even to stages that have the GGUF file
+    stage_timeout: float = 60.0
+    pipeline: bool = True
+    ship_weights: bool = False
+    # map the weights from the file (llama.cpp's default), or read them into memory (False:
+    # --no-mmap); lock them in RAM (--mlock)
+    use_mmap: bool = True
+    use_mlock: bool = False
+    # run a short prompt and a decode step at load, then clear the cache (llama.cpp's warmup):
+    # numba compiles the kernels there on the first run, so load time carries the compilation
+    # and the prompt and generation timings do not
+    warmup: bool = False
+
+
+@dataclass
+class Timings:
+    prompt_tokens: int = 0
+    prompt_s: float = 0.0
+    gen_tokens: int = 0
+    gen_s: float = 0.0
+
+    def line(self) -> str:
+        pp = self.prompt_tokens / self.prompt_s if self.prompt_s else 0.0
+        tg = self.gen_tokens / self.gen_s if self.gen_s else 0.0
+        return (f"prompt: {self.prompt_tokens} tokens in {self.prompt_s:.2f} s ({pp:.2f} "
+                f"tokens/s), generation: {self.gen_tokens} tokens in {self.gen_s:.2f} s "
+                f"({tg:.2f} tokens/s)")
+
+
+def new_runner(cfg: EngineConfig, n_layer: int, host_kw: dict[str, Any],
+               file: Any = None) -> tuple[Runner, LayerMap]:
+    """The runner for `cfg` and where the model's layers go: a Session on one backend, or,
+    with devices, a MultiSession over the devices and the host CPU (the host last). The one
+    place that tells the two apart; everything after talks to the Runner interface."""
+    from ggraph.backends import get_backend
+    from ggraph.backends.multi import MultiSession
+
+    if not cfg.devices:
+        backend = get_backend(cfg.backend, **host_kw)
+        allocator = GraphAllocator(alignment=backend.alignment, strategy=cfg.strategy,
+                                   name=cfg.backend.upper())
+        # no offload devices: every layer on the host, device 0
+        return backend.session(allocator=allocator), layer_map(n_layer, 0)
+    if cfg.backend != "cpu":
+        raise ValueError(f"with --devices the host is the CPU and the devices are "
+                         f"listed there; got backend {cfg.backend!r} as well")
+    devs = parse_devices(cfg.devices, n_layer + 1)
+    if any(d.kind == "virtual" for d in devs):
+        raise ValueError(f"--devices {cfg.devices!r}: running needs backends (cuda, cpu); "
+                         f"sizes such as 24GiB describe virtual devices for `ggraph plan`")
+    layers = layer_map(n_layer, len(devs), cfg.n_gpu_layers, cfg.tensor_split)
+    names = [d.name for d in devs] + ["CPU"]
+    if any(d.kind.startswith("ray:") for d in devs):
+        # remote stages: Ray is imported only here (pip install ggraph[distributed])
+        from ggraph.backends.ray_stages import RayMultiSession, RemoteBackend
+
+        stage_backends = [RemoteBackend(d.kind[4:], d.node) if d.kind.startswith("ray:")
+                          else get_backend(d.kind) for d in devs]
+        return RayMultiSession(stage_backends + [get_backend("cpu", **host_kw)], names,
+                               file.path, set(file.tensors.values()), load_gguf, cfg.strategy,
+                               cfg.stage_timeout, cfg.pipeline, cfg.ship_weights,
+                               host_kw.get("n_threads")), layers
+    # each GPU its own backend: its context, stream and memory on device d.index
+    backends = [get_backend(d.kind, **({"device": d.index} if d.kind == "cuda" else {}))
+                for d in devs] + [get_backend("cpu", **host_kw)]
+    return MultiSession(backends, names=names, strategy=cfg.strategy), layers
+
+
+class Engine:
+    def __init__(self, path: str, config: EngineConfig | None = None,
+                 progress: bool = False) -> None:
+        cfg = self.cfg = config or EngineConfig()
+        # threads may share an Engine: eval, reset and each step of generate hold the lock,
+        # so callers take turns; _kv_epoch counts changes of the KV cache, which generate
+        # checks between its tokens
+        self.lock = threading.RLock()
+        self._kv_epoch = 0
+        self.file = load_gguf(path, progress=progress, mmap=cfg.use_mmap)
+        # what loading had to say without failing (llama.cpp's warnings), for the caller
+        self.load_warnings: list[str] = []
+        if cfg.use_mlock and (warning := lock_memory(self.file)):
+            self.load_warnings.append(warning)
+        if cfg.check_tensors:
+            check_tensors(self.file)
+        self.model = build_model(self.file)
+        hp = self.model.hp
+        if cfg.n_ctx <= 0 or cfg.n_ubatch <= 0:
+            raise ValueError("context and ubatch sizes must be positive")
+        if cfg.n_ctx > hp.n_ctx_train:
+            raise ValueError(f"context {cfg.n_ctx} is larger than the model's training context "
+                             f"{hp.n_ctx_train} ({path})")
+        self._tokenizer: Tokenizer | None = None
+        self._tokenizer_error: GGUFError | None = None
+        try:
+            self._tokenizer = Tokenizer(self.file.metadata, path)
+        except GGUFError as e:
+            # a vocabulary type ggraph does not build yet (the message says "not supported")
+            # leaves the model usable on token ids; a broken vocabulary still fails the load
+            if "not supported" not in str(e):
+                raise
+            self._tokenizer_error = e
+        self.ctx = Context("engine")
+        # a sliding-window cache is sized from the ubatch (llama.cpp: n_swa + n_ubatch)
+        self.cache = self.model.new_cache(self.ctx, cfg.n_ctx, cfg.type_k, cfg.type_v,
+                                          cfg.flash_attn, n_ubatch=cfg.n_ubatch)
+        kw: dict[str, Any] = {}
+        if cfg.backend == "cpu" and cfg.n_threads:
+            kw["n_threads"] = cfg.n_threads
+        if cfg.backend == "cpu" and not cfg.adaptive_threads:
+            kw["adaptive"] = False
+        if cfg.backend == "cpu":
+            kw["weights"] = self.file  # packed copies read from the file, not its mapping
+        if cfg.ggml_exact:
+            if cfg.backend != "cpu":
+                raise ValueError("ggml_exact reproduces ggml's CPU arithmetic: CPU backend only")
+            kw["ggml_exact"] = True
+        # one runner, one device or many: the rest of the Engine never asks which
+        self.runner, self.layers = new_runner(cfg, hp.n_layer, kw, self.file)
+        self.timings = Timings()
+        self.stop_reason = "n_predict"  # why the last generate() ended (see generate)
+        self.compiled = 0  # numba functions the warmup compiled (not found in numba's cache)
+        self._graphs: dict[tuple[int, int, int], ModelGraph] = {}
+        # the worst case's compute buffer per device (the host last)
+        self.reserve_plans = self.reserve()
+        self.check_host_memory()
+        self.warmup_s = self.warmup() if cfg.warmup else 0.0
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The GGUF's tokenizer; for a vocabulary ggraph cannot build yet, its load error."""
+        if self._tokenizer is None:
+            assert self._tokenizer_error is not None
+            raise GGUFError(f"{self._tokenizer_error} (the model itself loaded: evaluate "
+                            f"token ids with Engine.eval)")
+        return self._tokenizer
+
+    @property
+    def eos(self) -> int | None:
+        """The end-of-sequence id: the tokenizer's, or the GGUF key without a tokenizer."""
+        if self._tokenizer is not None:
+            return self._tokenizer.eos
+        v = self.file.metadata.get("tokenizer.ggml.eos_token_id")
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    @property
+    def eog(self) -> frozenset[int]:
+        """The ids that end generation (llama.cpp's EOG set: eos, eot, eom and the end-of-turn
+        tokens found by text); just the EOS id without a tokenizer."""
+        if self._tokenizer is not None:
+            return self._tokenizer.eog_ids
+        return frozenset() if self.eos is None else frozenset([self.eos])
+
+    @property
+    def reserve_plan(self) -> Plan:
+        """The host's compute buffer Plan: the only one without devices."""
+        return self.reserve_plans[-1].plan
+
+    @property
+    def session(self) -> Runner:
+        """The runner (its older name; benchmarks and tests read its placement and plans)."""
+        return self.runner
+
+    @property
+    def device_names(self) -> list[str]:
+        return self.runner.names
+
+    def _place(self, graph: Any) -> None:
+        """Put the weights and cache tensors of a new graph on their layer's device; a tensor
+        keeps its first device (decode's derived weights are placed by name on theirs)."""
+        placed = self.runner.placement
+        for t, d in place_tensors(graph.leafs, self.layers).items():
+            if t not in placed:
+                self.runner.place(t, d)
+
+    # -- memory -------------------------------------------------------------------------------
+    def build(self, n_tokens: int, n_kv: int, n_outputs: int) -> ModelGraph:
+        key = (n_tokens, n_kv, n_outputs)
+        mg = self._graphs.pop(key, None)
+        if mg is None:
+            mg = self.model.build(self.ctx, self.cache, n_tokens, n_kv, n_outputs,
+                                  self.cfg.flash_attn, self.cfg.amb_mib)
+            self._place(mg.graph)
+        self._graphs[key] = mg  # most recent last; a few kept (prompt and decode alternate)
+        while len(self._graphs) > 4:
+            self._graphs.pop(next(iter(self._graphs)))
+        return mg
+
+    def reserve(self) -> list[ComputeBuffer]:
+        """Build the worst-case graph and size every device's compute buffer on it."""
+        n = min(self.cfg.n_ctx, self.cfg.n_ubatch)
+        if self.cfg.reserve_outputs not in ("all", "last"):
+            raise ValueError(f"reserve_outputs must be 'all' or 'last', got "
+                             f"{self.cfg.reserve_outputs!r}")
+        n_out = n if self.cfg.reserve_outputs == "all" else 1
+        mg = self.model.build(self.ctx, self.cache, n, self.cfg.n_ctx, n_out,
+                              self.cfg.flash_attn, self.cfg.amb_mib)
+        self.worst_case = mg
+        self._place(mg.graph)
+        return self.runner.reserve(mg.graph)
+
+    def load_notes(self) -> list[str]:
+        """What loading has to say on stderr, terminal or not: llama.cpp's warnings, and the
+        kernels the warmup compiled (a first run's load time is mostly that)."""
+        notes = list(self.load_warnings)
+        if self.compiled:
+            notes.append(f"load: compiled {self.compiled} kernels in {self.warmup_s:.1f} s "
+                         f"(numba caches them for later runs)")
+        return notes
+
+    def check_host_memory(self) -> None:
+        """Compare what the host will allocate (its share of the KV cache, then its compute
+        buffer) with the memory available, before either is allocated: a one-line
+        HostMemoryError naming the buffer and the sizes, never numpy's MemoryError."""
+        host = len(self.runner.names) - 1
+        if self.runner.names[host] != "CPU":   # one device that is not the host (cuda)
+            return
+        placed = self.runner.placement
+        kv = sum(t.nbytes for t in self.cache.k + self.cache.v if placed.get(t, 0) == host)
+        check_buffers([("KV cache", kv), ("compute", self.reserve_plans[-1].size)])
+
+    def memory_lines(self) -> list[str]:
+        """llama.cpp's memory lines for the worst case, per device: the runner's wording (a
+        cache of several parts prints several lines, each its own entry)."""
+        lines = self.runner.memory_lines(ModelMemory(
+            graph=self.worst_case.graph, mapped_bytes=self.file.tensor_bytes,
+            kv=frozenset(self.cache.k + self.cache.v),
+            kv_summary="\n".join(self.cache.summary_lines()), layers=self.layers))
+        return [part for line in lines for part in line.split("\n")]
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def eval(self, tokens: list[int], all_logits: bool = False, n_past: int | None = None
+             ) -> np.ndarray:
+        """Append tokens to the sequence; logits of the last token (or of every token).
+
+        With `n_past`, the sequence is first cut back to its first n_past tokens (llama.cpp's
+        seq_rm), so `eval(tokens, n_past=0)` is self-contained: its result does not depend on
+        what other callers evaluated before. Calls from several threads take turns."""
+        with self.lock:
+            out = []
+            cfg = self.cfg
+            toks = np.asarray(tokens)
+            if toks.ndim != 1 or toks.size == 0 or toks.dtype.kind not in "iu":
+                raise ValueError(f"eval takes a non-empty list of integer token ids, got "
+                                 f"{toks.dtype} values of shape {toks.shape}")
+            if toks.min() < 0 or toks.max() >= self.model.hp.n_vocab:  # before any narrowing
+                raise ValueError(f"token id out of range [0, {self.model.hp.n_vocab})")
+            self.file.check_unchanged()  # one fstat: a truncated mapping would be SIGBUS
+            if n_past is not None:
+                self.truncate(n_past)
+            if self.cache.n_used + len(toks) > cfg.n_ctx:
+                raise ValueError(f"{self.cache.n_used + len(toks)} tokens exceed the context "
+                                 f"of {cfg.n_ctx}")
+            self._kv_epoch += 1
+            for start in range(0, len(toks), cfg.n_ubatch):
+                chunk = toks[start:start + cfg.n_ubatch].astype(np.int32)
+                n = len(chunk)
+                last = start + n == len(toks)
+                rows = np.arange(n) if all_logits else np.array([n - 1])
+                n_past_now = self.cache.n_used
+                n_kv = min(cfg.n_ctx, -(-(n_past_now + n) // KV_PAD) * KV_PAD)
+                mg = self.build(n, n_kv, len(rows))
+                self.runner.run(mg.graph, self.model.batch_inputs(mg, self.cache, chunk,
+                                                                  n_past_now, rows))
+                self.cache.n_used += n
+                if all_logits or last:  # an earlier ubatch's logits are never used: a runner
+                    # with remote stages overlaps the next ubatch with this one's last stages
+                    out.append(self.runner.read(mg.logits).reshape(len(rows), -1))
+            return np.concatenate(out) if all_logits else out[-1][-1]
+
+    def truncate(self, n_past: int) -> None:
+        """Cut the sequence back to its first n_past tokens (llama.cpp's seq_rm(n_past, -1)).
+        A sliding-window cache refuses (ValueError) once its ring no longer holds the window
+        before n_past; the sequence is then unchanged."""
+        with self.lock:
+            if not 0 <= n_past <= self.cache.n_used:
+                raise ValueError(f"n_past={n_past}: the sequence holds "
+                                 f"{self.cache.n_used} tokens")
+            self.cache.n_used = int(n_past)
+            self._kv_epoch += 1
+
+    def warmup(self) -> float:
+        """Evaluate a prompt-sized batch (the mat-mat and blockwise attention paths) and one
+        decode token (the mat-vec paths), then empty the cache; the seconds it took. Kernels
+        compile here on the first run (`compiled` counts them); the timings do not count it."""
+        from ggraph.backends.compiles import counting
+
+        with self.lock, counting() as compiles:
+            t0 = time.perf_counter()
+            tok = self.eos if self.eos is not None else 0
+            n = max(1, min(16, self.cfg.n_ubatch, self.cfg.n_ctx - 1))
+            self.eval([tok] * n, n_past=0)
+            if n + 1 <= self.cfg.n_ctx:
+                self.eval([tok])
+            self.reset()
+        self.compiled = compiles.count
+        return time.perf_counter() - t0
+
+    def reset(self) -> None:
+        with self.lock:
+            self.cache.n_used = 0
+            self._kv_epoch += 1
+
+    @property
+    def can_shift(self) -> bool:
+        """Whether the model can re-rope its cached K (the KShift capability)."""
+        return supports(type(self.model), KShift)
+
+    def shift_context(self, n_keep: int, n_discard: int) -> None:
+        """llama-cli's context shift: positions n_keep..n_keep+n_discard-1 leave the cache
+        and the later ones move down by n_discard, their K re-roped by -n_discard (llama.cpp's
+        seq_rm + seq_add and K-shift; graphs/models/kv_cache.py's discard and shift_graph)."""
+        with self.lock:
+            if not self.can_shift:
+                raise ValueError(f"the context cannot shift: ggraph's {self.file.arch} builder "
+                                 f"cannot re-rope its cached K")
+            moves = self.cache.discard(n_keep, n_keep + n_discard)
+            self._kv_epoch += 1
+            built = shift_graph(self.ctx, moves, self.model.shift_k)
+            if built is None:
+                return
+            graph, values = built
+            self._place(graph)
+            try:
+                self.runner.run(graph, values)
+            except BaseException:
+                self.reset()  # half-moved cells hold no sequence
+                raise
+
+    def make_room(self, n: int, n_keep: int | None) -> bool:
+        """Room for n more tokens as llama-cli makes it (n_used + n < n_ctx): shift while
+        the context would fill, keeping the first n_keep tokens and discarding half of the
+        rest (n_discard = (n_used - n_keep) // 2); False when it stays full (no n_keep, a
+        model that cannot shift, or nothing left to discard)."""
+        with self.lock:
+            while self.cache.n_used + n >= self.cfg.n_ctx:
+                if n_keep is None or not self.can_shift:
+                    return False
+                n_discard = (self.cache.n_used - min(n_keep, self.cache.n_used)) // 2
+                if n_discard <= 0:
+                    return False
+                self.shift_context(min(n_keep, self.cache.n_used), n_discard)
+            return True
+
+    def generate(self, prompt: list[int], n_predict: int, stop_at_eos: bool = True,
+                 sampler: TokenSampler | None = None, n_keep: int | None = None
+                 ) -> Iterator[int]:
+        """Decoding: yields each new token, continuing the current sequence. Greedy without a
+        sampler; with one (graphs/runtime/sampling.py's Sampler), the prompt's tokens are accepted
+        into its history first, as llama-cli does, and each token is its `sample(logits)`.
+
+        When the next token would fill the context (llama-cli's n_past + 1 >= n_ctx), the
+        context shifts when `n_keep` is given and the model can (shift_context: the first
+        n_keep tokens stay, half of the rest goes), else generation stops. `stop_reason`
+        then says why it ended: "n_predict", "eog" or "context full".
+
+        Other callers may use the Engine between tokens, but if one changes the KV cache
+        (eval, reset) the next step raises RuntimeError instead of continuing on a cache that
+        no longer holds this sequence."""
+        self.stop_reason = "n_predict"
+        with self.lock:
+            t0 = time.perf_counter()
+            logits = self.eval(prompt)
+            epoch = self._kv_epoch
+            self.timings.prompt_tokens += len(prompt)
+            self.timings.prompt_s += time.perf_counter() - t0
+        if sampler is not None:
+            sampler.accept_many(prompt)
+        for i in range(n_predict):
+            tok = int(np.argmax(logits)) if sampler is None else int(sampler.sample(logits))
+            yield tok
+            if stop_at_eos and tok in self.eog:
+                self.stop_reason = "eog"
+                return
+            with self.lock:
+                if self._kv_epoch != epoch:
+                    raise RuntimeError(f"generate: the KV cache was changed by another eval() "
+                                       f"or reset() after generated token {i + 1}; this "
+                                       f"sequence is gone (use one Engine per concurrent "
+                                       f"generation)")
+                if not self.make_room(1, n_keep):
+                    self.stop_reason = "context full"
+                    return
+                t0 = time.perf_counter()
+                logits = self.eval([tok])
+                epoch = self._kv_epoch
+                self.timings.gen_tokens += 1
+                self.timings.gen_s += time.perf_counter() - t0
