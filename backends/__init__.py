@@ -1,24 +1,17 @@
-"""ggraph.backends: devices that run graphs. `get_backend(name)` makes one by name; each
-backend's kernel table says which nodes it supports."""
+"""ggraph.backends: devices that run graphs. `get_backend(name)` makes one by name (the device
+registry, backends/registry.py, resolves every kind); each backend's kernel table says which
+nodes it supports."""
 from __future__ import annotations
 
 from typing import Any
 
 from .errors import BackendUnavailableError
+from .registry import NAMES, make_backend
 
-NAMES = ("cpu", "cuda")
-
-
+__all__ = ["BackendUnavailableError", "NAMES", "get_backend"]
 
 
 def get_backend(name: str, **kw: Any) -> Any:
-    name = name.strip().lower()
-    if name == "cpu":
-        from .cpu import CPUBackend
-
-        return CPUBackend(**kw)
-    if name == "cuda":
-        from .cuda import CUDABackend
-
-        return CUDABackend(**kw)  # BackendUnavailableError without a usable GPU
-    raise ValueError(f"unknown backend {name!r}; available: {', '.join(NAMES)}")
+    """A backend of kind `name` (cpu, cuda, cuda:N; BackendUnavailableError where the machine
+    cannot run it), made with the backend's keyword arguments."""
+    return make_backend(name, **kw)

@@ -29,6 +29,7 @@ from ggraph.ir.tensor import Tensor
 from ggraph.ir.types import MIB
 
 from .profile import Profile
+from .registry import KINDS
 from .runner import ComputeBuffer, ModelMemory, ThreadGuard, check_device
 
 KernelFn = Callable[[Tensor, "Session"], None]
@@ -59,7 +60,7 @@ class Backend:
     """A device: a name, an alignment, and a kernel table keyed by OpKind."""
 
     name = "base"
-    alignment = 32
+    alignment = KINDS["cpu"].alignment   # each backend class sets its kind's (registry.py)
     kernels: dict[OpKind, Kernel] = {}
 
     def supports(self, node: Tensor) -> bool:

@@ -32,7 +32,8 @@ from ggraph.ir.graph import Graph
 from ggraph.plan.sched import Schedule
 from ggraph.ir.tensor import Tensor
 from .base import Backend
-from .multi import MultiSession, BoundSchedule
+from . import registry
+from .multi import BoundSchedule, MultiSession
 from .runner import ComputeBuffer
 from .tensor_wire import WireRegistry, tensor_table
 
@@ -62,16 +63,13 @@ class RemoteBackend(Backend):
     it may run: the scheduler asks), never its memory."""
 
     def __init__(self, kind: str, node: str | None = None) -> None:
-        if kind == "cpu":
-            from .cpu.kernels import KERNELS
-            self.alignment = 32
-        elif kind == "cuda":
-            from .cuda.kernels import KERNELS
-            self.alignment = 128
-        else:
-            raise ValueError(f"unknown stage backend {kind!r}: ray:cpu or ray:cuda")
-        self.kind, self.node, self.kernels = kind, node, KERNELS
-        self.name = f"ray:{kind}"
+        if kind not in registry.KINDS:
+            raise ValueError(f"unknown stage backend {kind!r}: "
+                             f"{', '.join(f'ray:{k}' for k in registry.NAMES)}")
+        k = registry.KINDS[kind]
+        self.alignment, self.gpus = k.alignment, k.gpus
+        self.kind, self.node, self.kernels = kind, node, registry.kernel_table(kind)
+        self.name = f"{registry.REMOTE}:{kind}"
 
     def session(self, **kw: Any) -> "RemoteStage":
         raise RuntimeError("a remote stage's session is made by RayMultiSession")
@@ -205,8 +203,8 @@ class RayMultiSession(MultiSession):
             if not isinstance(b, RemoteBackend):
                 continue
             opts: dict[str, Any] = {"num_cpus": 1, "max_restarts": 0}
-            if b.kind == "cuda":
-                opts["num_gpus"] = 1
+            if b.gpus:
+                opts["num_gpus"] = b.gpus
             if b.node:
                 opts["resources"] = {f"node:{b.node}": 0.001}
             actor = actor_cls.options(**opts).remote(b.kind, self._names[d], threads, strategy)

@@ -34,9 +34,9 @@ class StageGraph:
 class StageServer:
     def __init__(self, backend: str = "cpu", name: str = "stage", threads: int | None = None,
                  strategy: str = "default") -> None:
-        from ggraph.backends import get_backend
+        from ggraph.backends import get_backend, registry
 
-        kw = {"n_threads": threads} if backend == "cpu" and threads else {}
+        kw = {"n_threads": threads} if registry.kind(backend).threads and threads else {}
         self.name = name
         self.backend = get_backend(backend, **kw)
         self.session = self.backend.session(allocator=GraphAllocator(

@@ -54,9 +54,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-# ggraph's CPU backend first: it sets the OpenMP runtime's bounded spin before libggml-cpu
-# loads the same libgomp (backends/cpu/threads.py), so neither side's idle threads spin long
 from ggraph.backends.cpu.membw import read_bandwidth
+from ggraph.backends.cpu.threads import configure_openmp
 from ggraph.check.ggml_cdefs import GGMLUnavailable, find_libggml
 from ggraph.graphs.eval.bench import load_average, machine_info
 
@@ -171,6 +170,9 @@ class LibGGML:
         ffi.cdef(_CPU_CDEFS)
         ext = ".dylib" if platform.system() == "Darwin" else ".so"
         flags = ffi.RTLD_NOW | ffi.RTLD_GLOBAL
+        # the OpenMP runtime's bounded spin before libggml-cpu loads the libgomp numba shares
+        # (backends/cpu/threads.py), so neither side's idle threads spin long
+        configure_openmp()
         self.base = ffi.dlopen(str(self.dir / f"libggml-base{ext}"), flags)
         self.cpu = ffi.dlopen(str(self.dir / f"libggml-cpu{ext}"), flags)
         self._quiet_logs()

@@ -57,6 +57,9 @@ def child(args: argparse.Namespace) -> None:
     path = str(resolve_model("default"))
     prompt = list(range(100, 132))
     if args.policy.split(",")[0] == "llama.cpp":
+        from ggraph.backends.cpu.threads import configure_openmp
+
+        configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
         import llama_cpp
 
         llm = llama_cpp.Llama(model_path=path, n_ctx=1024, n_batch=512, n_threads=args.threads,

@@ -37,6 +37,9 @@ GGML_TYPES = {"f32": 0, "f16": 1}  # ggml type ids for llama.cpp's cache types
 def llama_cpp_logits(path: str, tokens: list[int], flash: bool = False, cache: str = "f32",
                      n_gen: int = N_GEN) -> tuple[np.ndarray, list[int]]:
     """All-token logits of `tokens` and the greedy continuation, from llama.cpp."""
+    from ggraph.backends.cpu.threads import configure_openmp
+
+    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
     import llama_cpp
 
     llm = llama_cpp.Llama(model_path=path, n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX,
@@ -154,6 +157,9 @@ def main() -> None:
     ap.add_argument("--json", default="benchmarks/results/deepseek2_llama_cpp.json")
     ap.add_argument("--tokens", type=int, default=N_TOKENS)
     args = ap.parse_args()
+    from ggraph.backends.cpu.threads import configure_openmp
+
+    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
     import llama_cpp
 
     with tempfile.TemporaryDirectory() as d:

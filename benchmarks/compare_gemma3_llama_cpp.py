@@ -59,6 +59,9 @@ class LlamaLog:
     """llama.cpp's log lines, captured through llama_log_set while this object is alive."""
 
     def __init__(self) -> None:
+        from ggraph.backends.cpu.threads import configure_openmp
+
+        configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
         import llama_cpp
 
         self.text: list[str] = []
@@ -207,6 +210,9 @@ def dequantized_check(path: str, tokens: list[int], quantized: tuple[np.ndarray,
     difference comes from."""
     import tempfile
 
+    from ggraph.backends.cpu.threads import configure_openmp
+
+    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
     import llama_cpp
 
     from ggraph.graphs.runtime.engine import Engine, EngineConfig
@@ -250,6 +256,9 @@ def main() -> None:
                      + ("_ggml_exact" if args.ggml_exact else "") + ".json")
     if args.ggml_exact:   # read when the fusion module is first imported, below
         os.environ["GGRAPH_FUSE"] = "0"
+    from ggraph.backends.cpu.threads import configure_openmp
+
+    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
     import llama_cpp
     import numba
 

@@ -42,6 +42,9 @@ def main() -> None:
                      + ".json")
     if args.ggml_exact:   # the fusion pass rounds its norm chain as ggraph does, not as ggml;
         os.environ["GGRAPH_FUSE"] = "0"   # read when backends/cpu/fusion.py is imported below
+    from ggraph.backends.cpu.threads import configure_openmp
+
+    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
     import llama_cpp
     import numba
 

@@ -70,6 +70,9 @@ WRITERS: dict[str, Writer] = {
 
 
 def llama_cpp_logits(path: str, seqs: list[list[int]], threads: int) -> list[np.ndarray]:
+    from ggraph.backends.cpu.threads import configure_openmp
+
+    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
     import llama_cpp
 
     llm = llama_cpp.Llama(model_path=path, n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX,
@@ -136,6 +139,9 @@ def main() -> None:
     ap.add_argument("--json", default="benchmarks/results/tiny_llama_cpp.json")
     ap.add_argument("--only", nargs="*", help="rows to run (names from the table)")
     args = ap.parse_args()
+    from ggraph.backends.cpu.threads import configure_openmp
+
+    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
     import llama_cpp
 
     rows = []

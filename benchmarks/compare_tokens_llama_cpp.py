@@ -56,6 +56,9 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def compare_model(path: str, files: list[str]) -> list[dict[str, Any]]:
+    from ggraph.backends.cpu.threads import configure_openmp
+
+    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
     import llama_cpp
 
     from ggraph.graphs.gguf.gguf_reader import read_header

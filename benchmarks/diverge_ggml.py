@@ -41,6 +41,9 @@ def main() -> int:
         args.json = f"benchmarks/results/diverge_ggml{tail}.json"
     if args.ggml_exact:
         os.environ["GGRAPH_FUSE"] = "0"   # read when backends/cpu/fusion.py is imported
+    from ggraph.backends.cpu.threads import configure_openmp
+
+    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
     import llama_cpp
 
     from ggraph.backends.cpu import CPUBackend

@@ -49,6 +49,9 @@ def load_tokens(model: str, n_ctx: int, n_chunks: int):
 
 
 def llama_cpp_model(model: str, n_ctx: int, threads: int):
+    from ggraph.backends.cpu.threads import configure_openmp
+
+    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
     import llama_cpp
 
     return llama_cpp.Llama(model_path=model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
@@ -195,6 +198,9 @@ def main() -> None:
             ap.error("--mode needs --base-out FILE")
         mode_base(args, model)
         return
+    from ggraph.backends.cpu.threads import configure_openmp
+
+    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
     import llama_cpp
 
     t_start = time.perf_counter()

@@ -35,6 +35,9 @@ class LlamaLog:
     """Collects llama.cpp's log through llama_log_set (its memory lines)."""
 
     def __init__(self) -> None:
+        from ggraph.backends.cpu.threads import configure_openmp
+
+        configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
         import llama_cpp
 
         self.lines: list[str] = []
@@ -53,6 +56,9 @@ class LlamaLog:
 
 def llama_cpp_memory(path: str, n_ctx: int, n_ubatch: int, tk: str, tv: str, fa: bool,
                      log: LlamaLog) -> dict:
+    from ggraph.backends.cpu.threads import configure_openmp
+
+    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
     import llama_cpp
 
     from ggraph.ir.types import GGMLType

@@ -118,6 +118,9 @@ def child_llama_cpp(a: argparse.Namespace, stamps: Stamps,
                     cpu: dict[str, float]) -> dict[str, Any]:
     import numpy as np
 
+    from ggraph.backends.cpu.threads import configure_openmp
+
+    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
     import llama_cpp
     stamps("import")
     llm = llama_cpp.Llama(model_path=a.model, n_ctx=a.ctx, n_batch=512, n_ubatch=512,

@@ -87,3 +87,40 @@ def test_no_import_cycles(staged):
     found = json.loads(r.stdout)
     assert found["modules"] > 100   # the whole package was read, not only ggraph/
     assert found["cycles"] == [], found["cycles"]
+
+
+# -- one device registry ------------------------------------------------------------------------
+
+# comparisons with a device kind's name that are not about ggraph's devices: (file, why)
+NOT_DEVICES = {"tools/gpu/gpu_perf.py": "torch's device strings (cpu, cuda) for its peer"}
+
+
+def test_device_kinds_and_alignments_are_resolved_in_the_registry():
+    """Only backends/registry.py compares a device kind's name (cpu, cuda, ray:...) or states
+    a buffer alignment: everything else asks the registry."""
+    import ast
+
+    from ggraph.backends.registry import KINDS, REMOTE
+
+    names = set(KINDS)
+    bad = []
+    for folder in ("ggraph", "ops", "backends", "graphs", "tools"):
+        for p in sorted((ROOT / folder).rglob("*.py")):
+            rel = p.relative_to(ROOT).as_posix()
+            if "__pycache__" in p.parts or rel == "backends/registry.py" or rel in NOT_DEVICES:
+                continue
+            for n in ast.walk(ast.parse(p.read_text())):
+                if isinstance(n, ast.Compare):
+                    consts = [c.value for c in [n.left, *n.comparators]
+                              if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+                    for c in [c for c in [n.left, *n.comparators] if isinstance(c, ast.Tuple)]:
+                        consts += [e.value for e in c.elts if isinstance(e, ast.Constant)]
+                    if any(c in names or str(c).startswith(REMOTE + ":") for c in consts):
+                        bad.append(f"{rel}:{n.lineno}: {ast.unparse(n)}")
+                elif isinstance(n, ast.Assign) and isinstance(
+                        n.value, ast.Constant) and isinstance(n.value.value, int):
+                    for t in n.targets:   # a class's or module's alignment = 32
+                        name = t.id if isinstance(t, ast.Name) else getattr(t, "attr", "")
+                        if name.lower().endswith("alignment") and "GGUF" not in name:
+                            bad.append(f"{rel}:{n.lineno}: {ast.unparse(n)}")
+    assert not bad, "device kinds or alignments outside the registry:\n" + "\n".join(bad)

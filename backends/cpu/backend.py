@@ -3,7 +3,6 @@ the threads each run uses (backends/cpu/threads.py)."""
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from functools import lru_cache
@@ -11,30 +10,32 @@ from typing import Any, Hashable, Iterator, Mapping
 
 from .threads import ThreadGovernor, configure_openmp
 
-# before anything loads the OpenMP runtime: it reads its environment once
-configure_openmp()
-
 import numba  # noqa: E402
 
 from ggraph.ir.tensor import Tensor  # noqa: E402
+from ggraph import config
 from ..base import Backend, Session  # noqa: E402
+from ..registry import KINDS  # noqa: E402
 from . import fusion  # noqa: E402
 from ggraph.ir.opkind import OpKind  # noqa: E402
 from .kernels import KERNELS, compiled_for, compiled_nogil, packed_weight  # noqa: E402
 from .packstore import PackStore, WeightSource  # noqa: E402
 
 # GGRAPH_ADAPTIVE_THREADS=0: every run uses all the backend's threads (no governor)
-ADAPTIVE = os.environ.get("GGRAPH_ADAPTIVE_THREADS", "1") != "0"
+ADAPTIVE = config.adaptive_threads()
 
 
 class CPUBackend(Backend):
     name = "cpu"
-    alignment = 32
+    alignment = KINDS["cpu"].alignment
     kernels = KERNELS
 
     def __init__(self, n_threads: int | None = None, blas_threads: int = 1,
                  ggml_exact: bool = False, fuse: bool | None = None,
                  adaptive: bool | None = None, weights: WeightSource | None = None) -> None:
+        # before numba starts its threads, which loads the OpenMP runtime: it reads its
+        # environment once (and libggml-cpu shares it in the benchmarks)
+        configure_openmp()
         most = numba.config.NUMBA_NUM_THREADS
         if n_threads is not None and not 1 <= n_threads <= most:
             raise ValueError(f"n_threads={n_threads}: numba runs 1 to {most} threads here "

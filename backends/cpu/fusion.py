@@ -21,19 +21,19 @@ GGRAPH_FUSE=0 turns the pass off (CPUBackend(fuse=False) for one backend).
 """
 from __future__ import annotations
 
-import os
 from functools import partial
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ggraph.ir.opkind import OpKind
+from ggraph import config
 from ggraph.ir.tensor import Tensor
 from ..fusion_rules import PRE_OPS, Group, dead, match, scan
 from ..shared.elementwise import BINARY_CODE
 from . import attn_fusion, fused_templates as F
 
-ENABLED = os.environ.get("GGRAPH_FUSE", "1") != "0"
+ENABLED = config.fuse()
 _DUMMY = np.zeros((1, 1, 1, 1), np.float32)
 
 

@@ -10,13 +10,13 @@ numba dot kernels that read quantized blocks directly (memory-bound, no dequanti
 
 from __future__ import annotations
 
-import os
 from functools import partial
 
 import numba
 import numpy as np
 
 from ggraph.ir.opkind import OpKind
+from ggraph import config
 from ggraph.ops.attention import alibi_slopes
 from ggraph.ir.tensor import Tensor
 from ggraph.ir.types import TYPE_RECORDS
@@ -32,7 +32,7 @@ from .attention import (BlockMath, SharedMask, decode_heads, flash_attn_blocks, 
 from .blas import mul_mat_blas
 from . import templates as K
 
-PARALLEL = os.environ.get("GGRAPH_NUMBA_PARALLEL", "1") != "0"
+PARALLEL = config.numba_parallel()
 # Helpers (device functions) are not cached on disk, only the kernels that call them: numba
 # links a helper loaded from its cache as machine code, which no newly compiled kernel can
 # inline, so a kernel compiled after its helpers were cached in another process lost their
@@ -57,10 +57,10 @@ PARALLEL_MIN_WORK = 1 << 16  # below this many element-operations threads cost m
 # products (multiply-adds) below this run on one thread: waking the other threads and joining
 # them costs ~3 us while they spin and ~50 us once they sleep (passive waiting, the default:
 # backends/cpu/threads.py), more than halving a small mat-vec saves
-PARALLEL_MIN_PRODUCT = int(os.environ.get("GGRAPH_PARALLEL_MIN_PRODUCT", 1 << 16))
+PARALLEL_MIN_PRODUCT = config.parallel_min_product()
 # GGRAPH_EXACT_ACTIVATIONS=1 multiplies by the float32 activations (closer to the reference,
 # further from llama.cpp)
-ROUND_ACTIVATIONS = os.environ.get("GGRAPH_EXACT_ACTIVATIONS", "0") != "1"
+ROUND_ACTIVATIONS = not config.exact_activations()
 BLOCK_MIN_QUERIES = 8  # flash attention: from this many queries the BLAS blockwise path wins
 BLAS_MIN_N = 16  # columns of b from which dequantize + BLAS beats the dot kernels
 

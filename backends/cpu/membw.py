@@ -13,6 +13,8 @@ import numba
 import numpy as np
 from numba import prange
 
+from .threads import configure_openmp
+
 BUFFER = 1 << 30   # bytes streamed per run: 32 times a 32 MiB L3
 
 
@@ -33,6 +35,7 @@ def read_bandwidth(n_threads: int, runs: int = 5) -> float:
     if not _BUF:
         _BUF.append(np.ones(BUFFER, np.uint8))   # its pages made once, kept for later calls
     buf = _BUF[0]
+    configure_openmp()   # before numba's threads start (threads.py)
     was = numba.get_num_threads()
     numba.set_num_threads(n_threads)
     try:

@@ -22,6 +22,7 @@ from ggraph.codecs import buffers
 from ggraph.ir.tensor import Tensor
 from ..errors import BackendUnavailableError
 from ..base import Backend, Session
+from ..registry import KINDS
 from . import runtime as R
 from . import templates as K
 from .kernels import KERNELS
@@ -31,7 +32,7 @@ from .tc_gemm import Scratch
 
 class CUDABackend(Backend):
     name = "cuda"
-    alignment = 128  # ggml's CUDA buffer alignment (ggml-alloc pads every tensor to it)
+    alignment = KINDS["cuda"].alignment  # ggml's (ggml-alloc pads every tensor to it)
     kernels = KERNELS
 
     def __init__(self, device: int = 0) -> None:

@@ -20,12 +20,12 @@ GGRAPH_FUSE=0 turns the pass off, as on the CPU.
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 import numpy as np
 
 from ggraph.ir.opkind import OpKind
+from ggraph import config
 from ggraph.ir.tensor import Tensor
 from ggraph.ir.types import GGMLType as T
 from ..fusion_rules import PRE_OPS, Group, dead, match, scan
@@ -35,7 +35,7 @@ from . import runtime as R
 from .kernels import MV_MAX_N, mat_vec, norm_chain
 from .templates_mm import MV_PAIR
 
-ENABLED = os.environ.get("GGRAPH_FUSE", "1") != "0"
+ENABLED = config.fuse()
 
 
 def fuse(order: Sequence[Tensor], session: Any) -> dict[Tensor, Group]:

@@ -21,12 +21,12 @@ GGRAPH_CUDA_FAST_LAUNCH=0 and GGRAPH_CUDA_GRAPHS=0 turn the two off.
 """
 from __future__ import annotations
 
-import os
+from ggraph import config
 from functools import partial
 from typing import Any, Callable
 
-FAST_LAUNCH = os.environ.get("GGRAPH_CUDA_FAST_LAUNCH", "1") != "0"
-GRAPHS = os.environ.get("GGRAPH_CUDA_GRAPHS", "1") != "0"
+FAST_LAUNCH = config.cuda_fast_launch()
+GRAPHS = config.cuda_graphs()
 CAPTURE_AFTER = 2  # plain runs before capture: the first compiles, the second prepares
 
 

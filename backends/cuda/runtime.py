@@ -25,6 +25,7 @@ from numba import cuda
 from numba.cuda import libdevice
 
 from ggraph.codecs import buffers
+from ggraph import config
 from ggraph.ir.tensor import Tensor
 from ggraph.ir.types import GGMLType
 from ..shared.elementwise import unflatten_i32
@@ -42,7 +43,7 @@ MODE = "sim" if SIM else "device"
 # Kernel geometry (threads per block, tile sizes): the simulator runs one Python thread per CUDA
 # thread and its barriers cost milliseconds, so it uses small blocks; the code is the same.
 # GGRAPH_CUDASIM_GEOMETRY=gpu runs the simulator with the GPU's sizes (slow; for checking them).
-SMALL = SIM and os.environ.get("GGRAPH_CUDASIM_GEOMETRY", "small") != "gpu"
+SMALL = SIM and config.cudasim_geometry() != "gpu"
 _PTX_CC: tuple[int, int] = (9, 0)
 
 

@@ -13,17 +13,17 @@ off. Without torch, products take the tiled kernel (templates_mm.k_mul_mat_tiled
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from ggraph.ir.tensor import Tensor
+from ggraph import config
 from ggraph.ir.types import GGMLType as T
 from . import runtime as R
 
-ENABLED = os.environ.get("GGRAPH_CUDA_TORCH", "1") != "0"
+ENABLED = config.cuda_torch()
 _torch: Any = None  # the module once found usable, False once found missing
 
 

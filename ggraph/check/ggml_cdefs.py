@@ -24,13 +24,13 @@ there). Without either, `load()` raises GGMLUnavailable naming what it tried.
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from ggraph.ir.opkind import OpKind
+from ggraph import config
 from ggraph.ir.types import GGMLType
 
 # sizeof(struct ggml_object) in ggml.c: size_t offs, size; ptr next; enum type; char pad[4]
@@ -141,7 +141,7 @@ void ggml_backend_cpu_set_n_threads(struct ggml_backend * backend_cpu, int n_thr
 """
 
 
-ENV_VAR = "GGRAPH_LIBGGML"
+ENV_VAR = config.LIBGGML_VAR
 INSTALL_HINT = ("install it with `pip install llama-cpp-python` (builds ggml from source, a few "
                 "minutes), or point $GGRAPH_LIBGGML at a directory holding libggml-base and "
                 "libggml-cpu")
@@ -172,7 +172,7 @@ def find_libggml() -> Path:
     def missing(d: Path) -> list[str]:
         return [n + _EXT for n in ("libggml-base", "libggml-cpu") if not (d / (n + _EXT)).is_file()]
 
-    env = os.environ.get(ENV_VAR)
+    env = config.libggml()
     if env:  # an explicit choice: no silent fall-back to another build
         lack = missing(Path(env))
         if not lack:

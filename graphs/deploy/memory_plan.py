@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ggraph.backends import registry
 from ggraph.plan.alloc import Plan, plan_graph
 from ggraph.ir.tensor import Context
 from ggraph.ir.types import GGMLType
@@ -82,8 +83,11 @@ REPORTED_CACHE_TYPES = ("f16", "q8_0", "q4_0")
 def plan_model(model: Any, source: str, n_ctx: int, n_ubatch: int = 512, amb_mib: int = 0,
                type_k: str = "f16", type_v: str | None = None, flash: bool = False,
                path: str | None = None, strategy: str = "ggml", weight_bytes: int = 0,
-               alignment: int = 32) -> PlanResult:
-    """Plan the worst-case graph of `model` (metadata-only weights welcome)."""
+               alignment: int | None = None) -> PlanResult:
+    """Plan the worst-case graph of `model` (metadata-only weights welcome), in buffers of
+    `alignment` (default: the CPU's, as `ggraph plan` sizes the host's compute buffer)."""
+    if alignment is None:
+        alignment = registry.alignment("cpu")
     hp = model.hp
     if n_ctx <= 0 or n_ubatch <= 0:
         raise ValueError("context and ubatch sizes must be positive")

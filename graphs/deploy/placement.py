@@ -15,10 +15,16 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from ggraph.backends import registry
+from ggraph.backends.registry import DeviceRef
 from ggraph.ir.tensor import Tensor
 from ggraph.ir.types import MIB
 
 GIB = 1 << 30
+
+# a virtual device (a size in --devices, for planning) is planned as a CUDA device: ggml's CUDA
+# alignment, named CUDA0, CUDA1, ...
+VIRTUAL = registry.KINDS["cuda"]
 
 _UNITS = {"gib": GIB, "gb": 10**9, "mib": MIB, "mb": 10**6, "kib": 1024, "b": 1}
 
@@ -30,6 +36,7 @@ class Device:
     memory: int | None   # bytes, None = not limited / unknown
     index: int = 0       # the CUDA ordinal the backend opens (cuda:1 -> 1); 0 otherwise
     node: str | None = None  # a remote stage's node address (ray:cpu@10.0.0.2)
+    ref: DeviceRef | None = None  # the device the backends make (None: a virtual device)
 
 
 def parse_size(text: str) -> int:
@@ -84,42 +91,47 @@ def parse_devices(spec: str, max_devices: int | None = None,
         n, what = (int(m.group(1)), m.group(2)) if m else (1, part)
         if n <= 0:
             raise ValueError(f"device count must be positive in {part!r}")
-        kind = what.strip().lower()
-        mem, ordinal = None, None
-        mr = re.fullmatch(r"ray\s*:\s*(cpu|cuda)\s*(?:@\s*([\w.:-]+))?", kind)
-        if mr:  # remote stages (backends/ray_stages.py), any number of them
+        try:
+            ref = registry.parse_device(what)
+        except ValueError as e:
+            raise ValueError(f"device list entry {part!r}: {e}") from None
+        if ref is not None and ref.remote:  # remote stages (backends/ray_stages.py), any number
             for _ in range(n):
                 i = counts.get("STAGE", 0)
                 counts["STAGE"] = i + 1
-                out.append(Device(f"STAGE{i}", f"ray:{mr.group(1)}", None, 0, mr.group(2)))
+                out.append(Device(f"STAGE{i}", f"{registry.REMOTE}:{ref.kind.name}", None, 0,
+                                  ref.node, ref))
             continue
-        mo = re.fullmatch(r"cuda\s*:\s*(\d+)", kind)
-        if mo:
-            if n != 1:
-                raise ValueError(f"device list entry {part!r}: cuda:N names one GPU; list "
-                                 f"several as cuda:0,cuda:1")
-            kind, ordinal = "cuda", int(mo.group(1))
-        if kind not in ("cuda", "cpu"):
+        mem = None
+        if ref is None:
             try:
-                mem, kind = parse_size(what), "virtual"
+                mem = parse_size(what)
             except ValueError as e:
                 raise ValueError(f"device list entry {part!r}: {e}; a device is a size "
-                                 f"(24GiB), a count and a size (15x24GiB), cuda, cuda:N, "
-                                 f"cpu, or a remote stage ray:cpu, ray:cuda@NODE") from None
+                                 f"(24GiB), a count and a size (15x24GiB), "
+                                 f"{registry.device_forms()}") from None
             if mem <= 0:
                 raise ValueError(f"device memory must be positive in {part!r}")
+        elif ref.index is not None and n != 1:
+            raise ValueError(f"device list entry {part!r}: {ref.spec} names one device; list "
+                             f"several as {ref.kind.name}:0,{ref.kind.name}:1")
+        kind = ref.kind if ref is not None else VIRTUAL
         for _ in range(n):
-            prefix = "CPU" if kind == "cpu" else "CUDA"
-            i = counts.get(prefix, 0)
-            counts[prefix] = i + 1
+            i = counts.get(kind.label, 0)
+            counts[kind.label] = i + 1
             index = 0
-            if kind == "cuda":  # plain `cuda` takes the lowest GPU not yet listed
-                index = ordinal if ordinal is not None else min(set(range(len(used) + 1)) - used)
+            if ref is not None and kind.indexed:  # plain `cuda` takes the lowest not yet listed
+                index = ref.index if ref.index is not None else min(set(range(len(used) + 1))
+                                                                    - used)
                 if index in used:
-                    raise ValueError(f"device list {spec!r} names GPU {index} twice")
+                    raise ValueError(f"device list {spec!r} names {kind.label} {index} twice")
                 used.add(index)
-            name = f"CUDA{index}" if kind == "cuda" else f"{prefix}{i + (1 if kind == 'cpu' else 0)}"
-            out.append(Device(name, kind, mem, index))
+                name = f"{kind.label}{index}"
+            else:  # a second CPU is CPU1 (the host is CPU); virtual devices count from 0
+                name = f"{kind.label}{i + (1 if ref is not None else 0)}"
+            out.append(Device(name, kind.name if ref is not None else "virtual", mem, index,
+                              None, ref if ref is None else
+                              registry.DeviceRef(kind, index if kind.indexed else None)))
     return out
 
 

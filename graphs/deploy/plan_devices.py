@@ -19,11 +19,13 @@ from ggraph.plan.sched import Schedule, schedule_graph
 from ggraph.ir.tensor import Context, Tensor
 from ggraph.ir.types import GGMLType, MIB
 
-from ggraph.graphs.deploy.placement import Device, LayerMap, layer_map, place_tensors, tensor_layer
+from ggraph.backends import registry
+from ggraph.graphs.deploy.placement import (VIRTUAL, Device, LayerMap, layer_map, place_tensors,
+                                            tensor_layer)
 
 GIB = 1 << 30
-DEVICE_ALIGNMENT = 128   # ggml's CUDA buffers
-HOST_ALIGNMENT = 32
+DEVICE_ALIGNMENT = VIRTUAL.alignment            # planned devices are CUDA-like (placement.py)
+HOST_ALIGNMENT = registry.alignment("cpu")
 
 
 @dataclass

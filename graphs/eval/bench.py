@@ -357,9 +357,11 @@ class LlamaCppBencher:
     engine = LLAMA_CPP
 
     def __init__(self, test: BenchTest) -> None:
-        # ggraph's CPU backend sets libgomp's spin defaults when it is imported; libgomp
-        # reads them once, when the first of the two libraries that use it loads
-        import ggraph.backends.cpu  # noqa: F401
+        # libgomp reads its spin defaults once, when the first of the two libraries that use
+        # it loads (numba's threads or libggml-cpu): set them before either
+        from ggraph.backends.cpu.threads import configure_openmp
+
+        configure_openmp()
         try:
             import llama_cpp
         except ImportError as e:

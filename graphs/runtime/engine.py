@@ -23,7 +23,6 @@ several, chosen once by `new_runner` and used the same way after that.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,6 +31,8 @@ from typing import Any, Iterable, Iterator, Protocol
 import numpy as np
 
 from ggraph.plan.alloc import GraphAllocator, Plan
+from ggraph import config
+from ggraph.backends import registry
 from ggraph.backends.runner import ComputeBuffer, ModelMemory, Runner
 from ggraph.plan.host_memory import check_buffers
 from ggraph.ir.tensor import Context
@@ -86,7 +87,7 @@ class EngineConfig:
     # scan the weights for inf/NaN at load (llama.cpp's --check-tensors); on by default where
     # GGRAPH_CHECK_TENSORS=1 (the test suite)
     check_tensors: bool = field(
-        default_factory=lambda: os.environ.get("GGRAPH_CHECK_TENSORS", "") == "1")
+        default_factory=config.check_tensors)
     # remote stages (devices "ray:cpu", backends/ray_stages.py): seconds to wait on a stage
     # before calling it lost, whether a prompt's ubatches overlap across stages, and whether
     # to send weights through Ray's object store even to stages that have the GGUF file
@@ -132,28 +133,25 @@ def new_runner(cfg: EngineConfig, n_layer: int, host_kw: dict[str, Any],
                                    name=cfg.backend.upper())
         # no offload devices: every layer on the host, device 0
         return backend.session(allocator=allocator), layer_map(n_layer, 0)
-    if cfg.backend != "cpu":
+    if not registry.kind(cfg.backend).threads:
         raise ValueError(f"with --devices the host is the CPU and the devices are "
                          f"listed there; got backend {cfg.backend!r} as well")
     devs = parse_devices(cfg.devices, n_layer + 1)
-    if any(d.kind == "virtual" for d in devs):
+    if any(d.ref is None for d in devs):
         raise ValueError(f"--devices {cfg.devices!r}: running needs backends (cuda, cpu); "
                          f"sizes such as 24GiB describe virtual devices for `ggraph plan`")
     layers = layer_map(n_layer, len(devs), cfg.n_gpu_layers, cfg.tensor_split)
     names = [d.name for d in devs] + ["CPU"]
-    if any(d.kind.startswith("ray:") for d in devs):
+    # each GPU its own backend (its context, stream and memory), a remote stage its handle
+    backends = [registry.make_backend(d.ref) for d in devs] + [get_backend("cpu", **host_kw)]
+    if any(d.ref.remote for d in devs):
         # remote stages: Ray is imported only here (pip install ggraph[distributed])
-        from ggraph.backends.ray_stages import RayMultiSession, RemoteBackend
+        from ggraph.backends.ray_stages import RayMultiSession
 
-        stage_backends = [RemoteBackend(d.kind[4:], d.node) if d.kind.startswith("ray:")
-                          else get_backend(d.kind) for d in devs]
-        return RayMultiSession(stage_backends + [get_backend("cpu", **host_kw)], names,
+        return RayMultiSession(backends, names,
                                file.path, set(file.tensors.values()), load_gguf, cfg.strategy,
                                cfg.stage_timeout, cfg.pipeline, cfg.ship_weights,
                                host_kw.get("n_threads")), layers
-    # each GPU its own backend: its context, stream and memory on device d.index
-    backends = [get_backend(d.kind, **({"device": d.index} if d.kind == "cuda" else {}))
-                for d in devs] + [get_backend("cpu", **host_kw)]
     return MultiSession(backends, names=names, strategy=cfg.strategy), layers
 
 
@@ -195,14 +193,15 @@ class Engine:
         self.cache = self.model.new_cache(self.ctx, cfg.n_ctx, cfg.type_k, cfg.type_v,
                                           cfg.flash_attn, n_ubatch=cfg.n_ubatch)
         kw: dict[str, Any] = {}
-        if cfg.backend == "cpu" and cfg.n_threads:
+        host = registry.kind(cfg.backend).threads   # the CPU backend: threads, packed weights
+        if host and cfg.n_threads:
             kw["n_threads"] = cfg.n_threads
-        if cfg.backend == "cpu" and not cfg.adaptive_threads:
+        if host and not cfg.adaptive_threads:
             kw["adaptive"] = False
-        if cfg.backend == "cpu":
+        if host:
             kw["weights"] = self.file  # packed copies read from the file, not its mapping
         if cfg.ggml_exact:
-            if cfg.backend != "cpu":
+            if not host:
                 raise ValueError("ggml_exact reproduces ggml's CPU arithmetic: CPU backend only")
             kw["ggml_exact"] = True
         # one runner, one device or many: the rest of the Engine never asks which

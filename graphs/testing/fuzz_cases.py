@@ -28,6 +28,7 @@ Outcomes, exactly:
 """
 from __future__ import annotations
 
+from ggraph import config
 import hashlib
 import json
 import os
@@ -324,7 +325,7 @@ def run_cli(argv: list[str], stdin: bytes | None, timeout: float) -> tuple[str, 
     env = dict(os.environ, PYTHONFAULTHANDLER="1")
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env)
-    limit = int(os.environ.get("GGRAPH_FUZZ_MEM_GB", "8")) << 30
+    limit = config.fuzz_mem_bytes()
     try:
         resource.prlimit(proc.pid, resource.RLIMIT_AS, (limit, limit))
     except (ProcessLookupError, PermissionError):

@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ggraph.graphs.gguf.gguf_reader import HeaderField, ValueType, read_header
+from ggraph import config
 
 KINDS = ("bitflip", "edge", "typeid", "truncate", "weights")
 OUTCOMES = ("clean error", "same output", "different output", "traceback", "signal",
@@ -290,7 +291,7 @@ def serve(answer: Callable[[str], tuple[str, str]]) -> None:
 
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     sys.stdout = sys.stderr  # nothing else may write to the answer channel
-    limit = int(os.environ.get("GGRAPH_FUZZ_MEM_GB", "8")) << 30
+    limit = config.fuzz_mem_bytes()
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     for line in sys.stdin:
         kind, detail = answer(line.rstrip("\n"))

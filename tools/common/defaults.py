@@ -82,7 +82,9 @@ def check_threads(threads: int | None, backend: str = "cpu") -> int | None:
         return None
     if threads < 1:
         raise ValueError(f"-t/--threads must be >= 1, got {threads}")
-    if backend.strip().lower() == "cpu":
+    from ggraph.backends import registry
+
+    if registry.kind(backend).threads:
         import numba
 
         if threads > numba.config.NUMBA_NUM_THREADS:
