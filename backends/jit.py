@@ -6,13 +6,26 @@ with its own globals and compiles it with the target's decorator. Each binding g
 qualified name, so numba's on-disk cache (`cache=True`) keeps one entry per type combination.
 This is how one kernel serves every tensor type without numba's (uncacheable) first-class
 function arguments, and how CPU and CUDA compile the same math.
+
+numba's on-disk cache keys a kernel by its file and qualified name only, not by the functions
+it inlines or the values bound into it. So every binding's qualified name ends in a key derived
+from everything it is compiled from (`Target.key_of`): the shared math, the template's file,
+the files of the functions and intrinsics it calls, each bound value (a bound function by its
+own key or file, a constant by its value, an array by its bytes) and the compiler's options
+(`Compiler`). Nobody writes source hashes into tags: editing any of those sources, or binding
+other values, compiles afresh instead of reusing stale machine code. A caller's `tag` only
+adds what the sources cannot show (a CPU flavor read at code generation) and a readable name.
 """
 from __future__ import annotations
 
 import hashlib
+import marshal
 import types
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable
+
+import numpy as np
 
 from ggraph.ir.types import TYPE_RECORDS
 from ggraph.ir.types import GGMLType
@@ -38,16 +51,85 @@ BLOCK_CODECS = {t: r.codecs for t, r in TYPE_RECORDS.items() if r.is_quantized}
 QDOT_CODECS = {t: r.qdot for t, r in TYPE_RECORDS.items() if r.qdot}
 
 
-def source_hash(*files: str | Path) -> str:
-    """A hash of everything a target's kernels are compiled from: the shared math a Target
-    compiles (numeric, codecs, elementwise), this file, the bit-level conversions both targets
-    bind (half.py), and a backend's own `files` (its templates). numba's on-disk cache checks only a kernel's own file, not the functions it
-    inlines, so the tag of every binding carries this hash: editing the shared math compiles
-    afresh instead of reusing stale code."""
-    paths = [Path(m.__file__) for m in (numeric, codecs, codecs_k, qdot, elementwise)] + \
-        [Path(__file__), Path(__file__).with_name("half.py")] + \
-        [Path(f) for f in files]
-    return hashlib.sha1(b"".join(p.read_bytes() for p in paths)).hexdigest()[:10]
+_FILE_HASHES: dict[str, str] = {}
+
+
+def file_hash(path: str | Path) -> str:
+    """sha1 of a source file's bytes (read once per process)."""
+    key = str(path)
+    h = _FILE_HASHES.get(key)
+    if h is None:
+        h = _FILE_HASHES[key] = hashlib.sha1(Path(path).read_bytes()).hexdigest()
+    return h
+
+
+# the shared math every target compiles: part of every binding's key
+SHARED_SOURCES = tuple(Path(m.__file__) for m in (numeric, codecs, codecs_k, qdot, elementwise)) \
+    + (Path(__file__), Path(__file__).with_name("half.py"))
+
+
+def _canon(v: Any) -> str:
+    """A value as the same text in every process (sets sorted; no object addresses)."""
+    if isinstance(v, (set, frozenset)):
+        return "{" + ",".join(sorted(_canon(x) for x in v)) + "}"
+    if isinstance(v, (tuple, list)):
+        return "(" + ",".join(_canon(x) for x in v) + ")"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{_canon(k)}:{_canon(x)}" for k, x in sorted(v.items())) + "}"
+    if isinstance(v, (bool, int, float, str, type(None))) or isinstance(v, Enum):
+        return repr(v)
+    raise TypeError(f"cannot key a compile option of type {type(v).__name__}")
+
+
+class Compiler:
+    """A template decorator with its options named, so that how a binding is compiled is part
+    of its key: Compiler(numba.njit, cache=True, parallel=True)."""
+
+    def __init__(self, factory: Callable[..., Any], **options: Any) -> None:
+        self.factory, self.options = factory, options
+        self.decorate = factory(**options) if options else factory
+        self.key = f"{getattr(factory, '__module__', '')}.{getattr(factory, '__name__', '?')}" \
+            f"{_canon(options)}"
+
+    def __call__(self, fn: Callable) -> Any:
+        return self.decorate(fn)
+
+
+def _source_of(v: Any) -> str | None:
+    """The source of a Python function, dispatcher or intrinsic: its file's hash and its name,
+    or, for code with no file (run from a string: the docs' examples), its compiled code."""
+    fn = getattr(v, "py_func", None) or getattr(v, "_defn", None) or v
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return None
+    path = Path(code.co_filename)
+    if path.is_file():
+        return f"{file_hash(path)}:{getattr(fn, '__qualname__', '')}"
+    return f"code:{hashlib.sha1(marshal.dumps(code)).hexdigest()}"
+
+
+def value_key(v: Any) -> str:
+    """What a bound value contributes to a binding's key."""
+    k = getattr(v, "ggraph_key", None)
+    if isinstance(k, str):
+        return k   # a binding of Target.bind: its own derived key
+    src = _source_of(v)
+    if src is not None:
+        return src
+    if isinstance(v, np.ndarray):
+        return f"array{v.dtype}{v.shape}:{hashlib.sha1(np.ascontiguousarray(v).tobytes()).hexdigest()}"
+    if isinstance(v, types.ModuleType):
+        return f"module:{v.__name__}"
+    return _canon(v)
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    """The global names a function's code (and the code nested in it) reads."""
+    out = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out |= _code_names(c)
+    return out
 
 
 def _copy(f: Callable, glb: dict, tag: str) -> Callable:
@@ -114,6 +196,8 @@ class Target:
         self._codecs: dict[GGMLType, Codec] = {}
         self._bound: dict[tuple, Any] = {}
         self._helper_tag = ""
+        self.base_key = hashlib.sha1("".join(file_hash(p) for p in SHARED_SOURCES).encode()
+                                     + name.encode()).hexdigest()
 
     def replace_helpers(self, compiled: dict[str, Any], tag: str) -> None:
         """Bind target-specific versions of shared codec helpers (already compiled: numba
@@ -156,17 +240,38 @@ class Target:
         dot = self.device_fast(_copy(codecs.dot_elem, dict(self.globals, load1=load1), tag))
         return Codec(dec, enc, dot, load, store)
 
-    def bind(self, template: Callable, decorator: Callable[[Callable], Any], tag: str,
+    def key_of(self, template: Callable, decorator: Any, names: dict[str, Any],
+               tag: str = "") -> str:
+        """The key of `template` compiled with `decorator` and `names` bound: a hash of the
+        shared math, the template's file, the sources of every function and intrinsic its
+        code reads (bound or from its module), each bound value, the compiler's options (a
+        Compiler; any other decorator by its name) and `tag` (what no source shows)."""
+        parts = [self.base_key, self._helper_tag, tag, value_key(template),
+                 getattr(decorator, "key", None) or getattr(decorator, "__qualname__", "?")]
+        parts += [f"{n}={value_key(v)}" for n, v in sorted(names.items())]
+        glb = template.__globals__
+        for n in sorted(_code_names(template.__code__) - set(names)):
+            if n in self.globals:
+                continue   # the shared math: in base_key
+            src = _source_of(glb.get(n))
+            if src is not None:
+                parts.append(f"{n}@{src}")
+        return hashlib.sha1("|".join(parts).encode()).hexdigest()[:12]
+
+    def bind(self, template: Callable, decorator: Callable[[Callable], Any], tag: str = "",
              **names: Any) -> Any:
-        """`template` compiled with `decorator`, its free names bound to `names`. Cached per
-        (template, tag): the tag must name everything the bindings depend on."""
-        key = (template, tag)
-        k = self._bound.get(key)
+        """`template` compiled with `decorator`, its free names bound to `names`, named (and
+        cached, in memory and by numba on disk) by its derived key (key_of). `tag` is for what
+        the sources cannot show (a code generation flavor) and for people reading names."""
+        key = self.key_of(template, decorator, names, tag)
+        k = self._bound.get((template, key))
         if k is None:
             glb = dict(template.__globals__)
             glb.update(self.globals)
             glb.update(names)
-            k = self._bound[key] = decorator(_copy(template, glb, tag))
+            k = decorator(_copy(template, glb, f"{tag}_{key}" if tag else key))
+            k.ggraph_key = key
+            self._bound[(template, key)] = k
         return k
 
     def bound_kernels(self) -> list[Any]:

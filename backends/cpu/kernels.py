@@ -23,7 +23,7 @@ from ggraph.ir.types import TYPE_RECORDS
 from ggraph.ir.types import GGMLType as T
 from ..accepts import BINARY_OPS, UNARY_OPS, VIEW_OPS, rule
 from ..base import Kernel, Session
-from ..jit import Target, source_hash
+from ..jit import Compiler, Target
 from ..shared.kernel_args import (argsort_args, binary_args, flash_attn_args, norm_args,
                                   raw_copy, rope_args, soft_max_args, unary_args)
 from . import attn_decode, fastmath
@@ -45,14 +45,14 @@ TARGET = Target(
     overrides=fastmath.OVERRIDES,
     device_ieee=numba.njit(error_model="numpy"),
 )
-_KERNEL = numba.njit(cache=True, parallel=PARALLEL)
-_SERIAL = numba.njit(cache=True)
-_SERIAL_NOGIL = numba.njit(cache=True, nogil=True)  # run in threads of our own (blas.py)
+_KERNEL = Compiler(numba.njit, cache=True, parallel=PARALLEL)
+_SERIAL = Compiler(numba.njit, cache=True)
+_SERIAL_NOGIL = Compiler(numba.njit, cache=True, nogil=True)  # threads of our own (blas.py)
 _FAST_FLAGS = {"reassoc", "contract", "nsz", "arcp"}
-_SERIAL_NOGIL_FAST = numba.njit(cache=True, nogil=True, fastmath=_FAST_FLAGS)
-_KERNEL_FAST = numba.njit(cache=True, parallel=PARALLEL, fastmath=_FAST_FLAGS)
-_SERIAL_FAST = numba.njit(cache=True, fastmath=_FAST_FLAGS)
-_INLINE_FAST = numba.njit(inline="always", fastmath=_FAST_FLAGS)
+_SERIAL_NOGIL_FAST = Compiler(numba.njit, cache=True, nogil=True, fastmath=_FAST_FLAGS)
+_KERNEL_FAST = Compiler(numba.njit, cache=True, parallel=PARALLEL, fastmath=_FAST_FLAGS)
+_SERIAL_FAST = Compiler(numba.njit, cache=True, fastmath=_FAST_FLAGS)
+_INLINE_FAST = Compiler(numba.njit, inline="always", fastmath=_FAST_FLAGS)
 PARALLEL_MIN_WORK = 1 << 16  # below this many element-operations threads cost more than they save
 # products (multiply-adds) below this run on one thread: waking the other threads and joining
 # them costs ~3 us while they spin and ~50 us once they sleep (passive waiting, the default:
@@ -68,9 +68,6 @@ BLAS_MIN_N = 16  # columns of b from which dequantize + BLAS beats the dot kerne
 # fuse; nothing may reassociate: (x * log2e + R) - R rounds x * log2e to an integer
 _EXPF = numba.njit(fastmath={"contract"})(fastmath.expf)
 
-# numba's cache checks only the template's file; a kernel inlines the shared math too, so the
-# cache key carries a hash of every source it is built from
-SOURCE_HASH = source_hash(K.__file__, fastmath.__file__)
 
 
 
@@ -93,7 +90,7 @@ def _compiled(template, serial: bool = False, fast: bool = False, **types: T):
         c = TARGET.codec(t)
         names.update({f"dec_{role}": c.dec, f"enc_{role}": c.enc, f"dot_{role}": c.dot})
     tag = "_".join(f"{r}{t}" for r, t in types.items()) + ("_serial" if serial else "") + \
-        ("_fast" if fast else "") + f"_{SOURCE_HASH}"
+        ("_fast" if fast else "")
     deco = (_SERIAL_FAST if serial else _KERNEL_FAST) if fast else (
         _SERIAL if serial else _KERNEL)
     return TARGET.bind(template, deco, tag, **names)
@@ -109,7 +106,7 @@ def compiled_nogil(template):
     """`template` compiled serial and without the GIL, to run in threads of our own (the
     attention group of backends/cpu/attn_fusion.py), with the float32 `expf` and F16
     `round_half` bound."""
-    return TARGET.bind(template, _SERIAL_NOGIL_FAST, f"nogil_{SOURCE_HASH}", expf=_EXPF,
+    return TARGET.bind(template, _SERIAL_NOGIL_FAST, "nogil", expf=_EXPF,
                        round_half=_ROUND_HALF)
 
 
@@ -158,7 +155,7 @@ def _rope(node: Tensor, s: Session) -> None:
     table = s.bind_memo[key] = (np.empty((pos.ne[0], n_dims // 2)),
                                 np.empty((pos.ne[0], n_dims // 2)))
     kt = TARGET.bind(K.k_rope_table, _SERIAL if _small(node) else _KERNEL,
-                     f"{'serial_' if _small(node) else ''}{SOURCE_HASH}")
+                     "serial" if _small(node) else "")
     return partial(_both, partial(kt, s.arr(pos), s.arr(ff).reshape(1, 1, 1, -1) if ff is not None
                                   else _DUMMY, *table, n_dims, *angles, ff is not None),
                    partial(k, s.arr(a), *table, s.arr(node), n_dims, neox))
@@ -166,7 +163,6 @@ def _rope(node: Tensor, s: Session) -> None:
 
 # a decode step's flash attention: cells per unit (attn_decode.py)
 DECODE_CELLS = 256
-_A_HASH = source_hash(K.__file__, fastmath.__file__, attn_decode.__file__)
 
 
 def _flash_attn(node: Tensor, s: Session):
@@ -180,7 +176,7 @@ def _flash_attn(node: Tensor, s: Session):
             fv := _flat_rows(V_)) is not None:
         kern = TARGET.bind(attn_decode.k_flash_attn_decode,
                            _SERIAL_FAST if _small(node) else _KERNEL_FAST,
-                           f"m{mt}{'_serial' if _small(node) else ''}_{_A_HASH}",
+                           f"m{mt}{'_serial' if _small(node) else ''}",
                            dec_m=TARGET.codec(mt).dec, expf=_EXPF, CELLS=DECODE_CELLS)
         return partial(kern, s.arr(q), fk[0], *fk[1], fv[0], *fv[1], *K_.shape[:3],
                        s.arr(mask) if mask is not None else _DUMMY,
@@ -227,7 +223,7 @@ VEC_DOT_TYPE = {t: r.vec_dot_type for t, r in TYPE_RECORDS.items()
 # sums (qsimd.py) in place of the shared loops; this runs before any codec is compiled.
 # At decode (a few columns) the types of qrows.ROW_DOTS take whole-row dots with vector
 # accumulators instead (qrows.py, qvec.py): the same integer sums, at memory bandwidth.
-from . import qgemm, qlanes, qpack, qrows, qsimd, qtiles, qvec  # noqa: E402  (kept with the section that uses them)
+from . import qgemm, qlanes, qpack, qrows, qsimd, qtiles  # noqa: E402  (kept with the section that uses them)
 from .qpack import PACKS  # noqa: E402
 from .qtiles import TILES  # noqa: E402
 from .qgemm import GEMMS  # noqa: E402
@@ -235,7 +231,6 @@ from .qrows import ROW_DOTS  # noqa: E402
 
 TARGET.replace_helpers(dict(qsimd.OVERRIDES, **({"_f16_round": TARGET.device(
     fastmath.round_half_f16c)} if fastmath.F16C else {})), "simd")
-_Q_HASH = source_hash(K.__file__, fastmath.__file__, qsimd.__file__)
 
 
 def _int_dot_type(a: Tensor, b: Tensor) -> T | None:
@@ -261,38 +256,30 @@ def _quantized_activations(a: Tensor, b: Tensor, B: np.ndarray, node: Tensor):
 
 def _qdot_kernel(template, serial: bool, a: T):
     return TARGET.bind(template, _SERIAL if serial else _KERNEL,
-                       f"a{a}{'_serial' if serial else ''}_{_Q_HASH}",
+                       f"a{a}{'_serial' if serial else ''}",
                        qdot_a=TARGET.codec(a).qdot)
 
 
-_R_HASH = source_hash(K.__file__, fastmath.__file__, qsimd.__file__, qvec.__file__,
-                      qrows.__file__)
 
 
 def _row_dot_kernel(serial: bool, a: T, b: T):
     """k_mul_mat_rows bound to `a`'s row dot (backends/cpu/qrows.py: its block function in
     rowdot, or its shared qdot where qrows has no block function) and to the codecs that
     quantize b's columns."""
-    tag = f"a{a}_b{b}{'_serial' if serial else ''}_{_R_HASH}"
+    tag = f"a{a}_b{b}{'_serial' if serial else ''}"
     vt = VEC_DOT_TYPE[a]
     dev = TARGET.device_fast
     if a in ROW_DOTS:
         # inlined in numba's IR: the row loop holds the block's code, whatever LLVM's inliner
         # would decide for a function returning a vector in a tuple
-        blk = TARGET.bind(ROW_DOTS[a].blk, _INLINE_FAST, _R_HASH)
-        rd = TARGET.bind(qrows.rowdot, dev, f"{a}_{_R_HASH}", blk=blk)
+        blk = TARGET.bind(ROW_DOTS[a].blk, _INLINE_FAST)
+        rd = TARGET.bind(qrows.rowdot, dev, f"{a}", blk=blk)
     else:
-        rd = TARGET.bind(qrows.rowdot_shared, dev, f"{a}_{_R_HASH}",
+        rd = TARGET.bind(qrows.rowdot_shared, dev, f"{a}",
                          qdot_a=TARGET.codec(a).qdot, BLOCK=TYPE_RECORDS[a].block_size)
     return TARGET.bind(K.k_mul_mat_rows, _SERIAL if serial else _KERNEL, tag, rowdot_a=rd,
                        dec_b=TARGET.codec(b).dec, enc_r=TARGET.codec(vt).enc,
-                       act_sums=TARGET.bind(qrows.act_sums, TARGET.device, _R_HASH))
-
-
-_G_HASH = source_hash(K.__file__, fastmath.__file__, qsimd.__file__, qvec.__file__,
-                      qgemm.__file__)
-_P_HASH = source_hash(K.__file__, fastmath.__file__, qsimd.__file__, qvec.__file__,
-                      qlanes.__file__, qtiles.__file__, qpack.__file__)
+                       act_sums=TARGET.bind(qrows.act_sums, TARGET.device))
 
 
 # the packed products ask for each weight line this many bytes before they read it: 8-16 KiB
@@ -327,15 +314,15 @@ def _packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED
     r rows, for one column and for 4 at a time, with its activation sums and the codecs that
     quantize b's columns to a's vec_dot_type; l1 and l2 size its cache blocks."""
     tile = TILES[a]
-    tag = f"R{r}_{qlanes.flavor()}_pf{PREFETCH}_{qlanes.PF_LOCALITY}_{_P_HASH}"
+    tag = f"R{r}_{qlanes.flavor()}_pf{PREFETCH}_{qlanes.PF_LOCALITY}"
     tiles = {}
     for c in (1, 4):
         names: dict = {"R": r, "C": c, "PF": PREFETCH}
         for h in tile.helpers:
             names[h.__name__] = TARGET.bind(h, _INLINE_FAST, f"C{c}_{tag}", **names)
         tiles[f"tile{c}"] = TARGET.bind(tile.fn, _INLINE_FAST, f"{a}_C{c}_{tag}", **names)
-    aux = TARGET.bind(tile.aux, TARGET.device, f"{a}_{_P_HASH}", OFF=tile.off, SUB=tile.sub)
-    quantize = TARGET.bind(qtiles.quantize_column, TARGET.device, f"a{a}_b{b}_{_P_HASH}",
+    aux = TARGET.bind(tile.aux, TARGET.device, f"{a}", OFF=tile.off, SUB=tile.sub)
+    quantize = TARGET.bind(qtiles.quantize_column, TARGET.device, f"a{a}_b{b}",
                            dec_b=TARGET.codec(b).dec, enc_r=TARGET.codec(VEC_DOT_TYPE[a]).enc,
                            aux=aux)
     return TARGET.bind(qtiles.k_mul_mat_packed, _SERIAL_FAST if serial else _KERNEL_FAST,
@@ -352,9 +339,9 @@ def _gemm(a: Tensor, b: Tensor, node: Tensor, s: Session):
     g, vt, k = GEMMS[a.type], VEC_DOT_TYPE[a.type], b.ne[0]
     nsub = k // g.sub
     dev = TARGET.device
-    kg = TARGET.bind(qgemm.k_gemm, _KERNEL, f"a{a.type}_{_G_HASH}",
-                     unpack=TARGET.bind(g.unpack, dev, _G_HASH, k_nibbles=TARGET.bind(
-                         qgemm.k_nibbles, dev, _G_HASH)), SUB=g.sub)
+    kg = TARGET.bind(qgemm.k_gemm, _KERNEL, f"a{a.type}",
+                     unpack=TARGET.bind(g.unpack, dev, k_nibbles=TARGET.bind(
+                         qgemm.k_nibbles, dev)), SUB=g.sub)
     key = (b, g.acts, g.sub, g.round_sums)
     if (shared := s.bind_memo.get(key)) is not None:
         return partial(kg, s.arr(a), *shared, s.arr(node), nsub)
@@ -362,7 +349,7 @@ def _gemm(a: Tensor, b: Tensor, node: Tensor, s: Session):
     aq = np.empty(D.shape[:3] + (qgemm.layout_width(nsub, g.sub),), np.uint8)
     af = np.empty(D.shape[:3] + (16 * -(-nsub // 8),), np.float32)
     s.bind_memo[key] = (aq, af)
-    tag = f"{g.acts.__name__}{'_r' if g.round_sums else ''}_{_G_HASH}"
+    tag = f"{g.acts.__name__}{'_r' if g.round_sums else ''}"
     ka = TARGET.bind(qgemm.k_gemm_acts, _KERNEL, f"b{b.type}_{tag}",
                      dec_b=TARGET.codec(b.type).dec, enc_r=TARGET.codec(vt).enc,
                      acts=TARGET.bind(g.acts, dev, tag, ROUND_SUMS=g.round_sums))
@@ -380,7 +367,7 @@ def _activations(a: Tensor, b: Tensor, B: np.ndarray, node: Tensor):
     out = np.empty(b.shape, np.float32)
     if vt == T.F16 and b.type == T.F32:
         k = TARGET.bind(K.k_round_half_rows, _SERIAL if _small(node) else _KERNEL,
-                        f"{'serial_' if _small(node) else ''}{SOURCE_HASH}", round_half=_ROUND_HALF)
+                        "serial" if _small(node) else "", round_half=_ROUND_HALF)
         return out, partial(k, B, out)
     k = _compiled(K.k_round_rows, _small(node), b=b.type, r=vt)
     width = b.ne[0] if vt.block_size == 1 else vt.type_size * b.ne[0] // vt.block_size
@@ -399,7 +386,7 @@ def _mul_mat(node: Tensor, s: Session):
         # b is rounded to F16 inside the kernel (no separate pass)
         af, (o3, o2, o1) = flat
         k = TARGET.bind(K.k_mul_mat_half, _SERIAL_FAST if _small(node) else _KERNEL_FAST,
-                        f"{'serial_' if _small(node) else ''}{SOURCE_HASH}",
+                        "serial" if _small(node) else "",
                         round_half=_ROUND_HALF)
         return partial(k, af, o3, o2, o1, A.shape[0], A.shape[1], A.shape[2], s.arr(b), D,
                        ROUND_ACTIVATIONS)
@@ -427,7 +414,7 @@ def _mul_mat(node: Tensor, s: Session):
     B, prep = _activations(a, b, s.arr(b), node)
     if b.type == T.F32 and (a.type == T.F32 or n >= BLAS_MIN_N):
         run = partial(mul_mat_blas, A, B, D, None if a.type == T.F32 else TARGET.bind(
-            K.k_dequant_rows, _SERIAL_NOGIL, f"a{a.type}_nogil_{SOURCE_HASH}",
+            K.k_dequant_rows, _SERIAL_NOGIL, f"a{a.type}_nogil",
             dec_a=TARGET.codec(a.type).dec))
     else:
         run = partial(_compiled(K.k_mul_mat, _small(node), a=a.type, b=T.F32 if prep else b.type),
@@ -495,14 +482,14 @@ def _get_rows(node: Tensor, s: Session):
 
 
 _SERIAL_GET_ROWS_INT = _SERIAL(K.k_get_rows_int)
-_COPY_INT = TARGET.bind(K.k_copy_int, _SERIAL, SOURCE_HASH)
+_COPY_INT = TARGET.bind(K.k_copy_int, _SERIAL)
 
 
 def _set_rows(node: Tensor, s: Session):
     dst, src, idx = node.src
     if src.ne[0] == 1 and src.type == T.F32 and dst.type in _ENC_ONE:
         k = TARGET.bind(K.k_set_rows_1, _SERIAL if _small(node) else _KERNEL,
-                        f"{dst.type}{'_serial' if _small(node) else ''}_{SOURCE_HASH}",
+                        f"{dst.type}{'_serial' if _small(node) else ''}",
                         enc_one=_ENC_ONE[dst.type])
     else:
         k = _compiled(K.k_set_rows, _small(node), a=src.type, d=dst.type)

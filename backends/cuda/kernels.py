@@ -22,7 +22,6 @@ from ggraph.ir.tensor import Tensor
 from ggraph.ir.types import GGMLType as T
 from ..accepts import BINARY_OPS, UNARY_OPS, VIEW_OPS, rule
 from ..base import Kernel, Session
-from ..jit import source_hash
 from ..shared.kernel_args import (argsort_args, binary_args, flash_attn_args, norm_args,
                                   raw_copy, rope_args, soft_max_args, unary_args)
 from . import runtime as R
@@ -42,10 +41,6 @@ MV_MAX_N = KM.MV_NMAX  # columns of b up to which mul_mat runs the mat-vec kerne
 
 ROLE_FNS = ("ld", "st", "cdec", "cenc", "cdot", "dot")
 
-# numba's on-disk cache keys a kernel by its file and qualified name, not by the device
-# functions it calls: the tag of every binding carries a hash of the sources it compiles from,
-# so editing the shared math (or these templates) compiles afresh instead of reusing stale code
-_SRC = source_hash(K.__file__, KM.__file__, KA.__file__, R.__file__)
 _NO_STORE = _DEVICE(K.no_store)
 _HELPERS: dict[T, dict[str, Any]] = {}
 
@@ -57,7 +52,7 @@ def _helpers(t: T) -> dict[str, Any]:
         c = TARGET.codec(t)
         q = t.is_quantized
         bs, ts = (t.block_size, t.type_size) if q else (1, 1)
-        tag = f"{t}_{_SRC}"
+        tag = str(t)
         # a block longer than a chunk (K-quants: 256) is decoded whole and the chunk picked
         # out of it (K-quants are weights only: never encoded chunk-wise)
         big = bs > K.CH
@@ -83,7 +78,7 @@ def _compiled(template: Callable, **roles: T) -> Any:
         h = _helpers(t)
         names.update({f"{fn}_{role}": h[fn] for fn in ROLE_FNS})
         names[f"Q_{role}"] = h["Q"]
-    tag = "_".join(f"{r}{t}" for r, t in roles.items()) + f"_{_SRC}"
+    tag = "_".join(f"{r}{t}" for r, t in roles.items())
     return TARGET.bind(template, _KERNEL, tag, **names)
 
 

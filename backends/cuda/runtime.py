@@ -30,7 +30,7 @@ from ggraph.ir.tensor import Tensor
 from ggraph.ir.types import GGMLType
 from ..shared.elementwise import unflatten_i32
 from ..half import bf16_to_f32_hw, f32_to_bf16_hw, f32_to_half_hw, half_to_f32_hw
-from ..jit import Target
+from ..jit import Compiler, Target
 from .replay import PreparedLaunch
 
 try:
@@ -119,12 +119,12 @@ TARGET = make_target()
 def kernel_decorator() -> Callable[[Callable], Any]:
     """How CUDA kernel templates are compiled (on-disk cache on a real GPU)."""
     if SIM:
-        return cuda.jit
-    return cuda.jit(cache=True)
+        return Compiler(cuda.jit)
+    return Compiler(cuda.jit, cache=True)
 
 
 def device_decorator() -> Callable[[Callable], Any]:
-    return cuda.jit(device=True)
+    return Compiler(cuda.jit, device=True)
 
 
 # -- PTX-only mode ---------------------------------------------------------------------------

@@ -1,0 +1,94 @@
+"""Compiled-kernel cache keys are derived from what a kernel is compiled from (backends/jit.py:
+Target.key_of), never written by hand: the same inputs give the same key in every process,
+and changing any source a template reads, any bound value or the compiler's options gives a
+new key (numba's disk cache would otherwise hand back stale machine code)."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import numba
+import numpy as np
+
+from ggraph.backends import jit
+from ggraph.backends.cpu.kernels import TARGET
+
+
+def _load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _modules(tmp_path, helper_body="return x + 1"):
+    (tmp_path / "helper_mod.py").write_text(f"def helper(x):\n    {helper_body}\n")
+    (tmp_path / "tmpl_mod.py").write_text(
+        "from helper_mod import helper\n\n\ndef template(x):\n    return helper(x) * K\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        sys.modules.pop("helper_mod", None)
+        return _load(tmp_path / "tmpl_mod.py", "tmpl_mod")
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def test_keys_follow_sources_values_and_options(tmp_path):
+    serial = jit.Compiler(numba.njit, cache=True, fastmath={"contract", "nsz"})
+    m = _modules(tmp_path)
+    base = TARGET.key_of(m.template, serial, {"K": 3})
+    assert base == TARGET.key_of(m.template, serial, {"K": 3})
+    # the same options written in another order: the same key
+    same = jit.Compiler(numba.njit, fastmath={"nsz", "contract"}, cache=True)
+    assert TARGET.key_of(m.template, same, {"K": 3}) == base
+    assert TARGET.key_of(m.template, serial, {"K": 4}) != base            # a bound value
+    assert TARGET.key_of(m.template, serial, {"K": np.arange(3)}) != \
+        TARGET.key_of(m.template, serial, {"K": np.arange(4)})               # an array's bytes
+    parallel = jit.Compiler(numba.njit, cache=True, parallel=True)
+    assert TARGET.key_of(m.template, parallel, {"K": 3}) != base          # the options
+    assert TARGET.key_of(m.template, serial, {"K": 3}, tag="avx2") != base  # the tag
+    # the file of a function the template calls (not bound: read from its module) changes
+    jit._FILE_HASHES.clear()
+    m2 = _modules(tmp_path, "return x + 2")
+    jit._FILE_HASHES.clear()
+    assert TARGET.key_of(m2.template, serial, {"K": 3}) != base
+
+
+def _twice(x):
+    return 2 * x
+
+
+def _outer(x):
+    return inner(x) + 1  # noqa: F821 - bound
+
+
+def test_a_binding_carries_its_key_into_bindings_of_it():
+    inner = TARGET.bind(_twice, TARGET.device)
+    assert isinstance(inner.ggraph_key, str) and len(inner.ggraph_key) == 12
+    assert jit.value_key(inner) == inner.ggraph_key
+    outer = TARGET.bind(_outer, TARGET.device, inner=inner)
+    other = TARGET.bind(_outer, TARGET.device, inner=TARGET.bind(_twice, TARGET.device, "v2"))
+    assert outer.ggraph_key != other.ggraph_key   # the inner binding's key flows into it
+    assert outer(3) == 7
+
+
+def test_code_without_a_file_is_keyed_by_its_code():
+    """A template run from a string (the docs' examples) has no file: its code is the key."""
+    ns: dict = {}
+    exec(compile("def t(x):\n    return x * K\n", "<doc block>", "exec"), ns)
+    ns2: dict = {}
+    exec(compile("def t(x):\n    return x + K\n", "<doc block>", "exec"), ns2)
+    serial = jit.Compiler(numba.njit)
+    assert TARGET.key_of(ns["t"], serial, {"K": 2}) != TARGET.key_of(ns2["t"], serial, {"K": 2})
+
+
+def test_keys_are_the_same_in_another_process():
+    code = ("from ggraph.backends.cpu import kernels as k\n"
+            "from ggraph.ir.types import GGMLType as T\n"
+            "print(k.TARGET.key_of(k.K.k_copy_int, k._SERIAL, {}),"
+            " k._packed_kernel(True, T.Q4_K, T.F32).ggraph_key)")
+    a = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    b = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert a.returncode == 0, a.stderr[-2000:]
+    assert a.stdout == b.stdout and len(a.stdout.split()) == 2
