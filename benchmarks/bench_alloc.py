@@ -3,7 +3,7 @@
 Graphs: a llama-style decoder stack (rms_norm, projections, rope through reshape views, KV cache
 writes through cpy views, attention with in-place soft_max, SwiGLU FFN, residual adds) cut to
 the node budget, and a random DAG with views, in-place ops, inputs and outputs. Prints a table
-(nodes/second per strategy, buffer sizes) and writes JSON (--json, default
+(nodes/second per strategy, buffer sizes) and writes JSON (-o/--json, default
 benchmarks/results/alloc.json).
 
     python benchmarks/bench_alloc.py [--nodes 10000] [--repeat 3] [--json FILE]
@@ -11,11 +11,11 @@ benchmarks/results/alloc.json).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
 import random
+import sys
 import time
 
 from ggraph import Context, GGMLType, Graph, OpKind, Tensor
@@ -23,6 +23,10 @@ from ggraph import ops as O
 from ggraph.plan.alloc import plan_graph
 from ggraph.graphs.models.attention import AttentionShape, build_attention
 from ggraph.ir.types import MIB
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import (Column, header_lines, out_option, repeat_option, results_path, row_line,
+                    write_results)
 
 
 def decoder_graph(n_nodes: int, n_embd: int = 4096, n_head: int = 32, n_head_kv: int = 8,
@@ -113,36 +117,33 @@ def bench(graph: Graph, strategy: str, repeat: int) -> dict:
             "method": plan.method, "ggml_bytes": plan.ggml_size}
 
 
+COLUMNS = [Column("graph", width=8, align="<"), Column("nodes", width=6),
+           Column("strategy", width=8, align="<"), Column("seconds", fmt="{:.3f}", width=8),
+           Column("nodes_per_second", "nodes/s", "{:.0f}", 9),
+           Column(lambda r: r["buffer_bytes"] / MIB, "buffer MiB", "{:.2f}", 11),
+           # the buffer saved against ggml's strategy
+           Column(lambda r: 100 * (1 - r["buffer_bytes"] / r["ggml_bytes"]) if r["ggml_bytes"]
+                  else 0, "saved", "{:.1f}%", 6),
+           Column("method", "best candidate", align="<", gap="  ")]
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[
+        repeat_option(3), out_option(results_path("alloc.json"))])
     ap.add_argument("--nodes", type=int, default=10000)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "results",
-                                                   "alloc.json"))
     args = ap.parse_args()
     graphs = {"decoder": decoder_graph(args.nodes), "random": random_dag(args.nodes)}
     rows = []
-    print(f"{'graph':<8} {'nodes':>6} {'strategy':<8} {'seconds':>8} {'nodes/s':>9} "
-          f"{'buffer MiB':>11} {'saved':>6}  best candidate")
+    print("\n".join(header_lines(COLUMNS)))
     for name, g in graphs.items():
         for strategy in ("ggml", "default"):
             r = bench(g, strategy, args.repeat)
             r["graph"] = name
             rows.append(r)
-            gain = 100 * (1 - r["buffer_bytes"] / r["ggml_bytes"]) if r["ggml_bytes"] else 0
-            print(f"{name:<8} {r['nodes']:>6} {strategy:<8} {r['seconds']:>8.3f} "
-                  f"{r['nodes_per_second']:>9.0f} {r['buffer_bytes'] / MIB:>11.2f} "
-                  f"{gain:>5.1f}%  {r['method']}")
-    write_results(args.json, args.repeat, rows)
-
-
-def write_results(path: str, repeat: int, rows: list[dict]) -> None:
-    """The rows of a benchmark as JSON, with the Python version and machine they ran on."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump({"python": platform.python_version(), "machine": platform.machine(),
-                   "repeat": repeat, "results": rows}, f, indent=1)
-    print(f"wrote {path}")
+            print(row_line(r, COLUMNS))
+    write_results(args.out, rows, args=args, rows_key="results",
+                  extra={"python": platform.python_version(), "machine": platform.machine(),
+                         "repeat": args.repeat})
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -30,6 +29,9 @@ from ggraph import Context, build_graph, ops as O
 from ggraph.codecs import quants
 from ggraph.backends import get_backend
 from ggraph.ir.types import GGMLType as T
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import Column, out_option, print_table, results_path, threads_option, write_results
 
 
 def best_of(fn, min_s: float = 0.4, max_reps: int = 200) -> float:
@@ -195,10 +197,14 @@ def bench_compile(rows: list) -> None:
                      ratio=None, target="(second run uses the cache)"))
 
 
+COLUMNS = [Column("bench", align="<"), Column("shape", align="<"), Column("ggraph", align="<"),
+           Column("peer", align="<"), Column("ratio", fmt="{:.2f}x", width=6, missing=""),
+           Column("target", align="<")]
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--json", default="benchmarks/results/cpu.json")
+    ap = argparse.ArgumentParser(description=__doc__, parents=[
+        threads_option(os.cpu_count()), out_option(results_path("cpu.json"))])
     ap.add_argument("--quick", action="store_true", help="skip the slowest cases")
     ap.add_argument("--no-compile", action="store_true", help="skip the compile-time run")
     args = ap.parse_args()
@@ -222,16 +228,10 @@ def main() -> None:
     bench_dispatch(rows)
     if not args.no_compile:
         bench_compile(rows)
-    w = [max(len(str(r.get(k, ""))) for r in rows) for k in ("bench", "shape", "ggraph", "peer")]
-    for r in rows:
-        ratio = f"{r['ratio']:.2f}x" if r.get("ratio") is not None else ""
-        print(f"{r['bench']:<{w[0]}}  {r['shape']:<{w[1]}}  {r['ggraph']:<{w[2]}}  "
-              f"{r['peer']:<{w[3]}}  {ratio:>6}  {r['target']}")
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(dict(machine=platform.processor() or platform.machine(),
-                       threads=args.threads, rows=rows), f, indent=1)
-    print(f"wrote {args.json}")
+    print_table(rows, COLUMNS, sep="  ", header=False)
+    write_results(args.out, rows, args=args, extra=dict(
+        machine=platform.processor() or platform.machine(), threads=args.threads))
+
 
 
 if __name__ == "__main__":

@@ -6,17 +6,21 @@ compare_llama_cpp.py, n_kv 768), and per-op time of one decode graph.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 from collections import defaultdict
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import repeat_option, threads_option
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--threads", type=int, default=2)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 parents=[threads_option(2), repeat_option(3)])
     ap.add_argument("--n-gen", type=int, default=64)
-    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     import numba
@@ -72,9 +76,9 @@ def main() -> None:
         s.profile = None
         all_t = sum(tot.values()) / reps
         print(f"decode: {wall * 1e3:.2f} ms/token, kernels {all_t * 1e3:.2f} ms")
-        for key, t in sorted(tot.items(), key=lambda kv: -kv[1])[:15]:
-            print(f"  {t / reps * 1e3:7.2f} ms  {cnt[key] // reps:4d} calls "
-                  f"{t / cnt[key] * 1e6:8.1f} us/call  {' '.join(key)}")
+        for k, t in sorted(tot.items(), key=lambda kv: -kv[1])[:15]:
+            print(f"  {t / reps * 1e3:7.2f} ms  {cnt[k] // reps:4d} calls "
+                  f"{t / cnt[k] * 1e6:8.1f} us/call  {' '.join(k)}")
 
 if __name__ == "__main__":
     main()

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import statistics
@@ -58,6 +57,10 @@ from ggraph.backends.cpu.membw import read_bandwidth
 from ggraph.backends.cpu.threads import configure_openmp
 from ggraph.check.ggml_cdefs import GGMLUnavailable, find_libggml
 from ggraph.graphs.eval.bench import load_average, machine_info
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import (Column, header_lines, out_option, results_path, row_line, threads_option,
+                    write_results)
 
 # weight type -> ggml_type id, block size, bytes per block (ggml.h / ggml-common.h)
 TYPES: dict[str, tuple[int, int, int]] = {
@@ -452,25 +455,27 @@ def derive(r: dict[str, Any], bw: dict[int, float]) -> None:
         r["ggraph_x_llama_cpp"] = r.get("repack_s", r["ggml_s"]) / r["ggraph_s"]
 
 
-HEADER = (f"{'type':<7}{'shape':<16}{'K x M':>11} {'t':>2} {'mode':<8}{'ggml':>14}"
-          f"{'ggml-repack':>14}{'ggraph':>14}{'x ggml':>8}{'x llama':>8}  ggraph path")
+def cell(r: dict[str, Any], who: str) -> str:
+    """An engine's figure: GB/s (share of the read bandwidth) or GFLOPS; "err": it failed."""
+    if f"{who}_s" not in r:
+        return "err" if who == "ggraph" and "ggraph" in r else "-"
+    if r["n"] == 1:
+        return f"{r[f'{who}_gbs']:6.2f} ({r[f'{who}_bw_share']:4.0%})"
+    return f"{r[f'{who}_gflops']:7.1f} GF"
 
 
-def fmt_row(r: dict[str, Any]) -> str:
-    def cell(who: str) -> str:
-        if f"{who}_s" not in r:
-            return "err" if who == "ggraph" and "ggraph" in r else "-"
-        if r["n"] == 1:
-            return f"{r[f'{who}_gbs']:6.2f} ({r[f'{who}_bw_share']:4.0%})"
-        return f"{r[f'{who}_gflops']:7.1f} GF"
-
-    def ratio(key: str) -> str:
-        return f"{r[key]:.2f}x" if key in r else "-"
-
-    return (f"{r['type']:<7}{r['shape']:<16}{r['k']:>5}x{r['m']:<5} {r['threads']:>2} "
-            f"{r['mode']:<8}{cell('ggml'):>14}{cell('repack'):>14}{cell('ggraph'):>14}"
-            f"{ratio('ggraph_x_ggml'):>8}{ratio('ggraph_x_llama_cpp'):>8}  "
-            f"{r.get('path', r.get('ggraph', '-'))}")
+COLUMNS = [Column("type", width=7, align="<"), Column("shape", width=16, align="<"),
+           Column(lambda r: f"{r['k']:>5}x{r['m']:<5}", "K x M", width=11),
+           Column("threads", "t", width=2, gap=" "), Column("mode", width=8, align="<", gap=" "),
+           Column(lambda r: cell(r, "ggml"), "ggml", width=14),
+           Column(lambda r: cell(r, "repack"), "ggml-repack", width=14),
+           Column(lambda r: cell(r, "ggraph"), "ggraph", width=14),
+           Column("ggraph_x_ggml", "x ggml", "{:.2f}x", 8),
+           Column("ggraph_x_llama_cpp", "x llama", "{:.2f}x", 8),
+           # the path that ran, or why ggraph did not
+           Column(lambda r: r.get("path", r.get("ggraph", "-")), "ggraph path", align="<",
+                  gap="  ")]
+HEADER = header_lines(COLUMNS, sep="")[0]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -506,7 +511,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for r in got:
                     r["case_s"] = time.perf_counter() - t0   # all engines and threads
                     derive(r, {t: max(v) for t, v in bw_start.items()})
-                    print(fmt_row(r), flush=True)
+                    print(row_line(r, COLUMNS, sep=""), flush=True)
                 rows += got
     bw_end = {t: bandwidth(t, args.bw_runs) for t in args.threads}
     bw = {t: max(bw_start[t] + bw_end[t]) for t in args.threads}
@@ -534,13 +539,13 @@ def machine_summary() -> dict[str, Any]:
                 features=[f for f in wanted if f"+{f}" in FEATURES])
 
 
-def print_table(result: dict[str, Any]) -> None:
+def print_report(result: dict[str, Any]) -> None:
     print(f"\n{HEADER}")
     for r in result["rows"]:
         if "skipped" in r:
             print(f"{r['type']:<7}{r['shape']:<16}skipped: {r['skipped']}")
         else:
-            print(fmt_row(r))
+            print(row_line(r, COLUMNS, sep=""))
     print("mat-vec: GB/s of stored weight bytes (share of the read bandwidth at those threads); "
           "mat-mat: GFLOPS. x llama: ggraph over ggml-repack where ggml repacks the type, "
           "else over ggml plain")
@@ -557,8 +562,9 @@ def print_table(result: dict[str, Any]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 parents=[threads_option([1, 2], many=True),
+                                          out_option(results_path("bench_kquant.json"))])
     ap.add_argument("--types", nargs="+", choices=list(TYPES),
                     help=f"default: {' '.join(ISSUE_TYPES)} (with --extras also "
                          f"{' '.join(EXTRA_TYPES)})")
@@ -571,7 +577,6 @@ def main() -> None:
     ap.add_argument("--min-s", type=float, help="seconds each timing runs at least "
                                                  "(default 0.3, 0.15 with --quick)")
     ap.add_argument("--no-ggraph", action="store_true", help="measure ggml only")
-    ap.add_argument("--json", default="benchmarks/results/bench_kquant.json")
     args = ap.parse_args()
     args.types = args.types or ISSUE_TYPES + (EXTRA_TYPES if args.extras else [])
     args.shapes = args.shapes or (["1.5B-up"] if args.quick else [s.key for s in SHAPES])
@@ -583,11 +588,8 @@ def main() -> None:
         raise SystemExit(f"bench_kquant: libggml not available: {e}")
     result["args"] = dict(threads=args.threads, types=args.types, shapes=args.shapes,
                           quick=args.quick, min_s=args.min_s, ggraph=not args.no_ggraph)
-    print_table(result)
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {args.json}")
+    print_report(result)
+    write_results(args.out, args=args, extra=result, load_start=result["load_avg"]["start"])
 
 
 if __name__ == "__main__":

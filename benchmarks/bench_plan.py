@@ -4,7 +4,7 @@ Planning the full-size model must take seconds and allocate no tensor memory: on
 group of DeepSeek-V3 at ctx 163000 and ubatch 512 alone would be 2.2 GB. Each case runs in a
 fresh Python process (imports done before the clock starts) so that its RSS growth is its own;
 cases with a budget are marked "over" when they exceed it and the script exits 1. Prints a
-table and writes JSON (--json, default benchmarks/results/plan.json). tests/test_plan.py
+table and writes JSON (-o/--json, default benchmarks/results/plan.json). tests/test_plan.py
 checks the numbers the plans produce; timings and memory belong here, where a busy shared
 machine does not fail the test suite.
 
@@ -18,11 +18,16 @@ import gc
 import io
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
 
 from ggraph.ir.types import MIB
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import (Column, header_lines, out_option, repeat_option, results_path, row_line,
+                    write_results)
 
 # name -> (`ggraph plan` arguments, seconds budget, RSS growth budget in MiB); None: no budget
 CASES: dict[str, tuple[list[str], float | None, float | None]] = {
@@ -58,19 +63,27 @@ def run_one(name: str) -> dict:
             "n_nodes": r["n_nodes"], "compute_buffer_bytes": r["compute_buffer_bytes"]}
 
 
+COLUMNS = [Column("case", width=18, align="<"), Column("n_nodes", "nodes", width=6),
+           Column("seconds", fmt="{:.2f}", width=8),
+           Column("budget_seconds", "budget", "{:.0f}", 7),
+           Column("rss_growth_mib", "RSS MiB", "{:.0f}", 8),
+           Column("budget_rss_mib", "budget", "{:.0f}", 7),
+           Column(lambda r: r["compute_buffer_bytes"] / MIB, "buffer MiB", "{:.2f}", 11),
+           Column(lambda r: "ok" if r["within_budget"] else "over", "status", align="<",
+                  gap="  ")]
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=1, help="runs per case (best time kept)")
-    ap.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "results",
-                                                   "plan.json"))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[
+        repeat_option(1, help="runs per case (best time kept)"),
+        out_option(results_path("plan.json"))])
     ap.add_argument("--one", help=argparse.SUPPRESS)   # child process: run one case
     args = ap.parse_args()
     if args.one:
         print(json.dumps(run_one(args.one)))
         return 0
     rows, over = [], False
-    print(f"{'case':<18} {'nodes':>6} {'seconds':>8} {'budget':>7} {'RSS MiB':>8} {'budget':>7} "
-          f"{'buffer MiB':>11}  status")
+    print("\n".join(header_lines(COLUMNS)))
     for name, (_, max_s, max_mib) in CASES.items():
         runs = [json.loads(subprocess.run([sys.executable, __file__, "--one", name],
                                           check=True, capture_output=True, text=True
@@ -83,15 +96,10 @@ def main() -> int:
             (max_mib is None or r["rss_growth_mib"] < max_mib)
         over |= not r["within_budget"]
         rows.append(r)
-        budget_s = f"{max_s:.0f}" if max_s is not None else "-"
-        budget_m = f"{max_mib:.0f}" if max_mib is not None else "-"
-        print(f"{name:<18} {r['n_nodes']:>6} {r['seconds']:>8.2f} {budget_s:>7} "
-              f"{r['rss_growth_mib']:>8.0f} {budget_m:>7} "
-              f"{r['compute_buffer_bytes'] / MIB:>11.2f}  "
-              f"{'ok' if r['within_budget'] else 'over'}")
-    from bench_alloc import write_results   # beside this file: the same JSON layout
-
-    write_results(args.json, args.repeat, rows)
+        print(row_line(r, COLUMNS))
+    write_results(args.out, rows, args=args, rows_key="results",
+                  extra={"python": platform.python_version(), "machine": platform.machine(),
+                         "repeat": args.repeat})
     return 1 if over else 0
 
 

@@ -20,12 +20,15 @@ sets any variable, and several join with commas (`passive,GGRAPH_PARALLEL_MIN_PR
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import (Column, header_lines, llama_cpp_model, out_option, repeat_option, row_line,
+                    threads_option, write_results)
 
 BUSY = "while 1: pass"
 
@@ -57,13 +60,7 @@ def child(args: argparse.Namespace) -> None:
     path = str(resolve_model("default"))
     prompt = list(range(100, 132))
     if args.policy.split(",")[0] == "llama.cpp":
-        from ggraph.backends.cpu.threads import configure_openmp
-
-        configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
-        import llama_cpp
-
-        llm = llama_cpp.Llama(model_path=path, n_ctx=1024, n_batch=512, n_threads=args.threads,
-                              n_threads_batch=args.threads, verbose=False)
+        llm = llama_cpp_model(path, n_ctx=1024, n_batch=512, threads=args.threads)
 
         def step(tok: int) -> int:
             llm.eval([tok])
@@ -125,16 +122,20 @@ class Child:
         self.proc.wait(timeout=60)
 
 
+COLUMNS = [Column(lambda r: r["policy"][:39], "policy", width=40, align="<"),
+           Column("threads", width=8), Column("quiet_median", "quiet tok/s", "{:.2f}", 13),
+           Column("busy_median", "busy tok/s", "{:.2f}", 12),
+           Column(lambda r: r["busy_median"] / r["quiet_median"], "busy/quiet", "{:.2f}", 12)]
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap = argparse.ArgumentParser(description=__doc__, parents=[
+        threads_option([1, 2], many=True), repeat_option(3, "--reps"), out_option("")])
     ap.add_argument("--policies", nargs="+", default=["default", "spin", "passive",
                                                       "llama.cpp"])
     ap.add_argument("--gen", type=int, default=32)
-    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--load", type=int, default=os.cpu_count() or 1,
                     help="competing processes (default: one per core)")
-    ap.add_argument("--json", default="")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -150,7 +151,7 @@ def main() -> None:
                 children.append(c)
         # round robin, so that whatever else runs on the machine weighs on every
         # configuration alike
-        for _ in range(args.reps):
+        for _ in range(args.repeat):
             for c in children:
                 time.sleep(0.5)
                 c.quiet.append(c.measure())
@@ -167,17 +168,15 @@ def main() -> None:
         for c in children:
             c.close()
     rows = []
-    print(f"{'policy':<40}{'threads':>8}{'quiet tok/s':>13}{'busy tok/s':>12}{'busy/quiet':>12}")
+    print("\n".join(header_lines(COLUMNS, sep="")))
     for c in children:
         q, b = statistics.median(c.quiet), statistics.median(c.busy)
         rows.append(dict(policy=c.policy, threads=c.threads, quiet=c.quiet, busy=c.busy,
                          quiet_median=q, busy_median=b))
-        print(f"{c.policy[:39]:<40}{c.threads:>8}{q:13.2f}{b:12.2f}{b / q:12.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(cpu_count=os.cpu_count(), load=args.load, gen=args.gen, rows=rows),
-                      f, indent=1)
-        print(f"wrote {args.json}")
+        print(row_line(rows[-1], COLUMNS, sep=""))
+    if args.out:
+        write_results(args.out, rows, args=args,
+                      extra=dict(cpu_count=os.cpu_count(), load=args.load, gen=args.gen))
 
 
 if __name__ == "__main__":

@@ -10,15 +10,15 @@ decompressed MHA path). ggraph runs its absorbed path, its flash-attention path 
 per-head-group decompressing flash path with `--amb`-style iteration forced on.
 
     pip install llama-cpp-python   # builds llama.cpp from source (minutes)
-    python benchmarks/compare_deepseek2_llama_cpp.py [--json PATH]
+    python benchmarks/compare_deepseek2_llama_cpp.py [--tokens 24] [--json PATH]
 
 writes benchmarks/results/deepseek2_llama_cpp.json by default.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 import tempfile
 from typing import Any
 
@@ -26,25 +26,19 @@ import numpy as np
 
 from ggraph.check.conformance import nmse
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import import_llama_cpp, llama_cpp_model, out_option, results_path, write_results
+
 N_TOKENS = 24
 N_GEN = 8
 N_CTX = 256
 
 
-GGML_TYPES = {"f32": 0, "f16": 1}  # ggml type ids for llama.cpp's cache types
-
-
 def llama_cpp_logits(path: str, tokens: list[int], flash: bool = False, cache: str = "f32",
                      n_gen: int = N_GEN) -> tuple[np.ndarray, list[int]]:
     """All-token logits of `tokens` and the greedy continuation, from llama.cpp."""
-    from ggraph.backends.cpu.threads import configure_openmp
-
-    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
-    import llama_cpp
-
-    llm = llama_cpp.Llama(model_path=path, n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX,
-                          logits_all=True, flash_attn=flash, verbose=False, n_threads=2,
-                          type_k=GGML_TYPES[cache], type_v=GGML_TYPES[cache])
+    llm = llama_cpp_model(path, n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, logits_all=True,
+                          flash_attn=flash, threads=2, type_k=cache, type_v=cache)
     llm.eval(tokens)
     logits = np.array(llm.scores[: len(tokens)], np.float32)
     gen = []
@@ -153,15 +147,11 @@ def compare(workdir: str, n_tokens: int = N_TOKENS, seed: int = 1,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", default="benchmarks/results/deepseek2_llama_cpp.json")
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 parents=[out_option(results_path("deepseek2_llama_cpp.json"))])
     ap.add_argument("--tokens", type=int, default=N_TOKENS)
     args = ap.parse_args()
-    from ggraph.backends.cpu.threads import configure_openmp
-
-    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
-    import llama_cpp
-
+    llama_cpp = import_llama_cpp()
     with tempfile.TemporaryDirectory() as d:
         out = compare(d, args.tokens)
     out["llama_cpp_python_version"] = llama_cpp.__version__
@@ -179,10 +169,7 @@ def main() -> None:
     for k, v in out["variants"].items():
         print(f"  logits NMSE {k:<48} vs llama.cpp: {v:.3e}")
     print(f"max NMSE {out['max_nmse']:.3e} (target < 1e-4)")
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"wrote {args.json}")
+    write_results(args.out, args=args, extra=out, threads=2)   # llama.cpp's threads
 
 
 if __name__ == "__main__":

@@ -22,15 +22,19 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import platform
+import sys
 import time
 from typing import Any
 
 import numpy as np
 
 from ggraph.check.conformance import nmse
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import (import_llama_cpp, llama_cpp_model, model_option, out_option,
+                    print_peer_speed, results_path, threads_option, write_results)
 
 PROMPTS = ["The capital of France is",
            "Once upon a time, in a small village,",
@@ -59,11 +63,7 @@ class LlamaLog:
     """llama.cpp's log lines, captured through llama_log_set while this object is alive."""
 
     def __init__(self) -> None:
-        from ggraph.backends.cpu.threads import configure_openmp
-
-        configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
-        import llama_cpp
-
+        llama_cpp = import_llama_cpp()
         self.text: list[str] = []
 
         @llama_cpp.llama_log_callback
@@ -210,19 +210,13 @@ def dequantized_check(path: str, tokens: list[int], quantized: tuple[np.ndarray,
     difference comes from."""
     import tempfile
 
-    from ggraph.backends.cpu.threads import configure_openmp
-
-    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
-    import llama_cpp
-
     from ggraph.graphs.runtime.engine import Engine, EngineConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         f32 = os.path.join(tmp, "f32.gguf")
         write_dequantized(path, f32)
-        llm = llama_cpp.Llama(model_path=f32, n_ctx=1024, n_batch=N_UBATCH, n_ubatch=N_UBATCH,
-                              swa_full=False, n_threads=threads, n_threads_batch=threads,
-                              logits_all=True, verbose=False)
+        llm = llama_cpp_model(f32, n_ctx=1024, n_batch=N_UBATCH, n_ubatch=N_UBATCH,
+                              swa_full=False, threads=threads, logits_all=True)
         eng = Engine(f32, EngineConfig(n_ctx=1024, n_ubatch=N_UBATCH, n_threads=threads))
         ref, got = both_logits(llm, eng, tokens)
         llm.close()
@@ -237,11 +231,11 @@ def dequantized_check(path: str, tokens: list[int], quantized: tuple[np.ndarray,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--threads", type=int, default=2)
+    ap = argparse.ArgumentParser(description=__doc__, parents=[
+        threads_option(2), model_option("gemma3"),
+        out_option(None, help="default: benchmarks/results/gemma3_llama_cpp.json "
+                              "(gemma3_llama_cpp_ggml_exact.json with --ggml-exact)")])
     ap.add_argument("--n-gen", type=int, default=16)
-    ap.add_argument("--json", default=None, help="default: benchmarks/results/"
-                    "gemma3_llama_cpp.json (gemma3_llama_cpp_ggml_exact.json with --ggml-exact)")
     ap.add_argument("--long-tokens", type=int, default=1000,
                     help="tokens of the long prompt (past the 512-token window by default)")
     ap.add_argument("--skip-speed", action="store_true")
@@ -251,28 +245,23 @@ def main() -> None:
     ap.add_argument("--ggml-exact", action="store_true",
                     help="ggraph computes quantized mul_mat bit for bit as ggml's x86 CPU")
     args = ap.parse_args()
-    if args.json is None:
-        args.json = ("benchmarks/results/gemma3_llama_cpp"
-                     + ("_ggml_exact" if args.ggml_exact else "") + ".json")
+    if args.out is None:
+        args.out = results_path("gemma3_llama_cpp"
+                                + ("_ggml_exact" if args.ggml_exact else "") + ".json")
     if args.ggml_exact:   # read when the fusion module is first imported, below
         os.environ["GGRAPH_FUSE"] = "0"
-    from ggraph.backends.cpu.threads import configure_openmp
-
-    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
-    import llama_cpp
+    llama_cpp = import_llama_cpp()
     import numba
 
     from ggraph.graphs.runtime.engine import Engine, EngineConfig
-    from ggraph.graphs.gguf.fetch import resolve_model
 
     numba.set_num_threads(args.threads)
-    path = str(resolve_model("gemma3"))
+    path = str(args.model)
     log = LlamaLog()
-    common = dict(model_path=path, n_batch=N_UBATCH, n_ubatch=N_UBATCH, swa_full=False,
-                  n_threads=args.threads, n_threads_batch=args.threads, verbose=True)
+    peer = dict(n_batch=N_UBATCH, n_ubatch=N_UBATCH, swa_full=False, threads=args.threads)
     # memory lines and speed at -c 4096 (logits of the last token only: logits_all would
     # hold n_ctx x 262144 floats, 4 GiB)
-    llm = llama_cpp.Llama(n_ctx=N_CTX, logits_all=False, **common)
+    llm = llama_cpp_model(path, n_ctx=N_CTX, verbose=True, **peer)
     mem_cpp = log.memory_lines()
     eng = Engine(path, EngineConfig(n_ctx=N_CTX, n_ubatch=N_UBATCH, n_threads=args.threads,
                                     ggml_exact=args.ggml_exact))
@@ -284,14 +273,11 @@ def main() -> None:
     print("memory, llama.cpp:\n  " + "\n  ".join(mem_cpp))
     print("memory, ggraph:\n  " + "\n  ".join(out["memory"]["ggraph"]))
     if not args.skip_speed:
-        out["speed"] = s = speed(llm, eng)
-        print(f"{'':14}{'llama.cpp':>12}{'ggraph':>12}{'ratio':>8}")
-        for k in ("pp512", "tg64"):
-            a, b = s[f"{k}_llama_cpp"], s[f"{k}_ggraph"]
-            print(f"{k + ' tok/s':14}{a:12.1f}{b:12.1f}{b / a:8.2f}")
+        out["speed"] = speed(llm, eng)
+        print_peer_speed(out["speed"], ("pp512", "tg64"))
     llm.close()
     # logits of every position: a context just large enough for the long prompt
-    llm = llama_cpp.Llama(n_ctx=1024, logits_all=True, **{**common, "verbose": False})
+    llm = llama_cpp_model(path, n_ctx=1024, logits_all=True, **peer)
     long_toks = llm.tokenize(LONG_TEXT.encode(), add_bos=True, special=False)[:args.long_tokens]
     long_logits = both_logits(llm, eng, long_toks)
     out["long_prompt"] = lg = compare_logits(llm, eng, long_toks, long_logits)
@@ -321,10 +307,7 @@ def main() -> None:
     llm.close()
     if args.dequantized:
         out["dequantized"] = dequantized_check(path, long_toks, long_logits, args.threads)
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"wrote {args.json}")
+    write_results(args.out, args=args, extra=out)
 
 
 if __name__ == "__main__":

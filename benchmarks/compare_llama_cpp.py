@@ -7,18 +7,22 @@ same machine, same run: tokens, greedy continuations, per-position logits, and s
 - prompt processing of 512 tokens and generation of 64 tokens, 2 threads each.
 
     pip install llama-cpp-python   # builds llama.cpp from source (minutes)
-    python benchmarks/compare_llama_cpp.py [--threads 2] [--json benchmarks/results/llama_cpp.json]
+    python benchmarks/compare_llama_cpp.py [--threads 2] [-m MODEL] [--json FILE]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 import time
 
 import numpy as np
 
 from ggraph.check.conformance import nmse
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import (import_llama_cpp, llama_cpp_model, model_option, out_option,
+                    print_peer_speed, results_path, threads_option, write_results)
 
 PROMPTS = ["The capital of France is",
            "Once upon a time, in a small village,",
@@ -27,35 +31,29 @@ PROMPTS = ["The capital of France is",
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--threads", type=int, default=2)
+    ap = argparse.ArgumentParser(description=__doc__, parents=[
+        threads_option(2), model_option("default"),
+        out_option(None, help="default: benchmarks/results/llama_cpp.json "
+                              "(llama_cpp_exact.json with --ggml-exact)")])
     ap.add_argument("--n-gen", type=int, default=16)
-    ap.add_argument("--json", default=None, help="default: benchmarks/results/llama_cpp.json "
-                    "(llama_cpp_exact.json with --ggml-exact)")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--ggml-exact", action="store_true",
                     help="ggraph computes quantized mul_mat bit for bit as ggml's x86 CPU "
                          "(backends/cpu/ggml_exact.py)")
     args = ap.parse_args()
-    if args.json is None:
-        args.json = ("benchmarks/results/llama_cpp" + ("_exact" if args.ggml_exact else "")
-                     + ".json")
+    if args.out is None:
+        args.out = results_path("llama_cpp" + ("_exact" if args.ggml_exact else "") + ".json")
     if args.ggml_exact:   # the fusion pass rounds its norm chain as ggraph does, not as ggml;
         os.environ["GGRAPH_FUSE"] = "0"   # read when backends/cpu/fusion.py is imported below
-    from ggraph.backends.cpu.threads import configure_openmp
-
-    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
-    import llama_cpp
+    llama_cpp = import_llama_cpp()
     import numba
 
     from ggraph.graphs.runtime.engine import Engine, EngineConfig
-    from ggraph.graphs.gguf.fetch import default_model
 
     numba.set_num_threads(args.threads)
-    path = str(default_model())
-    llm = llama_cpp.Llama(model_path=path, n_ctx=2048, n_batch=512, n_ubatch=512,
-                          n_threads=args.threads, n_threads_batch=args.threads,
-                          logits_all=True, verbose=False)
+    path = str(args.model)
+    llm = llama_cpp_model(path, n_ctx=2048, n_batch=512, n_ubatch=512, threads=args.threads,
+                          logits_all=True)
     eng = Engine(path, EngineConfig(n_ctx=2048, n_ubatch=512, n_threads=args.threads,
                                     ggml_exact=args.ggml_exact))
     out: dict = {"llama_cpp_version": llama_cpp.__version__, "threads": args.threads,
@@ -122,13 +120,8 @@ def main() -> None:
         tg_gg = 64 / (time.perf_counter() - t0)
         out["speed"] = dict(pp512_llama_cpp=pp_cpp, pp512_ggraph=pp_gg,
                             tg64_llama_cpp=tg_cpp, tg64_ggraph=tg_gg)
-        print(f"{'':14}{'llama.cpp':>12}{'ggraph':>12}{'ratio':>8}")
-        print(f"{'pp512 tok/s':14}{pp_cpp:12.1f}{pp_gg:12.1f}{pp_gg / pp_cpp:8.2f}")
-        print(f"{'tg64 tok/s':14}{tg_cpp:12.1f}{tg_gg:12.1f}{tg_gg / tg_cpp:8.2f}")
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"wrote {args.json}")
+        print_peer_speed(out["speed"], ("pp512", "tg64"))
+    write_results(args.out, args=args, extra=out)
 
 
 if __name__ == "__main__":

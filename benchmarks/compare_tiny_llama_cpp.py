@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import platform
+import sys
 import tempfile
 import traceback
 from dataclasses import dataclass, field
@@ -27,6 +27,10 @@ from typing import Any, Callable
 import numpy as np
 
 from ggraph.check.conformance import nmse
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import (Column, import_llama_cpp, llama_cpp_model, out_option, print_table,
+                    results_path, threads_option, write_results)
 
 N_CTX = 128
 SEQ_LENGTHS = (8, 24, 64)
@@ -70,14 +74,8 @@ WRITERS: dict[str, Writer] = {
 
 
 def llama_cpp_logits(path: str, seqs: list[list[int]], threads: int) -> list[np.ndarray]:
-    from ggraph.backends.cpu.threads import configure_openmp
-
-    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
-    import llama_cpp
-
-    llm = llama_cpp.Llama(model_path=path, n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX,
-                          logits_all=True, n_threads=threads, n_threads_batch=threads,
-                          verbose=False)
+    llm = llama_cpp_model(path, n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, logits_all=True,
+                          threads=threads)
     out = []
     for toks in seqs:
         llm.reset()
@@ -132,39 +130,34 @@ def compare(name: str, writer: Writer, tmp: str, threads: int) -> dict[str, Any]
                 ggml_exact_nmse_max=max(exact), nmse_per_position=per_pos)
 
 
+# a row that did not run leaves the figures blank and says why under status
+COLUMNS = [Column("model", width=24, align="<"),
+           Column("nmse_max", "NMSE max", "{:.2e}", 11, missing=""),
+           Column("nmse_mean", "NMSE mean", "{:.2e}", 11, missing=""),
+           Column("argmax_agree", "argmax", width=9, missing=""),
+           Column("ggml_exact_nmse_max", "exact max", "{:.2e}", 11, missing=""),
+           Column(lambda r: r["status"][:110], "status", align="<", gap="  ")]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json", default="benchmarks/results/tiny_llama_cpp.json")
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 parents=[threads_option(2),
+                                          out_option(results_path("tiny_llama_cpp.json"))])
     ap.add_argument("--only", nargs="*", help="rows to run (names from the table)")
     args = ap.parse_args()
-    from ggraph.backends.cpu.threads import configure_openmp
-
-    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
-    import llama_cpp
-
+    llama_cpp = import_llama_cpp()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, writer in WRITERS.items():
             if args.only and name not in args.only:
                 continue
             rows.append(compare(name, writer, tmp, args.threads))
-    print(f"{'model':24}{'NMSE max':>11}{'NMSE mean':>11}{'argmax':>9}{'exact max':>11}"
-          f"  status")
-    for r in rows:
-        if r["status"] == "ok":
-            print(f"{r['model']:24}{r['nmse_max']:11.2e}{r['nmse_mean']:11.2e}"
-                  f"{r['argmax_agree']:>9}{r['ggml_exact_nmse_max']:11.2e}  ok")
-        else:
-            print(f"{r['model']:24}{'':42}  {r['status'][:110]}")
-    out = dict(llama_cpp_version=llama_cpp.__version__, threads=args.threads,
-               machine=f"{platform.machine()} {platform.processor() or ''}".strip(),
-               n_ctx=N_CTX, kv_cache="f16 (both)", rows=rows)
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"wrote {args.json}")
+    print_table(rows, COLUMNS, sep="")
+    write_results(args.out, rows, args=args, extra=dict(
+        llama_cpp_version=llama_cpp.__version__, threads=args.threads,
+        machine=f"{platform.machine()} {platform.processor() or ''}".strip(),
+        n_ctx=N_CTX, kv_cache="f16 (both)"))
 
 
 if __name__ == "__main__":

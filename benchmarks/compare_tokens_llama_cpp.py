@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import platform
 import sys
@@ -23,9 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import (Column, llama_cpp_model, llama_cpp_version, model_arg, out_option,
+                    results_path, row_line, write_results)
+
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "data" / "corpus"
-OUT = ROOT / "benchmarks" / "results" / "tokens_llama_cpp.json"
 MAX_BYTES = 64 * 1024  # the head of a larger file is enough to find a difference
 
 
@@ -56,18 +58,13 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def compare_model(path: str, files: list[str]) -> list[dict[str, Any]]:
-    from ggraph.backends.cpu.threads import configure_openmp
-
-    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
-    import llama_cpp
-
     from ggraph.graphs.gguf.gguf_reader import read_header
     from ggraph.graphs.tokenizers.tokenizer import Tokenizer
 
     t0 = time.perf_counter()
     tok = Tokenizer(read_header(path).metadata, path)
     build_s = time.perf_counter() - t0
-    ref = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+    ref = llama_cpp_model(path, vocab_only=True)
     rows = []
     for f in files:
         text = read_text(f)
@@ -93,21 +90,31 @@ def compare_model(path: str, files: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("files", nargs="*", help="text files (default: corpus + stdlib + docs)")
-    ap.add_argument("-m", "--model", action="append", help="model path or name (repeatable)")
-    ap.add_argument("--vocab-dir", help="a folder of llama.cpp ggml-vocab-*.gguf files")
-    ap.add_argument("-o", "--out", default=str(OUT))
-    args = ap.parse_args(argv)
-    import importlib.util
+def status(r: dict[str, Any]) -> str:
+    diff = "" if r["equal"] else f"  first difference at {r['first_difference']}"
+    trip = "" if r.get("round_trip", True) else "  (decode does not round trip)"
+    return f"{'equal' if r['equal'] else 'DIFFERENT'}{trip}{diff}"
 
-    if importlib.util.find_spec("llama_cpp") is None:
+
+COLUMNS = [Column(lambda r: r["model"][:34], "model", width=34, align="<"),
+           Column(lambda r: os.path.basename(r["file"])[:26], "file", width=26, align="<"),
+           Column(lambda r: f"special={int(r['special'])}", "special"),
+           Column("ggraph", width=6), Column("llama_cpp", width=6),
+           Column(status, "status", align="<")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 parents=[out_option(results_path("tokens_llama_cpp.json"))])
+    ap.add_argument("files", nargs="*", help="text files (default: corpus + stdlib + docs)")
+    ap.add_argument("-m", "--model", action="append", type=model_arg,
+                    help="model path or name (repeatable; default smollm2 and gemma3)")
+    ap.add_argument("--vocab-dir", help="a folder of llama.cpp ggml-vocab-*.gguf files")
+    args = ap.parse_args(argv)
+    if llama_cpp_version() is None:
         print("llama-cpp-python is not installed: nothing to compare against", file=sys.stderr)
         return 2
-    from ggraph.graphs.gguf.fetch import resolve_model
-
-    models = [resolve_model(m) for m in (args.model or ["smollm2", "gemma3"])]
+    models = [str(m) for m in (args.model or [model_arg("smollm2"), model_arg("gemma3")])]
     if args.vocab_dir:
         models += sorted(glob.glob(os.path.join(args.vocab_dir, "ggml-vocab-*.gguf")))
     files = args.files or default_files()
@@ -121,21 +128,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{os.path.basename(m)}: skipped ({skipped[os.path.basename(m)]})")
             continue
         rows += got
-        for r in got:
-            diff = "" if r["equal"] else f"  first difference at {r['first_difference']}"
-            trip = "" if r.get("round_trip", True) else "  (decode does not round trip)"
-            print(f"{r['model'][:34]:34} {os.path.basename(r['file'])[:26]:26} "
-                  f"special={int(r['special'])} {r['ggraph']:6} {r['llama_cpp']:6} "
-                  f"{'equal' if r['equal'] else 'DIFFERENT'}{trip}{diff}")
+        for r in got:   # no header: the columns are model, file, mode, the two counts
+            print(row_line(r, COLUMNS))
     n_eq = sum(r["equal"] for r in rows)
     print(f"{n_eq}/{len(rows)} equal; {len(skipped)} models skipped")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
+    write_results(args.out, rows, args=args, argv=argv, extra={
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-        "llama_cpp_python": __import__("llama_cpp").__version__,
-        "rows": rows, "skipped": skipped}, indent=1, ensure_ascii=False))
-    print(f"wrote {out}")
+        "llama_cpp_python": llama_cpp_version(), "skipped": skipped})
     return 0 if n_eq == len(rows) else 1
 
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
+import os
 import platform
-import subprocess
+import sys
 import time
-from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import Column, git_commit, model_option, out_option, print_table, write_results
 
 
 def count(model: str, n_ctx: int, steps: int, flash: bool = False, fuse: bool = True) -> dict:
@@ -70,30 +72,28 @@ def count(model: str, n_ctx: int, steps: int, flash: bool = False, fuse: bool = 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-m", "--model", default="default")
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 parents=[model_option("default"), out_option("")])
     ap.add_argument("-c", "--ctx", type=int, default=256)
     ap.add_argument("-n", "--steps", type=int, default=20)
-    ap.add_argument("--json", default="")
     args = ap.parse_args()
-    rows = [count(args.model, args.ctx, args.steps, fa, fuse)
+    rows = [count(args.model.spec, args.ctx, args.steps, fa, fuse)
             for fa in (False, True) for fuse in (False, True)]
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True).stdout.strip()
-    print(f"{args.model}: CUDA launches per decode token (context {args.ctx}), counted in the "
-          f"PTX-only mode; host ms: ggraph's own work per token, numba's dispatch not included")
+    print(f"{args.model.spec}: CUDA launches per decode token (context {args.ctx}), counted in "
+          f"the PTX-only mode; host ms: ggraph's own work per token, numba's dispatch not "
+          f"included")
     kernels = sorted({k for r in rows for k in r["by_kernel"]})
-    print("| attention | fusion | launches | host ms | " + " | ".join(kernels) + " |")
-    print("|---" * (4 + len(kernels)) + "|")
-    for r in rows:
-        print(f"| {'flash' if r['flash_attn'] else 'K*Q, softmax, V'} | "
-              f"{'on' if r['fused'] else 'off'} | {r['launches_per_token']:.0f} | "
-              f"{r['host_ms_per_token']:.2f} | " +
-              " | ".join(str(r["by_kernel"].get(k, 0)) for k in kernels) + " |")
-    if args.json:
-        Path(args.json).write_text(json.dumps(
-            {"commit": rev, "cpu": platform.processor() or platform.machine(),
-             "context": args.ctx, "rows": rows}, indent=1))
+    print_table(rows, [
+        Column(lambda r: "flash" if r["flash_attn"] else "K*Q, softmax, V", "attention",
+               align="<"),
+        Column(lambda r: "on" if r["fused"] else "off", "fusion", align="<"),
+        Column("launches_per_token", "launches", "{:.0f}"),
+        Column("host_ms_per_token", "host ms", "{:.2f}"),
+        *(Column(lambda r, k=k: r["by_kernel"].get(k, 0), k) for k in kernels)], markdown=True)
+    if args.out:
+        write_results(args.out, rows, args=args, extra={
+            "commit": git_commit()[0], "cpu": platform.processor() or platform.machine(),
+            "context": args.ctx})
     return 0
 
 

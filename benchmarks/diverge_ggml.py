@@ -18,47 +18,46 @@ repacked Q4_K kernels round differently), ggraph --ggml-exact --repacked's by 0.
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import (import_llama_cpp, llama_cpp_model, model_option, out_option, results_path,
+                    write_results)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 parents=[model_option("default"), out_option(
+                                     None, help="default: benchmarks/results/"
+                                                "diverge_ggml[_MODEL].json")])
     ap.add_argument("-p", default="Once upon a time, in a small village,")
     ap.add_argument("--ggml-exact", action="store_true", help="ggraph's ggml_exact mode")
     ap.add_argument("--layers", type=int, default=3, help="layers shown node by node")
-    ap.add_argument("--model", default="default", help="a name resolve_model knows")
     ap.add_argument("--repacked", action="store_true",
                     help="--ggml-exact as llama.cpp computes (repacked Q4_K), not as libggml")
-    ap.add_argument("--json", default=None,
-                    help="default: benchmarks/results/diverge_ggml[_MODEL].json")
     args = ap.parse_args()
-    if args.json is None:
-        tail = "" if args.model == "default" else f"_{args.model}"
-        args.json = f"benchmarks/results/diverge_ggml{tail}.json"
+    name = args.model.spec
+    if args.out is None:
+        args.out = results_path(f"diverge_ggml{'' if name == 'default' else f'_{name}'}.json")
     if args.ggml_exact:
         os.environ["GGRAPH_FUSE"] = "0"   # read when backends/cpu/fusion.py is imported
-    from ggraph.backends.cpu.threads import configure_openmp
-
-    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
-    import llama_cpp
+    import_llama_cpp()   # before the CPU backend loads numba's OpenMP runtime
 
     from ggraph.backends.cpu import CPUBackend
     from ggraph.check.conformance import nmse
     from ggraph.check.ggml_ref import run_graph
     from ggraph.graphs.models.arch import model_class
     from ggraph.backends.cpu import ggml_exact_kquants
-    from ggraph.graphs.gguf.fetch import resolve_model
     from ggraph.graphs.gguf.gguf_file import load_gguf
     from ggraph.ir.tensor import Context
 
-    path = str(resolve_model(args.model))
-    llm = llama_cpp.Llama(model_path=path, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2,
-                          logits_all=True, verbose=False)
-    bos = args.model != "default"    # SmolLM2's template adds none; Gemma's vocabulary does
+    path = str(args.model)
+    llm = llama_cpp_model(path, n_ctx=256, n_batch=64, n_ubatch=64, threads=2, logits_all=True)
+    bos = name != "default"    # SmolLM2's template adds none; Gemma's vocabulary does
     toks = llm.tokenize(args.p.encode(), add_bos=bos, special=False)
     llm.eval(toks)
     cpp = np.array(llm.scores[: len(toks)])
@@ -79,7 +78,7 @@ def main() -> int:
     L = len(toks)
     ggml_logits = ref[id(mg.logits)].reshape(L, -1)
     ours = s.read(mg.logits).reshape(L, -1)
-    out = {"model": args.model, "prompt": args.p, "tokens": toks, "ggml_exact": args.ggml_exact,
+    out = {"model": name, "prompt": args.p, "tokens": toks, "ggml_exact": args.ggml_exact,
            "repacked": args.repacked,
            "nmse_ggml_on_ggraph_graph_vs_llama_cpp": float(nmse(cpp, ggml_logits)),
            "nmse_ggraph_vs_llama_cpp": float(nmse(cpp, ours)), "nodes": []}
@@ -96,9 +95,7 @@ def main() -> int:
         out["nodes"].append(row)
         if any(n.name.endswith(x) for x in shown) or n is mg.logits:
             print(f"{n.name:28} {str(n.op):10} {str(row['equal']):>6} {e:16.2e}")
-    with open(args.json, "w") as fh:
-        json.dump(out, fh, indent=1)
-    print(f"wrote {args.json}")
+    write_results(args.out, args=args, extra=out, threads=2)   # llama.cpp's threads
     return 0
 
 

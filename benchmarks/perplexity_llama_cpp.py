@@ -32,6 +32,10 @@ import numpy as np
 
 from ggraph.graphs.eval.bench import machine_info
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import (import_llama_cpp, llama_cpp_model, model_option, out_option, results_path,
+                    threads_option, write_results)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEXT = os.path.join(HERE, "..", "tests", "data", "ppl", "python_reference.txt")
 
@@ -48,15 +52,10 @@ def load_tokens(model: str, n_ctx: int, n_chunks: int):
                                      tok.bos if tok.add_bos else None)
 
 
-def llama_cpp_model(model: str, n_ctx: int, threads: int):
-    from ggraph.backends.cpu.threads import configure_openmp
-
-    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
-    import llama_cpp
-
-    return llama_cpp.Llama(model_path=model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
-                           n_threads=threads, n_threads_batch=threads, logits_all=True,
-                           verbose=False)
+def llama_cpp_ppl(model: str, n_ctx: int, threads: int):
+    """llama.cpp with every position's logits, a chunk in one batch."""
+    return llama_cpp_model(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
+                           threads=threads, logits_all=True)
 
 
 def llama_cpp_evaluate(llm):
@@ -109,7 +108,7 @@ def mode_base(args: argparse.Namespace, model: str) -> None:
     """A subprocess mode: write one base file, print its figures as JSON on the last line."""
     _, tokens, chunking = load_tokens(model, args.ctx, args.chunks)
     if args.mode == "llama-base":
-        llm = llama_cpp_model(model, args.ctx, args.threads)
+        llm = llama_cpp_ppl(model, args.ctx, args.threads)
         evaluate, n_vocab = llama_cpp_evaluate(llm), llm.n_vocab()
     else:
         from ggraph.graphs.gguf.gguf_reader import read_header
@@ -147,7 +146,7 @@ def compare(evaluate, tokens, chunking, bases: dict, chunks: int | None = None) 
 def run_sub(args: argparse.Namespace, mode: str, out: str, env_extra: dict) -> dict:
     env = {**os.environ, **env_extra}
     cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--base-out", out,
-           "--model", args.model, "--chunks", str(args.chunks), "--ctx", str(args.ctx),
+           "--model", str(args.model), "--chunks", str(args.chunks), "--ctx", str(args.ctx),
            "--threads", str(args.threads)]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
@@ -176,40 +175,32 @@ def cli_kld(args: argparse.Namespace, model: str, base: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="default")
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 parents=[model_option("default"), threads_option(2),
+                                          out_option(results_path("perplexity_llama_cpp.json"))])
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--exact-chunks", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--mode", choices=("all", "llama-base", "ggraph-base"), default="all")
     ap.add_argument("--base-out", help="the base file a --mode writes")
-    ap.add_argument("--json", default=os.path.join(HERE, "results",
-                                                   "perplexity_llama_cpp.json"))
     args = ap.parse_args()
     import numba
 
-    from ggraph.graphs.gguf.fetch import resolve_model
-
     numba.set_num_threads(args.threads)
-    model = resolve_model(args.model)
+    model = str(args.model)
     if args.mode != "all":
         if not args.base_out:
             ap.error("--mode needs --base-out FILE")
         mode_base(args, model)
         return
-    from ggraph.backends.cpu.threads import configure_openmp
-
-    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
-    import llama_cpp
-
+    llama_cpp = import_llama_cpp()
     t_start = time.perf_counter()
     _, tokens, chunking = load_tokens(model, args.ctx, args.chunks)
     tmp = tempfile.mkdtemp(prefix="ggraph-ppl-")
     ref_base, cpp_base = os.path.join(tmp, "reference.kld"), os.path.join(tmp, "llama_cpp.kld")
     try:
         print("llama.cpp ...", file=sys.stderr, flush=True)
-        llm = llama_cpp_model(model, args.ctx, args.threads)
+        llm = llama_cpp_ppl(model, args.ctx, args.threads)
         cpp_toks = llm.tokenize(read_bytes(TEXT), add_bos=False, special=False)
         cpp = write_base(llama_cpp_evaluate(llm), tokens, chunking, llm.n_vocab(), cpp_base)
         print("reference (GGRAPH_EXACT_ACTIVATIONS=1, subprocess) ...", file=sys.stderr,
@@ -275,10 +266,7 @@ def main() -> None:
                                              "llama_cpp": cpp_ex["ppl"],
                                              "holds": exact["ppl"]["ppl"] == cpp_ex["ppl"]}
     print_table(res)
-    os.makedirs(os.path.dirname(args.json), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(res, f, indent=1)
-    print(f"wrote {args.json}")
+    write_results(args.out, args=args, extra=res)
 
 
 def read_bytes(path: str) -> bytes:

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import re
 import sys
 
 from ggraph.graphs.eval.bench import machine_info
 from ggraph.ir.types import MIB
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import (import_llama_cpp, llama_cpp_model, llama_cpp_version, out_option,
+                    results_path, write_results)
 
 SETTINGS = [  # (n_ctx, n_ubatch, type_k, type_v, flash_attn)
     (4096, 512, "f16", "f16", False),
@@ -35,11 +38,7 @@ class LlamaLog:
     """Collects llama.cpp's log through llama_log_set (its memory lines)."""
 
     def __init__(self) -> None:
-        from ggraph.backends.cpu.threads import configure_openmp
-
-        configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
-        import llama_cpp
-
+        llama_cpp = import_llama_cpp()
         self.lines: list[str] = []
         self._buf = ""
 
@@ -56,17 +55,9 @@ class LlamaLog:
 
 def llama_cpp_memory(path: str, n_ctx: int, n_ubatch: int, tk: str, tv: str, fa: bool,
                      log: LlamaLog) -> dict:
-    from ggraph.backends.cpu.threads import configure_openmp
-
-    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
-    import llama_cpp
-
-    from ggraph.ir.types import GGMLType
-
     log.lines.clear()
-    llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_batch=n_ubatch, n_ubatch=n_ubatch,
-                          type_k=int(GGMLType.parse(tk)), type_v=int(GGMLType.parse(tv)),
-                          flash_attn=fa, n_threads=2, verbose=True,
+    llm = llama_cpp_model(path, n_ctx=n_ctx, n_batch=n_ubatch, n_ubatch=n_ubatch, type_k=tk,
+                          type_v=tv, flash_attn=fa, threads=2, verbose=True,
                           swa_full=False)  # llama-cli's default; llama-cpp-python's is full
     del llm
     kv = [ln.strip() for ln in log.lines if "llama_kv_cache: size" in ln
@@ -90,9 +81,9 @@ def ggraph_memory(path: str, n_ctx: int, n_ubatch: int, tk: str, tv: str, fa: bo
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 parents=[out_option(results_path("plan_llama_cpp.json"))])
     ap.add_argument("--models", default="smollm2,gemma3")
-    ap.add_argument("--json", default="benchmarks/results/plan_llama_cpp.json")
     args = ap.parse_args()
     from ggraph.graphs.gguf.fetch import resolve_model
 
@@ -113,12 +104,10 @@ def main() -> int:
                   f"{g_kv if g_kv is None else round(g_kv, 2)!s:>8} MiB  compute "
                   f"{ref['compute_mib']!s:>8} / {g_cb if g_cb is None else round(g_cb, 2)!s:>8}"
                   f" MiB  {ours.get('error', '')}", flush=True)
-    out = {"cpu": machine_info().line, "llama_cpp": __import__("llama_cpp").__version__,
-           "note": "each cell: llama.cpp / ggraph; KV must be equal, ggraph's compute buffer "
-                   "at or below llama.cpp's", "rows": rows}
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(out, f, indent=1)
+    out = write_results(args.out, rows, args=args, threads=2, extra={
+        "cpu": machine_info().line, "llama_cpp": llama_cpp_version(),
+        "note": "each cell: llama.cpp / ggraph; KV must be equal, ggraph's compute buffer "
+                "at or below llama.cpp's"})
     # the KV lines must be the same text (sizes printed to 0.01 MiB, per cache); the compute
     # buffer at or below llama.cpp's
     bad = [r for r in rows if "error" in r["ggraph"]

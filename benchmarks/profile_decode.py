@@ -11,28 +11,29 @@ figure printed first.
 from __future__ import annotations
 
 import argparse
-import json
+import os
+import sys
 import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import model_option, out_option, threads_option, write_results
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", default="default", help="resolve_model() name or a .gguf path")
-    ap.add_argument("--threads", type=int, default=2)
+    ap = argparse.ArgumentParser(description=__doc__, parents=[
+        model_option("default"), threads_option(2), out_option("")])
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens (one ubatch)")
     ap.add_argument("--gen", type=int, default=32, help="decode tokens to time")
     ap.add_argument("--by", choices=("op", "name", "both"), default="both")
     ap.add_argument("--top", type=int, default=16)
-    ap.add_argument("--json", default="")
     args = ap.parse_args()
 
     from ggraph.backends.profile import Profile
     from ggraph.graphs.runtime.engine import Engine, EngineConfig
-    from ggraph.graphs.gguf.fetch import resolve_model
 
-    path = str(resolve_model(args.model))
+    path = str(args.model)
     eng = Engine(path, EngineConfig(n_ctx=1024, n_ubatch=512, n_threads=args.threads,
                                     reserve_outputs="last"))
     rng = np.random.default_rng(0)
@@ -68,10 +69,8 @@ def main() -> None:
             print("\n".join(prof.table(by=by, top=args.top)))
             print()
         out[what] = dict(tok_s=speed, **prof.to_json())
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-        print(f"wrote {args.json}")
+    if args.out:
+        write_results(args.out, args=args, extra=out)
 
 
 if __name__ == "__main__":

@@ -12,30 +12,32 @@ process (two CPU backends) and one backend alone are timed beside them.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import subprocess
+import os
+import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
+from ggraph.graphs.eval.bench import machine_info
 
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import Column, git_commit, out_option, print_table, repeat_option, write_results
+
+COLUMNS = [Column("run", align="<"), Column("tokens_per_s", "prompt tokens/s", "{:.1f}"),
+           Column(lambda r: (f"{r['stage_kernel_s']:.2f}" if "overlap" in r else "-")
+                  + f" / {r['seconds']:.2f}", "stage kernel s / wall s"),
+           Column("overlap", fmt="{:.2f}"),
+           Column("decode_tokens_per_s", "decode tokens/s", "{:.1f}")]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 parents=[repeat_option(3, help="repetitions (median)"),
+                                          out_option("")])
     ap.add_argument("-p", type=int, default=256, help="prompt tokens")
     ap.add_argument("-ub", type=int, default=32, help="ubatch size")
-    ap.add_argument("-r", type=int, default=3, help="repetitions (median)")
     ap.add_argument("-n", type=int, default=16, help="tokens generated (decode speed)")
-    ap.add_argument("--json", default="")
     args = ap.parse_args()
 
     import ray
@@ -60,7 +62,7 @@ def main() -> int:
         eng.eval(prompt[:args.ub * 2], n_past=0)  # compile and ship the graphs: a prompt's
         eng.eval(prompt[:1])                      # and a decode step's
         walls, busy = [], []
-        for _ in range(args.r):
+        for _ in range(args.repeat):
             if hasattr(eng.runner, "stage_busy"):
                 eng.runner.stage_busy()
             t0 = time.perf_counter()
@@ -89,23 +91,15 @@ def main() -> int:
               f"{row['decode_tokens_per_s']:.1f} tok/s"
               + (f", stages busy {row['stage_kernel_s']:.2f} s of {wall:.2f} s "
                  f"(overlap {row['overlap']:.2f})" if busy else ""), flush=True)
-    cpu = cpu_name()
+    cpu = machine_info().cpu
     print(f"\nSmolLM2-135M Q4_1, prompt {args.p} tokens, ubatch {args.ub}, one thread per "
           f"stage; CPU: {cpu}")
-    print("| run | prompt tokens/s | stage kernel s / wall s | overlap | decode tokens/s |\n"
-          "|---|---|---|---|---|")
-    for r in rows:
-        ov = (f"{r['stage_kernel_s']:.2f} / {r['seconds']:.2f} | {r['overlap']:.2f}"
-              if "overlap" in r else f"- / {r['seconds']:.2f} | -")
-        print(f"| {r['run']} | {r['tokens_per_s']:.1f} | {ov} | "
-              f"{r['decode_tokens_per_s']:.1f} |")
+    print_table(rows, COLUMNS, markdown=True)
     same = len({tuple(r["generated"]) for r in rows}) == 1
     print(f"greedy tokens {'equal' if same else 'DIFFER'} across the runs")
-    if args.json:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True).stdout.strip()
-        Path(args.json).write_text(json.dumps({"commit": rev, "cpu": cpu, "rows": rows,
-                                               "greedy_equal": same}, indent=1))
+    if args.out:
+        write_results(args.out, rows, args=args, threads=1, extra={
+            "commit": git_commit()[0], "cpu": cpu, "greedy_equal": same})
     ray.shutdown()
     return 0
 

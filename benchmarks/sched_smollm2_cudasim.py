@@ -11,18 +11,21 @@ backends (tests/test_sched.py).
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import out_option, results_path, write_results
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 parents=[out_option(results_path("sched_smollm2_cudasim.json"))])
     ap.add_argument("--ngl", type=int, default=2, help="layers on the CUDA device")
     ap.add_argument("-n", type=int, default=4, help="tokens to generate")
     ap.add_argument("-p", default="The capital of France is")
-    ap.add_argument("--json", default="benchmarks/results/sched_smollm2_cudasim.json")
     args = ap.parse_args()
 
     from ggraph.backends.cuda import runtime as R
@@ -52,9 +55,7 @@ def main() -> int:
            "n_gpu_layers": args.ngl, "cuda_mode": R.MODE, "tokens_cpu": ref,
            "tokens_split": got, "equal": same, "seconds_cpu": t_cpu, "seconds_split": t_split,
            "memory": split.memory_lines()}
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(out, f, indent=1)
+    write_results(args.out, args=args, extra=out)
     return 0 if same else 1
 
 

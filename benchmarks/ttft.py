@@ -41,6 +41,12 @@ import tempfile
 import time
 from typing import Any
 
+# benchlib.py imports only the standard library: nothing before a child's first milestone
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import (Column, code_version, command_line, import_llama_cpp, llama_cpp_model,
+                    model_option, out_option, print_table, results_path, threads_option,
+                    write_results)
+
 # long enough for any tokenizer to give --prompt-tokens tokens; the same text on both engines
 PROMPT = ("def quicksort(items: list[int]) -> list[int]:\n"
           "    \"\"\"Sort a list of integers with the quicksort algorithm and return a new "
@@ -118,14 +124,10 @@ def child_llama_cpp(a: argparse.Namespace, stamps: Stamps,
                     cpu: dict[str, float]) -> dict[str, Any]:
     import numpy as np
 
-    from ggraph.backends.cpu.threads import configure_openmp
-
-    configure_openmp()   # libggml-cpu loads the OpenMP runtime: bounded spin first
-    import llama_cpp
+    llama_cpp = import_llama_cpp()
     stamps("import")
-    llm = llama_cpp.Llama(model_path=a.model, n_ctx=a.ctx, n_batch=512, n_ubatch=512,
-                          n_threads=a.threads, n_threads_batch=a.threads,
-                          flash_attn=a.fa == "on", verbose=False)
+    llm = llama_cpp_model(a.model, n_ctx=a.ctx, n_batch=512, n_ubatch=512, threads=a.threads,
+                          flash_attn=a.fa == "on")
     stamps("load")
     n_vocab = llm.n_vocab()
 
@@ -186,21 +188,6 @@ def run_child(a: argparse.Namespace, engine: str, env: dict[str, str],
     return r
 
 
-def code_version() -> str:
-    """The commit of the ggraph being measured, "+uncommitted" where its checkout differs."""
-    import ggraph
-
-    where = os.path.dirname(os.path.dirname(os.path.abspath(ggraph.__file__)))
-    try:
-        head = subprocess.run(["git", "-C", where, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", where, "status", "--porcelain", "-uno"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return f"not a git checkout ({where})"
-    return head + ("+uncommitted" if dirty else "")
-
-
 def read_through(path: str) -> None:
     """Read the file once, so that every run finds it in the page cache."""
     with open(path, "rb") as f:
@@ -226,34 +213,26 @@ def measure(a: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-COLS = [("variant", "", 12, "{}"), ("import_s", "import s", 8, "{:.2f}"),
-        ("load_s", "load s", 7, "{:.2f}"), ("prompt_s", "prompt s", 8, "{:.2f}"),
-        ("first_token_s", "1st token s", 11, "{:.2f}"), ("decode_s", "decode s", 8, "{:.2f}"),
-        ("second_token_s", "2nd token s", 11, "{:.2f}"),
-        ("cpu_first_s", "CPU s to 1st", 12, "{:.1f}"),
-        ("peak_rss_mib", "peak RSS MiB", 12, "{:.0f}"), ("rss_anon_mib", "anon MiB", 8, "{:.0f}"),
-        ("rss_file_mib", "file MiB", 8, "{:.0f}"),
-        ("compiled_kernels", "compiled", 8, "{}"), ("compile_s", "compile s", 9, "{:.1f}")]
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| " + " | ".join(t.ljust(w) if k == "variant" else t.rjust(w)
-                               for k, t, w, _ in COLS) + " |",
-             "| " + " | ".join("-" * (w - 1) + ("-" if k == "variant" else ":")
-                               for k, _, w, _ in COLS) + " |"]
-    for r in rows:
-        cells = [(f.format(r[k]) if k in r else "-") for k, _, _, f in COLS]
-        lines.append("| " + " | ".join(c.ljust(w) if k == "variant" else c.rjust(w)
-                                       for c, (k, _, w, _) in zip(cells, COLS)) + " |")
-    return "\n".join(lines)
+COLUMNS = [Column("variant", "", width=12, align="<"),
+           Column("import_s", "import s", "{:.2f}", 8), Column("load_s", "load s", "{:.2f}", 7),
+           Column("prompt_s", "prompt s", "{:.2f}", 8),
+           Column("first_token_s", "1st token s", "{:.2f}", 11),
+           Column("decode_s", "decode s", "{:.2f}", 8),
+           Column("second_token_s", "2nd token s", "{:.2f}", 11),
+           Column("cpu_first_s", "CPU s to 1st", "{:.1f}", 12),
+           Column("peak_rss_mib", "peak RSS MiB", "{:.0f}", 12),
+           Column("rss_anon_mib", "anon MiB", "{:.0f}", 8),
+           Column("rss_file_mib", "file MiB", "{:.0f}", 8),
+           Column("compiled_kernels", "compiled", "{}", 8),
+           Column("compile_s", "compile s", "{:.1f}", 9)]
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-m", "--model", default="qwen2.5-coder-1.5b",
-                    help="a GGUF path or a model name (default qwen2.5-coder-1.5b)")
-    ap.add_argument("-t", "--threads", type=int, default=2, help="threads on both (default 2)")
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 parents=[model_option("qwen2.5-coder-1.5b"),
+                                          threads_option(2, help="threads on both (default 2)"),
+                                          out_option(results_path("ttft.json"))])
     ap.add_argument("-fa", "--flash-attn", dest="fa", choices=("on", "off"), default="on",
                     help="flash attention on both (default on)")
     ap.add_argument("-c", "--ctx-size", dest="ctx", type=int, default=4096,
@@ -262,7 +241,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runs", type=int, default=1, help="cold/warm/llama.cpp rounds")
     ap.add_argument("--skip", action="append", default=[], choices=VARIANTS,
                     help="leave a variant out")
-    ap.add_argument("--json", default="benchmarks/results/ttft.json")
     ap.add_argument("--profile", choices=("cold", "warm"),
                     help="print the cProfile of one ggraph child instead (cold: a new cache)")
     ap.add_argument("--child", choices=("ggraph", "llama.cpp"), help=argparse.SUPPRESS)
@@ -278,9 +256,7 @@ def main(argv: list[str] | None = None) -> None:
         child(a)
         return
     from ggraph.graphs.eval.bench import machine_info
-    from ggraph.graphs.gguf.fetch import resolve_model
 
-    a.model = resolve_model(a.model)
     read_through(a.model)
     if a.profile:
         env = dict(os.environ)
@@ -301,20 +277,15 @@ def main(argv: list[str] | None = None) -> None:
           f"-fa {a.fa}, -c {a.ctx}; seconds from process start (import, load, prompt and "
           f"decode are the stages between); anon and file: resident MiB at the second token; "
           f"compiled: numba kernels (outermost) and their seconds\n")
-    print(table(rows))
+    print_table(rows, COLUMNS, markdown=True)
     print(f"\ncpu: {m.line}")
     firsts = {r["variant"]: r["tokens"][0] for r in rows}
     if len(set(firsts.values())) > 1:
         print(f"note: the first tokens differ: {firsts}")
-    out = dict(model=os.path.basename(a.model), threads=a.threads, flash_attn=a.fa == "on",
-               n_ctx=a.ctx, prompt_tokens=a.prompt_tokens, cpu=m.line, code=code_version(),
-               load_avg=list(os.getloadavg()),
-               command=" ".join(["python", "benchmarks/ttft.py", *(argv or sys.argv[1:])]),
-               rows=rows)
-    os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
-    with open(a.json, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"wrote {a.json}")
+    write_results(a.out, rows, args=a, argv=argv, extra=dict(
+        model=os.path.basename(a.model), threads=a.threads, flash_attn=a.fa == "on",
+        n_ctx=a.ctx, prompt_tokens=a.prompt_tokens, cpu=m.line, code=code_version(),
+        load_avg=list(os.getloadavg()), command=command_line(argv)))
 
 
 if __name__ == "__main__":
