@@ -23,14 +23,14 @@ import numpy as np
 
 from ggraph.codecs import buffers
 from ggraph.ir.graph import Graph
+from ggraph.plan.alloc import Allocator, BufferPlan
 from ggraph.plan.host_memory import check_buffers
 from ggraph.ir.opkind import OpKind
 from ggraph.ir.tensor import Tensor
-from ggraph.ir.types import MIB
 
 from .profile import Profile
 from .registry import KINDS
-from .runner import ComputeBuffer, ModelMemory, ThreadGuard, check_device
+from .runner import ComputeBuffer, MemoryFigures, ModelMemory, ThreadGuard, check_device
 
 KernelFn = Callable[[Tensor, "Session"], None]
 
@@ -140,15 +140,15 @@ class Session(ThreadGuard):
     The one-device Runner (backends/runner.py): its device is index 0, named as its
     allocator (the backend's name in capitals by default)."""
 
-    def __init__(self, backend: Backend, allocator: Any = None) -> None:
+    def __init__(self, backend: Backend, allocator: Allocator | None = None) -> None:
         self.backend = backend
         if allocator is None:
             from ggraph.plan.alloc import GraphAllocator
 
             allocator = GraphAllocator(alignment=backend.alignment, name=backend.name.upper())
-        self.allocator = allocator
+        self.allocator: Allocator = allocator
         self.arena: Any = None
-        self.plan: Any = None
+        self.plan: BufferPlan | None = None
         self.static: dict[Tensor, Any] = {}
         self._graph: Graph | None = None          # the graph whose calls are bound
         self._calls: list[Callable[[], None]] | None = None
@@ -162,7 +162,7 @@ class Session(ThreadGuard):
         ThreadGuard.__init__(self)                # run/read/write take turns
         self._in_run = False                      # kernels are running: a source they read is
         #                                           live at that step, freed or not afterwards
-        self.name: str = getattr(allocator, "name", backend.name.upper())
+        self.name: str = allocator.name
         self.placement: dict[Tensor, int] = {}    # always device 0; kept for the interface
         self._reserved: list[ComputeBuffer] = []  # what the last reserve() returned
         # work kernel binders share between the nodes of one bind_calls list (the CPU's
@@ -195,16 +195,14 @@ class Session(ThreadGuard):
     def plans(self) -> list[ComputeBuffer]:
         return list(self._reserved)
 
-    def memory_lines(self, model: ModelMemory) -> list[str]:
-        """llama.cpp's lines for one CPU-like device: the mapped weights, the KV cache, the
-        compute buffer (with ggml-alloc's size where ours differs) and the graph's size."""
-        lines = [f"{self.name}_Mapped model buffer size = {model.mapped_bytes / MIB:10.2f} MiB"]
-        lines += [f"{name} model buffer size = {n / MIB:10.2f} MiB"
-                  for name, n in self.backend.model_buffers()]
-        lines.append(model.kv_summary)
-        lines += [b.line(baseline=True) for b in self._reserved]
-        lines.append(f"graph nodes  = {model.graph.n_nodes}")
-        return lines
+    def memory_figures(self, model: ModelMemory) -> MemoryFigures:
+        """One device: the weights mapped from the file, the backend's own weight buffers
+        (CPU_REPACK), the compute buffer (beside ggml-alloc's size where ours differs) and the
+        graph's size; the KV cache is the model's to count."""
+        return MemoryFigures(mapped=((self.name, model.mapped_bytes),),
+                             model=tuple(self.backend.model_buffers()), kv=(),
+                             compute=tuple(self._reserved), nodes=model.graph.n_nodes,
+                             baseline=True)
 
     # -- memory ---------------------------------------------------------------------------
     def storage(self, t: Tensor) -> tuple[Any, int]:
@@ -277,14 +275,14 @@ class Session(ThreadGuard):
         bytes may hold a later node's values. Outputs, views of outputs and pre-allocated
         tensors (weights, caches, host data) are never freed. `shown` names t in messages."""
         root, plan = t.owner, self.plan
-        # plans without lifetimes (the conformance canary plan) free nothing
-        if (self._in_run or t.is_output or root.is_output
-                or getattr(plan, "placement", None) is None or root not in plan):
+        # a plan without lifetimes (the conformance canary plan) has no tensor in it
+        if (self._in_run or t.is_output or root.is_output or plan is None
+                or root not in plan):
             return
         p = plan.placement(root)
         if not p.freed:
             return
-        order = getattr(plan, "order", None) or []
+        order = plan.order
         user = f" (last used by {order[p.last].label})" if 0 <= p.last < len(order) else ""
         via = f" is a view of {root.label}, which" if root is not t else ""
         raise ValueError(f"tensor {(shown or t).describe()}{via} was freed by the plan at step "
@@ -418,8 +416,7 @@ class Session(ThreadGuard):
         return calls, groups
 
     def plan_order(self, graph: Graph) -> list[Tensor]:
-        order = getattr(self.plan, "order", None)
-        return list(order) if order is not None else graph.nodes
+        return list(self.plan.order) if self.plan is not None else graph.nodes
 
     def _feed(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray]) -> None:
         buffers.feed_inputs(graph, inputs, self.write)

@@ -24,10 +24,10 @@ from ggraph.plan.alloc import GraphAllocator
 from ggraph.ir.graph import Graph
 from ggraph.plan.sched import Schedule, schedule_graph
 from ggraph.ir.tensor import Tensor
-from ggraph.ir.types import MIB
 
 from .base import Backend, Session
-from .runner import ComputeBuffer, ModelMemory, ThreadGuard, check_device
+from . import registry
+from .runner import ComputeBuffer, MemoryFigures, ModelMemory, Offload, ThreadGuard, check_device
 
 
 @dataclass
@@ -195,9 +195,9 @@ class MultiSession(ThreadGuard):
             s.synchronize()
 
     # -- memory figures -------------------------------------------------------------------------
-    def memory_lines(self, model: ModelMemory) -> list[str]:
-        """llama.cpp's per-device lines: the offloaded layers, model buffers, KV buffers,
-        compute buffers (as reserved), then the graph's nodes and splits."""
+    def memory_figures(self, model: ModelMemory) -> MemoryFigures:
+        """Where the layers went, each device's weights and KV cache (from where its tensors
+        were placed), the compute buffers as reserved, and the graph's nodes and splits."""
         names = self._names
         weights = [0] * len(names)
         kv = [0] * len(names)
@@ -209,19 +209,12 @@ class MultiSession(ThreadGuard):
             seen.add(t)
             (kv if t in model.kv else weights)[d] += t.nbytes
         lm = model.layers
-        counts = ", ".join(f"{n} {lm.count(i)}" for i, n in enumerate(names))
-        lines = [f"load_tensors: offloaded {sum(lm.count(i) for i in range(self.host))}/"
-                 f"{len(lm.layers)} repeating layers (layers per device: {counts}; output "
-                 f"layer on {names[lm.output]})"]
-        lines += [f"{n} model buffer size = {w / MIB:10.2f} MiB" for n, w in zip(names, weights)
-                  if w]
-        lines.append(model.kv_summary)
-        lines += [f"llama_kv_cache: {n} KV buffer size = {b / MIB:10.2f} MiB"
-                  for n, b in zip(names, kv) if b]
-        lines += [b.line() for b in self._reserved]
-        lines.append(f"graph nodes  = {model.graph.n_nodes}")
-        lines.append(f"graph splits = {self.schedule(model.graph).n_splits}")
-        return lines
+        offload = Offload(sum(lm.count(i) for i in range(self.host)), len(lm.layers),
+                          tuple((n, lm.count(i)) for i, n in enumerate(names)), names[lm.output])
+        return MemoryFigures(mapped=(), model=tuple((n, w) for n, w in zip(names, weights) if w),
+                             kv=tuple((n, b) for n, b in zip(names, kv) if b),
+                             compute=tuple(self._reserved), nodes=model.graph.n_nodes,
+                             splits=self.schedule(model.graph).n_splits, offload=offload)
 
 
 def _default_names(backends: Sequence[Backend]) -> list[str]:
@@ -230,8 +223,10 @@ def _default_names(backends: Sequence[Backend]) -> list[str]:
     counts: dict[str, int] = {}
     out = []
     for b in backends[:-1]:
-        k = b.name.upper()
-        i = counts.get(k, 1 if k == "CPU" else 0)
+        kind = registry.KINDS.get(b.name)
+        k = kind.label if kind is not None else b.name.upper()
+        # the host is the bare label (CPU): a device of the host's kind counts from 1
+        i = counts.get(k, 1 if kind is not None and kind.threads else 0)
         counts[k] = i + 1
         out.append(f"{k}{i}")
     return out + [backends[-1].name.upper()]

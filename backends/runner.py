@@ -4,8 +4,9 @@ MultiSession).
 
 A runner places pre-allocated tensors (weights, caches) on its devices, reserves every
 device's compute buffer on a worst-case graph, runs graphs, reads and writes tensor values,
-and prints its memory figures in llama.cpp's wording. Devices are indexed in priority order
-with the host last; a single-backend runner has one device, index 0, which is its host.
+and returns its memory figures (MemoryFigures: bytes per device and buffer), which the model
+side words as llama.cpp does (graphs/runtime/memory_words.py). Devices are indexed in priority
+order with the host last; a single-backend runner has one device, index 0, which is its host.
 
 This file owns the Protocol and the small records passed through it; the implementations
 stay with their classes, so that a one-backend Session needs nothing from the scheduler.
@@ -20,7 +21,6 @@ import numpy as np
 
 from ggraph.ir.graph import Graph
 from ggraph.ir.tensor import Tensor
-from ggraph.ir.types import MIB
 
 if TYPE_CHECKING:
     from ggraph.plan.alloc import Plan
@@ -66,14 +66,11 @@ class ComputeBuffer:
     def size(self) -> int:
         return self.plan.size
 
-    def line(self, baseline: bool = False) -> str:
-        """llama.cpp's `<device> compute buffer size = ...` line; with `baseline`, ggml-alloc's
-        own size is added where the chosen plan differs from it."""
-        text = f"{self.device} compute buffer size = {self.size / MIB:10.2f} MiB"
+    @property
+    def baseline_size(self) -> int | None:
+        """ggml-alloc's own size for the same graph where the chosen plan differs from it."""
         base = self.plan.baseline
-        if baseline and base is not None and base.size != self.size:
-            text += f" (ggml-alloc's plan: {base.size / MIB:.2f} MiB)"
-        return text
+        return base.size if base is not None and base.size != self.size else None
 
 
 class LayerCounts(Protocol):
@@ -88,12 +85,34 @@ class LayerCounts(Protocol):
 
 @dataclass(frozen=True)
 class ModelMemory:
-    """What the runner cannot know about the model when it prints its memory lines."""
+    """What the runner cannot know about the model when it counts its memory."""
     graph: Graph                   # the worst-case graph that reserve() sized the buffers on
     mapped_bytes: int              # every weight's bytes (the file's tensor data, mapped)
     kv: frozenset[Tensor]          # the KV cache tensors, told apart from the weights
-    kv_summary: str                # the cache's own `llama_kv_cache: size = ...` line
     layers: LayerCounts            # the layer placement the weights were placed with
+
+
+@dataclass(frozen=True)
+class Offload:
+    """Where the repeating layers went (a runner of several devices)."""
+    offloaded: int                 # repeating layers not on the host
+    total: int                     # repeating layers
+    per_device: tuple[tuple[str, int], ...]   # (device, layers) in device order, host last
+    output: str                    # the device of the output layer
+
+
+@dataclass(frozen=True)
+class MemoryFigures:
+    """A runner's memory for one model, in bytes by device and buffer: figures, not words (the
+    model side prints them in llama.cpp's wording: graphs/runtime/memory_words.py)."""
+    mapped: tuple[tuple[str, int], ...]        # weights mapped from the file, by device
+    model: tuple[tuple[str, int], ...]         # weight buffers by name (CPU_REPACK, CUDA0)
+    kv: tuple[tuple[str, int], ...]            # KV cache bytes by device (several devices)
+    compute: tuple[ComputeBuffer, ...]         # compute buffers as reserve() sized them
+    nodes: int                                 # the worst-case graph's nodes
+    splits: int | None = None                  # its splits across devices (several devices)
+    offload: Offload | None = None             # where the layers went (several devices)
+    baseline: bool = False                     # show ggml-alloc's size beside a plan's own
 
 
 @runtime_checkable
@@ -133,8 +152,8 @@ class Runner(Protocol):
 
     def synchronize(self) -> None: ...
 
-    def memory_lines(self, model: ModelMemory) -> list[str]:
-        """Model, KV and compute buffer sizes per device, then the graph's figures."""
+    def memory_figures(self, model: ModelMemory) -> MemoryFigures:
+        """Model, KV and compute buffer bytes per device, and the graph's figures."""
         ...
 
     def __enter__(self) -> Runner: ...

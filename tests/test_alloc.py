@@ -7,6 +7,8 @@ import random
 
 import numpy as np
 import pytest
+
+from ggraph.backends import registry
 from test_alloc_properties import check_plan, random_graph
 
 from ggraph import (Context, GGMLType, Graph, GraphCapacityError, GraphCycleError, OpKind,
@@ -114,7 +116,7 @@ def test_flash_attention_has_no_kq_tensor():
 
 
 def test_cuda_alignment():
-    plan = GraphAllocator.for_backend("cuda").reserve(attention(n_tokens=7, n_kv=100))
+    plan = GraphAllocator(alignment=registry.alignment("cuda"), name="CUDA").reserve(attention(n_tokens=7, n_kv=100))
     assert plan.alignment == 128 and plan.name == "CUDA"
     assert all(p.offset % 128 == 0 for p in plan.placements.values())
     assert R.size_lines(plan)[0].startswith("CUDA compute buffer size = ")

@@ -20,7 +20,7 @@ from ggraph.graphs.testing.tiny import TinyLlama, write_tiny_llama
 
 # what the Engine may touch on its runner: the Protocol's members and nothing else
 RUNNER_API = {"names", "placement", "place", "reserve", "plans", "run", "read", "write",
-              "synchronize", "memory_lines"}
+              "synchronize", "memory_figures"}
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,7 @@ def test_engine_uses_only_the_runner_interface(tiny, devices, monkeypatch):
     assert list(eng.generate([5, 6], 3, stop_at_eos=False)) == \
         list(ref.generate([5, 6], 3, stop_at_eos=False))
     lines = eng.memory_lines()
-    assert {"reserve", "run", "read", "memory_lines", "place"} <= made[0].used
+    assert {"reserve", "run", "read", "memory_figures", "place"} <= made[0].used
     # reserve went through the runner, host last, and reserve_plan is the host's Plan
     assert [b.device for b in eng.reserve_plans] == eng.device_names
     assert eng.reserve_plan is eng.reserve_plans[-1].plan

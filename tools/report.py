@@ -15,7 +15,8 @@ import math
 import sys
 from typing import Any
 
-from ggraph.plan.alloc import ALIGNMENTS, AllocError, GraphAllocator
+from ggraph.backends import registry
+from ggraph.plan.alloc import AllocError, GraphAllocator
 from ggraph.ir.graph import Graph
 from ggraph.ir.tensor import Context
 from ggraph.ir.types import GGMLType
@@ -102,7 +103,7 @@ def register(subparsers: Any) -> None:
     a.add_argument("--max-bias", type=float, default=0.0, help="ALiBi max bias")
     o = p.add_argument_group("planning and output")
     o.add_argument("--strategy", choices=("default", "ggml"), default="default")
-    o.add_argument("--backend", choices=sorted(ALIGNMENTS), default="cpu",
+    o.add_argument("--backend", choices=sorted(registry.NAMES), default="cpu",
                    help="buffer type: cpu (alignment 32) or cuda (128)")
     o.add_argument("--alignment", type=int, help="override the backend's alignment")
     o.add_argument("--max-bytes", type=_bytes, help="buffer limit, e.g. 512M")
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         graph = attention_graph(args.n_head, args.n_head_kv, args.head_dim, args.n_tokens,
                                 args.n_kv, args.kv_type, args.amb, args.fa, args.max_bias)
-    allocator = GraphAllocator(alignment=args.alignment or ALIGNMENTS[args.backend],
+    allocator = GraphAllocator(alignment=args.alignment or registry.alignment(args.backend),
                                strategy=args.strategy, max_bytes=args.max_bytes,
                                name=args.backend.upper())
     try:

@@ -78,6 +78,12 @@ class CanaryPlan:
     def offset(self, t: Tensor) -> int:
         return self.slots[t][0]
 
+    def __contains__(self, t: Tensor) -> bool:
+        return False   # no lifetimes: every tensor keeps its own slot, nothing is freed
+
+    def placement(self, t: Tensor) -> Any:
+        raise KeyError(f"the canary plan keeps no lifetimes ({t.label})")
+
     def canary_damage(self, arena: np.ndarray) -> list[str]:
         """Names of tensors whose surrounding bytes changed."""
         arena = np.asarray(arena)
@@ -97,13 +103,18 @@ class CanaryPlan:
 
 
 class CanaryAllocator:
-    def __init__(self, alignment: int) -> None:
-        self.alignment = alignment
+    """Each tensor in its own slot between canaries (the Allocator of ggraph.plan.alloc)."""
+
+    def __init__(self, alignment: int, name: str = "CPU") -> None:
+        self.alignment, self.name = alignment, name
         self.plan: CanaryPlan | None = None
 
     def alloc(self, graph: Graph, reserve_on_growth: bool = True) -> CanaryPlan:
         self.plan = CanaryPlan(graph, self.alignment)
         return self.plan
+
+    def reserve(self, graph: Graph) -> CanaryPlan:
+        return self.alloc(graph)
 
 
 @dataclass
@@ -140,7 +151,7 @@ def run_case(case: Case, backend: Any, reference: Any = None) -> Result:
     if isinstance(expected, str):
         return Result(case, "not supported", detail=expected)
     leaf_data = {t: t.data.copy() for t in graph.leafs if t.data is not None}
-    alloc = CanaryAllocator(backend.alignment)
+    alloc = CanaryAllocator(backend.alignment, backend.name.upper())
     session = backend.session(allocator=alloc)
     got, dt = _run_framed(session, graph, out)
     problems = [f"canary overwritten around {n}" for n in
@@ -367,14 +378,17 @@ class FramedAllocator:
     def __init__(self, inner: Any, alignment: int) -> None:
         self.inner = inner
         self.alignment = alignment
-        if hasattr(inner, "name"):           # a Session names its device after its allocator
-            self.name = inner.name
+        self.name = inner.name               # a Session names its device after its allocator
         self.pad = -(-CANARY // alignment) * alignment
         self.plan: FramedPlan | None = None
 
     def alloc(self, graph: Graph, reserve_on_growth: bool = True) -> FramedPlan:
         self.plan = FramedPlan(self.inner.alloc(graph, reserve_on_growth=reserve_on_growth),
                                self.pad)
+        return self.plan
+
+    def reserve(self, graph: Graph) -> FramedPlan:
+        self.plan = FramedPlan(self.inner.reserve(graph), self.pad)
         return self.plan
 
 

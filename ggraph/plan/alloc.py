@@ -28,7 +28,7 @@ this file checks graphs, runs the candidates and builds, reserves and reuses pla
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from ggraph.plan.alloc_fit import Fit, fit_offline, fit_online
 from ggraph.plan.alloc_order import greedy_order, subtree_order
@@ -37,7 +37,6 @@ from ggraph.ir.graph import Graph, GraphCapacityError, GraphCycleError
 from ggraph.ir.tensor import Flag, Tensor, fmt_ne
 from ggraph.ir.types import MIB
 
-ALIGNMENTS = {"cpu": 32, "cuda": 128}   # ggml CPU TENSOR_ALIGNMENT, CUDA buffer alignment
 STRATEGIES = ("default", "ggml")
 
 
@@ -420,6 +419,37 @@ def _signature(graph: Graph) -> list[tuple]:
     return sig
 
 
+class BufferPlan(Protocol):
+    """What a Session reads of a plan: Plan, and the conformance harness's canary and framed
+    plans (ggraph/check/conformance.py). A plan without lifetimes has no tensor `in` it."""
+    size: int                 # the buffer's bytes
+    order: list[Tensor]       # the execution order the backend must keep
+
+    def offset(self, t: Tensor) -> int:
+        """Byte offset of planned tensor t in the buffer."""
+        ...
+
+    def __contains__(self, t: Tensor) -> bool:
+        """Whether the plan knows t's lifetime (then `placement(t)` says when it is freed)."""
+        ...
+
+    def placement(self, t: Tensor) -> Placement: ...
+
+
+class Allocator(Protocol):
+    """What a Session asks of its allocator (GraphAllocator; the conformance harness's)."""
+    name: str                 # the device's name in llama.cpp's lines (CPU, CUDA0)
+    alignment: int
+
+    def reserve(self, graph: Graph) -> BufferPlan:
+        """Size the buffer on a worst-case graph."""
+        ...
+
+    def alloc(self, graph: Graph, reserve_on_growth: bool = False) -> BufferPlan:
+        """Place a graph (in the reserved buffer where there is one)."""
+        ...
+
+
 class GraphAllocator:
     """Plans graphs for one buffer type: reserve() sizes the buffer on a worst-case graph,
     alloc() places later graphs of the same topology at the reserved offsets."""
@@ -438,15 +468,6 @@ class GraphAllocator:
             alignment, strategy, max_bytes, name
         self.keep_order = keep_order
         self.reserved: Plan | None = None
-
-    @classmethod
-    def for_backend(cls, backend: str, **kw) -> GraphAllocator:
-        """CPU (alignment 32) or CUDA (alignment 128)."""
-        key = backend.lower()
-        if key not in ALIGNMENTS:
-            raise ValueError(f"unknown backend {backend!r}; expected one of "
-                             f"{', '.join(ALIGNMENTS)}")
-        return cls(alignment=ALIGNMENTS[key], name=kw.pop("name", key.upper()), **kw)
 
     @property
     def buffer_size(self) -> int:
@@ -524,7 +545,7 @@ class GraphAllocator:
                     baseline=res.baseline, max_bytes=res.max_bytes, _sig=sig, _perm=res._perm)
 
 
-__all__ = ["ALIGNMENTS", "STRATEGIES", "AllocError", "BufferLimitError", "Failure",
+__all__ = ["Allocator", "BufferPlan", "STRATEGIES", "AllocError", "BufferLimitError", "Failure",
            "GraphAllocator", "GraphOrderError", "GraphOverCapacityError", "Placement", "Plan",
            "TensorGrewError", "TensorSizeError", "TopologyError", "check_graph", "greedy_order",
            "plan_graph", "subtree_order", "tensor_size"]

@@ -33,7 +33,7 @@ import numpy as np
 from ggraph.plan.alloc import GraphAllocator, Plan
 from ggraph import config
 from ggraph.backends import registry
-from ggraph.backends.runner import ComputeBuffer, ModelMemory, Runner
+from ggraph.backends.runner import ComputeBuffer, MemoryFigures, ModelMemory, Runner
 from ggraph.plan.host_memory import check_buffers
 from ggraph.ir.tensor import Context
 
@@ -41,6 +41,7 @@ from ggraph.graphs.models.arch import KShift, build_model, supports
 from ggraph.graphs.gguf.gguf_file import GGUFError, load_gguf, lock_memory
 from ggraph.graphs.models.kv_cache import shift_graph
 from ggraph.graphs.models.model_graph import ModelGraph
+from ggraph.graphs.runtime.memory_words import memory_lines
 from ggraph.graphs.deploy.placement import LayerMap, layer_map, parse_devices, place_tensors
 from ggraph.graphs.gguf.tensor_check import check_tensors
 from ggraph.graphs.tokenizers.tokenizer import Tokenizer
@@ -308,14 +309,16 @@ class Engine:
         kv = sum(t.nbytes for t in self.cache.k + self.cache.v if placed.get(t, 0) == host)
         check_buffers([("KV cache", kv), ("compute", self.reserve_plans[-1].size)])
 
-    def memory_lines(self) -> list[str]:
-        """llama.cpp's memory lines for the worst case, per device: the runner's wording (a
-        cache of several parts prints several lines, each its own entry)."""
-        lines = self.runner.memory_lines(ModelMemory(
+    def memory_figures(self) -> MemoryFigures:
+        """The runner's memory for the worst case, per device and buffer (bytes)."""
+        return self.runner.memory_figures(ModelMemory(
             graph=self.worst_case.graph, mapped_bytes=self.file.tensor_bytes,
-            kv=frozenset(self.cache.k + self.cache.v),
-            kv_summary="\n".join(self.cache.summary_lines()), layers=self.layers))
-        return [part for line in lines for part in line.split("\n")]
+            kv=frozenset(self.cache.k + self.cache.v), layers=self.layers))
+
+    def memory_lines(self) -> list[str]:
+        """llama.cpp's memory lines for the worst case, per device (memory_words.py), with
+        the cache's own summary lines."""
+        return memory_lines(self.memory_figures(), self.cache.summary_lines())
 
     # -- evaluation ---------------------------------------------------------------------------
     def eval(self, tokens: list[int], all_logits: bool = False, n_past: int | None = None
