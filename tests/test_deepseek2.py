@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 import pytest
+from llama_cpp_ref import array, live, recorded
+
 from ggraph.graphs.models.archs import deepseek2
 from ggraph.graphs.runtime.engine import Engine, EngineConfig
 from ggraph.graphs.gguf.gguf_file import GGUFError, load_gguf
@@ -356,12 +358,27 @@ def test_ggraph_run_cli(files, capsys):
     assert "V: none (MLA" in err and "graph nodes" in err
 
 
-@pytest.mark.parametrize("variant", [None, "yarn without log multiplier",
-                                     "softmax gating, no groups, no bias, no norm"])
+LLAMA_CPP_VARIANTS = [None, "yarn without log multiplier",
+                      "softmax gating, no groups, no bias, no norm"]
+
+
+@pytest.mark.parametrize("variant", LLAMA_CPP_VARIANTS)
 def test_llama_cpp_logits(tmp_path, variant):
     """F32 weights and caches: ggraph's logits against llama.cpp's (NMSE < 1e-4; measured
     about 3e-13 for the reference executor and 1e-12 for the CPU backend)."""
-    pytest.importorskip("llama_cpp", reason="no llama-cpp-python (the reference)")
+    cmp = compare_module()
+    toks, path = llama_cpp_case(cmp, tmp_path, variant)
+    if live() is not None:
+        ref, _ = cmp.llama_cpp_logits(path, toks, n_gen=0)
+    else:  # recorded by scripts/record_llama_cpp.py from the same file
+        ref = array(recorded("deepseek2_tiny", path, exact=True, case=str(variant))["logits"])
+    assert cmp.nmse(ref, cmp.ggraph_logits(path, toks, backend="reference")) < 1e-4
+    if variant is None:
+        assert cmp.nmse(ref, cmp.ggraph_logits(path, toks, path_name="absorbed-fa")) < 1e-4
+
+
+def compare_module():
+    """benchmarks/compare_deepseek2_llama_cpp.py (it imports llama_cpp only when it runs)."""
     import importlib.util
     import pathlib
 
@@ -370,10 +387,11 @@ def test_llama_cpp_logits(tmp_path, variant):
         "compare_deepseek2_llama_cpp.py")
     cmp = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cmp)
+    return cmp
+
+
+def llama_cpp_case(cmp, tmp_path, variant) -> tuple[list[int], str]:
+    """The tokens and the tiny file (written to `tmp_path`) of one variant."""
     toks = [int(x) for x in np.random.default_rng(5).integers(3, 250, 16)]
     cfg = TinyDeepSeek2() if variant is None else cmp.variants()[variant]
-    path = str(write_tiny_deepseek2(tmp_path / "t.gguf", cfg))
-    ref, _ = cmp.llama_cpp_logits(path, toks, n_gen=0)
-    assert cmp.nmse(ref, cmp.ggraph_logits(path, toks, backend="reference")) < 1e-4
-    if variant is None:
-        assert cmp.nmse(ref, cmp.ggraph_logits(path, toks, path_name="absorbed-fa")) < 1e-4
+    return toks, str(write_tiny_deepseek2(tmp_path / "t.gguf", cfg))

@@ -2,9 +2,9 @@
 
 For SmolLM2, Gemma 3 and Qwen2.5 0.5B the EOG set is compared with llama.cpp's for every token
 id: with llama-cpp-python's llama_vocab_is_eog when it is installed, and always with the sets
-it gave, recorded in tests/data/eog/ (`python tests/test_eog.py` writes them again). The rules
-themselves (ids found by text, llama.cpp's exceptions, range checks naming the key) run on
-small vocabularies built by hand.
+it gave, recorded in tests/data/eog/ (`python scripts/record_llama_cpp.py eog` writes them
+again). The rules themselves (ids found by text, llama.cpp's exceptions, range checks naming
+the key) run on small vocabularies built by hand.
 """
 from __future__ import annotations
 
@@ -145,13 +145,9 @@ def test_generation_ends_on_any_eog(tmp_path, monkeypatch):
     assert last != eng.eos
 
 
-if __name__ == "__main__":  # record llama.cpp's sets (needs llama-cpp-python)
-    import llama_cpp
-    from ggraph.graphs.gguf.fetch import resolve_model
+if __name__ == "__main__":  # record llama.cpp's sets again (needs llama-cpp-python)
+    import subprocess
+    import sys
 
-    DATA.mkdir(parents=True, exist_ok=True)
-    for m in MODELS:
-        rec = {"model": m, "llama_cpp_python": llama_cpp.__version__,
-               **llama_cpp_special(resolve_model(m))}
-        (DATA / f"{m}.json").write_text(json.dumps(rec) + "\n")
-        print(m, rec["eog"])
+    sys.exit(subprocess.call([sys.executable, str(Path(__file__).parents[1] / "scripts" /
+                                                  "record_llama_cpp.py"), "eog"]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from llama_cpp_ref import live, recorded, sure_steps
 
 from ggraph.check.conformance import nmse
 from ggraph.graphs.runtime.engine import Engine, EngineConfig
@@ -168,8 +169,49 @@ def test_smollm2_split_attention_caps_kq(smollm2):
     assert split.reserve_plan.size < plain.reserve_plan.size - 48 * MIB
 
 
-def test_smollm2_says_paris(smollm2):
+GREEDY_PROMPT = "The capital of France is"
+N_GREEDY = 8
+
+
+@pytest.fixture(scope="module")
+def smollm2_greedy(smollm2):
+    """ggraph's prompt ids and greedy continuation (N_GREEDY tokens) of GREEDY_PROMPT."""
     eng = Engine(smollm2, EngineConfig(n_ctx=512, n_ubatch=64))
-    prompt = eng.tokenizer.encode("The capital of France is")
-    text = eng.tokenizer.decode(list(eng.generate(prompt, 4)))
+    prompt = eng.tokenizer.encode(GREEDY_PROMPT)
+    return eng, prompt, list(eng.generate(prompt, N_GREEDY, stop_at_eos=False))
+
+
+def test_smollm2_says_paris(smollm2_greedy):
+    eng, _, gen = smollm2_greedy
+    text = eng.tokenizer.decode(gen[:4])
     assert "Paris" in text, text
+
+
+def llama_cpp_greedy(llama_cpp, path: str, text: str, n: int) -> dict:
+    """llama.cpp's prompt ids, greedy continuation of `text` (n tokens) and the margin between
+    its two best logits at each step."""
+    llm = llama_cpp.Llama(model_path=path, n_ctx=64, logits_all=True, verbose=False)
+    prompt = llm.tokenize(text.encode("utf-8"), add_bos=True)
+    llm.eval(prompt)
+    gen, margins = [], []
+    for _ in range(n):
+        lg = np.asarray(llm.scores[llm.n_tokens - 1], np.float32)
+        top2 = np.sort(lg)[-2:]
+        gen.append(int(np.argmax(lg)))
+        margins.append(float(top2[1] - top2[0]))
+        llm.eval([gen[-1]])
+    llm.close()
+    return {"prompt": prompt, "tokens": gen, "margins": margins}
+
+
+def test_smollm2_greedy_matches_llama_cpp(smollm2, smollm2_greedy):
+    """The same prompt ids and greedy tokens as llama.cpp up to the first step where its two
+    best logits are closer than MIN_MARGIN (there either may win, in either program)."""
+    _, prompt, gen = smollm2_greedy
+    llama_cpp = live()
+    ref = (llama_cpp_greedy(llama_cpp, smollm2, GREEDY_PROMPT, N_GREEDY)
+           if llama_cpp is not None else recorded("greedy_smollm2", smollm2))
+    assert prompt == ref["prompt"]
+    k = sure_steps(ref["margins"])
+    assert k >= 1, ref["margins"]
+    assert gen[:k] == ref["tokens"][:k], (gen, ref)

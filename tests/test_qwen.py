@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from llama_cpp_ref import array, live, recorded
 
 from ggraph.check.conformance import nmse
 from ggraph.graphs.runtime.engine import Engine, EngineConfig
@@ -201,12 +202,19 @@ def test_an_unknown_architecture_is_still_an_error(tmp_path):
 
 # -- llama.cpp ---------------------------------------------------------------------------------
 
+def llama_cpp_logits(llama_cpp, path: str) -> np.ndarray:
+    llm = llama_cpp.Llama(model_path=path, logits_all=True, n_ctx=64, verbose=False)
+    llm.eval(TOKENS)
+    return np.array(llm.scores[: len(TOKENS)])
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_logits_match_llama_cpp(models, name):
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-    llm = llama_cpp.Llama(model_path=models[name], logits_all=True, n_ctx=64, verbose=False)
-    llm.eval(TOKENS)
-    ref = np.array(llm.scores[: len(TOKENS)])
+    llama_cpp = live()
+    if llama_cpp is not None:
+        ref = llama_cpp_logits(llama_cpp, models[name])
+    else:  # recorded by scripts/record_llama_cpp.py from the same file
+        ref = array(recorded("qwen_tiny", models[name], exact=True, case=name)["logits"])
     got = Engine(models[name], EngineConfig(n_ctx=64, n_ubatch=16)).eval(TOKENS,
                                                                          all_logits=True)
     per_row = [nmse(a, b) for a, b in zip(ref, got)]

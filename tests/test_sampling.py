@@ -1,12 +1,15 @@
 """graphs.sampling: each step against distributions worked out by hand from its definition on
 tiny vocabularies, the chain's order, seeding, the statistics of dist, invalid parameters, and
-(where llama-cpp-python is installed) each step and the whole seeded chain against llama.cpp's
-own samplers applied to the same raw logits."""
+each step and the whole seeded chain against llama.cpp's own samplers applied to the same raw
+logits (live where llama-cpp-python is installed, else as scripts/record_llama_cpp.py recorded
+them in tests/data/llama_cpp/sampling.json)."""
 import ctypes
+import hashlib
 import math
 
 import numpy as np
 import pytest
+from llama_cpp_ref import array, live, recorded
 
 from ggraph.graphs.runtime.sampling import (Candidates, SamplerParams, Sampler, StdMT19937,
                                     samplers_from_chars)
@@ -302,26 +305,57 @@ STEP_CASES = [
 ]
 
 
-@pytest.mark.parametrize("n", [64, 3000, 20000])
-@pytest.mark.parametrize("kw", STEP_CASES, ids=lambda kw: ",".join(f"{k}={v}" for k, v in
-                                                                      kw.items()))
-def test_each_step_matches_llama_cpp(kw, n):
-    L = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the reference sampler")
-    p = SamplerParams(**{**OFF, "seed": 11, **kw})
+STEP_SIZES = [64, 3000, 20000]
+
+
+def case_id(kw: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in kw.items())
+
+
+def step_inputs(n: int):
+    """The history and the 4 trials' raw logits a step case of vocabulary size `n` runs on."""
     rng = np.random.default_rng(n)
     hist = rng.integers(0, n, 40).tolist()
     hist[20:] = hist[:20]  # repeats, so counts reach 2
-    for trial in range(4):
-        lg = (rng.normal(size=n) * (1 + trial)).astype(np.float32)
-        chain = lcpp_chain(L, p, n, dist=False)
-        for t in hist:
-            L.llama_sampler_accept(chain, t)
-        ids, logits, probs, _ = lcpp_apply(L, chain, lg)
-        L.llama_sampler_free(chain)
+    return hist, [(rng.normal(size=n) * (1 + trial)).astype(np.float32) for trial in range(4)]
+
+
+def lcpp_step(L, p: SamplerParams, n: int, hist: list[int], lg: np.ndarray):
+    """llama.cpp's chain for `p` (no dist) after `hist`, applied to `lg`."""
+    chain = lcpp_chain(L, p, n, dist=False)
+    for t in hist:
+        L.llama_sampler_accept(chain, t)
+    ids, logits, probs, _ = lcpp_apply(L, chain, lg)
+    L.llama_sampler_free(chain)
+    return ids, logits, probs
+
+
+@pytest.mark.parametrize("n", STEP_SIZES)
+@pytest.mark.parametrize("kw", STEP_CASES, ids=case_id)
+def test_each_step_matches_llama_cpp(kw, n):
+    L = live()
+    p = SamplerParams(**{**OFF, "seed": 11, **kw})
+    hist, trials = step_inputs(n)
+    if L is None:
+        rec = recorded("sampling")["steps"][f"{case_id(kw)}|n={n}"]
+    for trial, lg in enumerate(trials):
         s = Sampler(p)
         s.accept_many(hist)
         c = s.candidates(lg)
-        assert_same_candidates(c, ids, logits, probs)
+        if L is not None:
+            assert_same_candidates(c, *lcpp_step(L, p, n, hist, lg))
+        elif "ids" in rec[trial]:
+            assert_same_candidates(c, *(array(rec[trial][k]) for k in ("ids", "logits", "probs")))
+        else:  # too many kept to record: the set and its logits (bit-equal) by digest
+            assert kept_digest(c.ids, c.logits) == rec[trial]["digest"]
+
+
+def kept_digest(ids: np.ndarray, logits: np.ndarray) -> dict:
+    """The kept set and its logits, in id order: their count and sha256."""
+    order = np.argsort(ids, kind="stable")
+    data = (np.asarray(ids, "<i4")[order].tobytes() +
+            np.asarray(logits, "<f4")[order].tobytes())
+    return {"n_kept": int(ids.size), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def assert_same_candidates(c: Candidates, ids, logits, probs) -> None:
@@ -339,22 +373,36 @@ def assert_same_candidates(c: Candidates, ids, logits, probs) -> None:
         np.testing.assert_allclose(c.probs, probs[back], rtol=2.4e-7, atol=0)
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(penalty_repeat=1.2, penalty_present=0.3, top_k=0),
-                                dict(top_k=0, top_p=0.8, temp=1.3), dict(temp=0.0),
-                                dict(typ_p=0.9, xtc_probability=0.5, dynatemp_range=0.3)])
-def test_seeded_chain_draws_llama_cpp_tokens(kw):
-    L = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the reference sampler")
-    n = 2000
-    p = SamplerParams(**{"seed": 2024, **kw})
-    chain = lcpp_chain(L, p, n)
-    s = Sampler(p)
+CHAIN_CASES = [dict(), dict(penalty_repeat=1.2, penalty_present=0.3, top_k=0),
+               dict(top_k=0, top_p=0.8, temp=1.3), dict(temp=0.0),
+               dict(typ_p=0.9, xtc_probability=0.5, dynatemp_range=0.3)]
+
+
+def chain_inputs() -> list[np.ndarray]:
+    """The 60 raw logit vectors (vocabulary 2000) the seeded chains draw from."""
     rng = np.random.default_rng(9)
-    ours, theirs = [], []
-    for _ in range(60):
-        lg = (rng.normal(size=n) * 2.5).astype(np.float32)
+    return [(rng.normal(size=2000) * 2.5).astype(np.float32) for _ in range(60)]
+
+
+def lcpp_draws(L, p: SamplerParams, inputs: list[np.ndarray]) -> list[int]:
+    """The tokens llama.cpp's seeded chain for `p` draws from `inputs`, each accepted."""
+    chain = lcpp_chain(L, p, inputs[0].size)
+    theirs = []
+    for lg in inputs:
         ids, _, _, sel = lcpp_apply(L, chain, lg)
         theirs.append(int(ids[sel]))
         L.llama_sampler_accept(chain, theirs[-1])
-        ours.append(s.sample(lg))
     L.llama_sampler_free(chain)
+    return theirs
+
+
+@pytest.mark.parametrize("kw", CHAIN_CASES)
+def test_seeded_chain_draws_llama_cpp_tokens(kw):
+    L = live()
+    p = SamplerParams(**{"seed": 2024, **kw})
+    inputs = chain_inputs()
+    theirs = (lcpp_draws(L, p, inputs) if L is not None
+              else recorded("sampling")["chains"][case_id(kw)])
+    s = Sampler(p)
+    ours = [s.sample(lg) for lg in inputs]
     assert ours == theirs

@@ -1,6 +1,7 @@
-"""The tokenizer gives llama.cpp's token ids. With llama-cpp-python installed, every corpus file
-(tests/data/corpus) is tokenized by both, for SmolLM2 (byte-level BPE, pre-tokenizer 'smollm')
-and Gemma 3 (SentencePiece), and decoded back. Without it, the rules are checked on crafted
+"""The tokenizer gives llama.cpp's token ids. Every corpus file (tests/data/corpus) is tokenized
+by both, for SmolLM2 (byte-level BPE, pre-tokenizer 'smollm') and Gemma 3 (SentencePiece), and
+decoded back: llama.cpp live with llama-cpp-python installed, else the ids it gave, recorded in
+tests/data/llama_cpp/ by scripts/record_llama_cpp.py. Besides, the rules are checked on crafted
 inputs: each pre-tokenizer's splits, SentencePiece merging by score, byte fallback, the space
 prefix, special-token matching; expected values follow from the rules, not from a run."""
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from llama_cpp_ref import RECORD, live, recorded, sha256_text
 
 from ggraph.graphs.gguf.gguf_reader import GGUFError, read_header
 from ggraph.graphs.tokenizers.pretokenize import PRE_TYPES
@@ -170,7 +172,7 @@ def real(request):
     from ggraph.graphs.gguf.fetch import resolve_model
 
     path = resolve_model(request.param)
-    return path, Tokenizer(read_header(path).metadata, path), 0.0
+    return path, Tokenizer(read_header(path).metadata, path), request.param
 
 
 def test_real_round_trip(real):
@@ -180,15 +182,26 @@ def test_real_round_trip(real):
         assert tok.decode(tok.encode(text, special=False), special=False) == text, f.name
 
 
+def corpus_key(special: bool, add_bos: bool) -> str:
+    return f"special={int(special)},add_bos={int(add_bos)}"
+
+
 @pytest.mark.parametrize("special", [False, True])
 def test_same_ids_as_llama_cpp(real, special):
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the reference")
-    path, tok, _ = real
-    ref = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+    llama_cpp = live()
+    path, tok, name = real
+    if llama_cpp is not None:
+        ref = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+    else:  # the ids llama.cpp gave, recorded by scripts/record_llama_cpp.py
+        rec = recorded(f"tokenizer_{name}", path)["corpus"]
     for f in CORPUS:
         text = f.read_text(encoding="utf-8")
+        if llama_cpp is None:
+            assert f.name in rec and rec[f.name]["sha256"] == sha256_text(text), (
+                f"{f.name} changed since llama.cpp's ids were recorded: run {RECORD}")
         for add_bos in (False, True):
             ours = tok.encode(text, add_bos=add_bos and tok.add_bos, special=special)
-            theirs = ref.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+            theirs = (ref.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+                      if llama_cpp is not None else rec[f.name][corpus_key(special, add_bos)])
             assert ours == theirs, (f.name, add_bos, next(
                 (i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None))

@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ggraph.backends import registry
+
 EXAMPLES = """examples:
   ggraph dot --layer 3 -o layer3.svg                  SmolLM2's layer 3
   ggraph dot --layer 3 --amb 16 --plan -o l3.png      split attention, with the memory plan
@@ -63,7 +65,7 @@ def register(subparsers: Any) -> None:
                           "that does not hold the graph's peak outlines its own and says "
                           "where the graph's is)")
     mem.add_argument("--strategy", choices=("default", "ggml"), default="default")
-    mem.add_argument("--backend", choices=("cpu", "cuda"), default="cpu",
+    mem.add_argument("--backend", choices=registry.NAMES, default="cpu",
                      help="buffer alignment of this backend (cpu 32, cuda 128)")
     m = p.add_argument_group("model graph (llama.cpp's options)")
     from ggraph.tools.common.defaults import add_context_flags, add_flash_attn_flag
@@ -215,9 +217,9 @@ def main(args: argparse.Namespace) -> int:
                  f"n_outputs {mg.n_outputs}{amb}{fa}")
     plan = None
     if args.plan:
-        from ggraph.plan.alloc import ALIGNMENTS, GraphAllocator
+        from ggraph.plan.alloc import GraphAllocator
 
-        plan = GraphAllocator(alignment=ALIGNMENTS[args.backend], strategy=args.strategy,
+        plan = GraphAllocator(alignment=registry.alignment(args.backend), strategy=args.strategy,
                               name=args.backend.upper()).plan(graph)
     from ggraph.tools.common.cli_text import argv_text, fail
 
