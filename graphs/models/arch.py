@@ -53,9 +53,10 @@ class Architecture(ABC):
 
     @abstractmethod
     def new_cache(self, ctx: Context, size: int, type_k: str = "f16", type_v: str = "f16",
-                  flash_attn: bool = False, n_ubatch: int = 512) -> Any:
+                  flash_attn: bool = False, n_ubatch: int = 512, swa_full: bool = False) -> Any:
         """The KV cache of `size` cells (pre-allocated leafs in ctx; None without one).
-        n_ubatch: the largest ubatch (a sliding-window cache holds n_swa + n_ubatch cells)."""
+        n_ubatch: the largest ubatch (a sliding-window cache holds n_swa + n_ubatch cells);
+        swa_full: a sliding-window cache of all `size` cells (llama.cpp's --swa-full)."""
 
     @abstractmethod
     def graph_capacity(self, n_tokens: int, n_kv: int, amb_mib: int) -> int:

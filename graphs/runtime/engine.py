@@ -68,6 +68,9 @@ class EngineConfig:
     type_v: str = "f16"
     flash_attn: bool = False
     amb_mib: int = 0
+    # a sliding-window cache of n_ctx cells instead of n_swa + n_ubatch (llama.cpp's
+    # --swa-full): more memory, every position's K/V kept
+    swa_full: bool = False
     backend: str = "cpu"
     strategy: str = "default"
     n_threads: int | None = None
@@ -192,7 +195,8 @@ class Engine:
         self.ctx = Context("engine")
         # a sliding-window cache is sized from the ubatch (llama.cpp: n_swa + n_ubatch)
         self.cache = self.model.new_cache(self.ctx, cfg.n_ctx, cfg.type_k, cfg.type_v,
-                                          cfg.flash_attn, n_ubatch=cfg.n_ubatch)
+                                          cfg.flash_attn, n_ubatch=cfg.n_ubatch,
+                                          swa_full=cfg.swa_full)
         kw: dict[str, Any] = {}
         host = registry.kind(cfg.backend).threads   # the CPU backend: threads, packed weights
         if host and cfg.n_threads:

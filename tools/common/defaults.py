@@ -51,6 +51,14 @@ def add_flash_attn_flag(parser: Any) -> None:
                              f"ggraph backend does)")
 
 
+def add_swa_full_flag(parser: Any) -> None:
+    """llama.cpp's --swa-full into args.swa_full: a sliding-window cache of the whole context
+    (EngineConfig.swa_full; planned the same by `ggraph plan`)."""
+    parser.add_argument("--swa-full", action="store_true",
+                        help="full-size cache for sliding-window layers (llama.cpp's "
+                             "--swa-full: n_ctx cells instead of n_swa + n_ubatch)")
+
+
 def flash_attn_on(value: str | bool, backend: str = "cpu") -> bool:
     """-fa resolved: on and auto are on (every ggraph backend runs flash attention)."""
     if isinstance(value, bool):

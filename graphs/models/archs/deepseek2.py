@@ -195,9 +195,10 @@ class DeepSeek2Model(Architecture, MLAPlanner):
 
     # -- cache, shapes, paths ------------------------------------------------------------------
     def new_cache(self, ctx: Context, size: int, type_k: str = "f16", type_v: str = "f16",
-                  flash_attn: bool = False, n_ubatch: int = 512) -> MLACache:
-        """type_v and n_ubatch are accepted for the engine's signature and ignored: MLA has no
-        V cache, and its cache does not slide."""
+                  flash_attn: bool = False, n_ubatch: int = 512,
+                  swa_full: bool = False) -> MLACache:
+        """type_v, n_ubatch and swa_full are accepted for the engine's signature and ignored:
+        MLA has no V cache, and its cache does not slide."""
         return MLACache.create_mla(ctx, self.hp.n_layer, self.hp.mla_row, size, type_k,
                                    flash_attn)
 

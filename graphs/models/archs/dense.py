@@ -124,7 +124,8 @@ class DenseDecoder(Architecture, KShift):
         return causal_batch(mg, cache, tokens, n_past, out_rows)
 
     def new_cache(self, ctx: Context, size: int, type_k: str = "f16", type_v: str = "f16",
-                  flash_attn: bool = False, n_ubatch: int = 512) -> KVCache:
+                  flash_attn: bool = False, n_ubatch: int = 512,
+                  swa_full: bool = False) -> KVCache:
         check_head_blocks(self.hp.head_dim, self.hp.head_dim, type_k, type_v)
         return KVCache.create(ctx, self.hp.n_layer, self.hp.n_embd_gqa, self.hp.n_embd_gqa,
                               size, type_k, type_v, flash_attn)
