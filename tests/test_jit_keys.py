@@ -87,7 +87,7 @@ def test_keys_are_the_same_in_another_process():
     code = ("from ggraph.backends.cpu import kernels as k\n"
             "from ggraph.ir.types import GGMLType as T\n"
             "print(k.TARGET.key_of(k.K.k_copy_int, k._SERIAL, {}),"
-            " k._packed_kernel(True, T.Q4_K, T.F32).ggraph_key)")
+            " k.packed_kernel(True, T.Q4_K, T.F32).ggraph_key)")
     a = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     b = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert a.returncode == 0, a.stderr[-2000:]

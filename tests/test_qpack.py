@@ -45,7 +45,7 @@ def _products(t: T, A: np.ndarray, xb: np.ndarray, r: int, **blocks: int
     nb = k // TYPE_RECORDS[t].block_size
     qw = vt.type_size * k // vt.block_size
     got = np.full((1, 1, nn, m), np.nan, np.float32)
-    KK._packed_kernel(True, t, T.F32, r, **blocks)(
+    KK.packed_kernel(True, t, T.F32, r, **blocks)(
         qpack.pack(t, A, r), xb, np.empty((1, 1, nn, qw), np.uint8),
         np.empty((1, 1, nn, 2 * (k // 32)), np.uint8), np.empty((1, 1, nn, k // 16), np.int32),
         np.empty((1, 1, nn, k // 32), np.float32), got, k, nb, m)

@@ -308,7 +308,7 @@ PACKED_L1, PACKED_L2 = 24 << 10, 1 << 19
 PACKED_RUN = 16
 
 
-def _packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_L1,
+def packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_L1,
                    l2: int = PACKED_L2):
     """k_mul_mat_packed bound to `a`'s tile function (backends/cpu/qtiles.py) for groups of
     r rows, for one column and for 4 at a time, with its activation sums and the codecs that
@@ -398,7 +398,7 @@ def _mul_mat(node: Tensor, s: Session):
         ysb = np.empty(D.shape[:3] + (2 * (k // 32),), np.uint8)
         ysi = np.empty(D.shape[:3] + (k // 16,), np.int32)
         ysf = np.empty(D.shape[:3] + (k // 32,), np.float32)
-        return partial(_packed_kernel(_small(node), a.type, b.type), packed, s.arr(b), Q, ysb,
+        return partial(packed_kernel(_small(node), a.type, b.type), packed, s.arr(b), Q, ysb,
                        ysi, ysf, D, k, k // TYPE_RECORDS[a.type].block_size, a.ne[1])
     if n < BLAS_MIN_N and (vt := _int_dot_type(a, b)) is not None:
         # integer dots with the activations quantized in the same kernel call
