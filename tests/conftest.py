@@ -118,6 +118,16 @@ def pytest_collection_modifyitems(session, config, items):
         config.stash[_PTX] = PtxRun(after=config.stash.get(_RUN, None))
 
 
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> str:
+    """A tiny llama GGUF of the writer's defaults (graphs/testing/tiny.py), written once for
+    the session; a test module that needs another shape defines its own `tiny`, and a test
+    that changes the file works on a copy."""
+    from ggraph.graphs.testing.tiny import write_tiny_llama
+
+    return str(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf"))
+
+
 @pytest.fixture
 def cudasim_run(request) -> CudasimRun:
     """The simulator suite's process started at collection (a fresh one if it was not)."""

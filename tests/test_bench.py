@@ -14,12 +14,7 @@ import pytest
 
 from ggraph.cli import main
 from ggraph.graphs.eval import bench
-from ggraph.graphs.testing.tiny import write_tiny_gguf
 
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    return write_tiny_gguf(tmp_path_factory.mktemp("bench") / "tiny.gguf")
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:

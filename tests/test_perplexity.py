@@ -24,12 +24,6 @@ TEXT = ("the quick brown fox jumps over the lazy dog; then the cat thinks that t
         "there is theirs. ") * 4
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    from ggraph.graphs.testing.tiny import write_tiny_llama
-
-    return write_tiny_llama(tmp_path_factory.mktemp("ppl") / "tiny.gguf")
-
 
 @pytest.fixture(scope="module")
 def engine(tiny):

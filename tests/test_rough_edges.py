@@ -30,13 +30,8 @@ from ggraph import Context, build_graph, ops
 from ggraph.cli import main
 from ggraph.graphs.runtime.engine import Engine, EngineConfig
 from ggraph.graphs.gguf.gguf_file import GGUFError
-from ggraph.graphs.testing.tiny import TinyDense, write_tiny_llama
 from ggraph.plan.host_memory import HostMemoryError
 
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    return str(write_tiny_llama(tmp_path_factory.mktemp("edges") / "tiny.gguf"))
 
 
 def one_line_error(capsys, argv: list[str], *words: str) -> str:
