@@ -33,27 +33,22 @@ def case(type_name: str, k: int, m: int, mib: int, rng: np.random.Generator):
     weight that together take about `mib` MiB."""
     from ggraph.backends.cpu import kernels, qpack
     from ggraph.codecs.buffers import encode_rows
-    from ggraph.ir.types import TYPE_RECORDS, GGMLType
+    from ggraph.ir.types import GGMLType
 
     t = GGMLType.parse(type_name)
     raw = encode_rows(t, rng.standard_normal((m, k)).astype(np.float32)).reshape(m, -1)
     packed = qpack.pack(t, raw)
     copies = max(2, (mib << 20) // packed.nbytes)
-    packs = [packed] + [packed.copy() for _ in range(copies - 1)]
-    vt = kernels.VEC_DOT_TYPE[t]
     b = rng.standard_normal((1, 1, 1, k)).astype(np.float32)
     d = np.empty((1, 1, 1, m), np.float32)
-    q = np.empty((1, 1, 1, vt.type_size * k // vt.block_size), np.uint8)
-    ysb = np.empty((1, 1, 1, 2 * (k // 32)), np.uint8)
-    ysi = np.empty((1, 1, 1, k // 16), np.int32)
-    ysf = np.empty((1, 1, 1, k // 32), np.float32)
-    nb = k // TYPE_RECORDS[t].block_size
     kern = kernels.packed_kernel(False, t, GGMLType.F32)
-    kern(packs[0], b, q, ysb, ysi, ysf, d, k, nb, m)   # compile (or load) before timing
+    calls = [kernels.packed_call(kern, p, t, b, d, m)
+             for p in [packed] + [packed.copy() for _ in range(copies - 1)]]
+    calls[0]()   # compile (or load) before timing
 
     def run() -> None:
-        for p in packs:
-            kern(p, b, q, ysb, ysi, ysf, d, k, nb, m)
+        for call in calls:
+            call()
     return run, packed.nbytes, copies
 
 

@@ -11,6 +11,7 @@ numba dot kernels that read quantized blocks directly (memory-bound, no dequanti
 from __future__ import annotations
 
 from functools import partial
+from typing import Any, Callable
 
 import numba
 import numpy as np
@@ -308,6 +309,20 @@ PACKED_L1, PACKED_L2 = 24 << 10, 1 << 19
 PACKED_RUN = 16
 
 
+def packed_call(kernel: Any, packed: np.ndarray, a: T, B: np.ndarray, D: np.ndarray,
+                m: int) -> Callable[[], None]:
+    """`kernel` (packed_kernel's) bound to one product D = W B: the packed weight W (m rows of
+    type a), B's columns, and the work buffers its columns are quantized into (a's
+    vec_dot_type bytes and their sums, per column of D)."""
+    vt, k = VEC_DOT_TYPE[a], B.shape[-1]
+    Q = np.empty(D.shape[:3] + (vt.type_size * k // vt.block_size,), np.uint8)
+    ysb = np.empty(D.shape[:3] + (2 * (k // 32),), np.uint8)
+    ysi = np.empty(D.shape[:3] + (k // 16,), np.int32)
+    ysf = np.empty(D.shape[:3] + (k // 32,), np.float32)
+    return partial(kernel, packed, B, Q, ysb, ysi, ysf, D, k, k // TYPE_RECORDS[a].block_size,
+                   m)
+
+
 def packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_L1,
                    l2: int = PACKED_L2):
     """k_mul_mat_packed bound to `a`'s tile function (backends/cpu/qtiles.py) for groups of
@@ -393,13 +408,8 @@ def _mul_mat(node: Tensor, s: Session):
     if (packed := packed_weight(a, b, s)) is not None:
         # R rows at a time from the weight's packed copy (backends/cpu/qpack.py): a decode
         # step's few columns and a prompt's many alike
-        vt, k = VEC_DOT_TYPE[a.type], b.ne[0]
-        Q = np.empty(D.shape[:3] + (vt.type_size * k // vt.block_size,), np.uint8)
-        ysb = np.empty(D.shape[:3] + (2 * (k // 32),), np.uint8)
-        ysi = np.empty(D.shape[:3] + (k // 16,), np.int32)
-        ysf = np.empty(D.shape[:3] + (k // 32,), np.float32)
-        return partial(packed_kernel(_small(node), a.type, b.type), packed, s.arr(b), Q, ysb,
-                       ysi, ysf, D, k, k // TYPE_RECORDS[a.type].block_size, a.ne[1])
+        return packed_call(packed_kernel(_small(node), a.type, b.type), packed, a.type, s.arr(b),
+                           D, a.ne[1])
     if n < BLAS_MIN_N and (vt := _int_dot_type(a, b)) is not None:
         # integer dots with the activations quantized in the same kernel call
         k = b.ne[0]
