@@ -8,19 +8,13 @@ import ast
 from pathlib import Path
 
 import pytest
+from source_files import ROOT, py_files
 
 from ggraph import config
 
-ROOT = Path(__file__).resolve().parents[1]
-LIBRARY = ("ggraph", "ops", "backends", "graphs", "tools")
 # (file, variable): set when imported, and why
 IMPORT_TIME = {("ggraph/__init__.py", "NUMBA_CACHE_DIR"): "numba reads it once, when it loads; "
                "every entry point shares one cache outside the source tree"}
-
-
-def _files():
-    return sorted(p for d in LIBRARY for p in (ROOT / d).rglob("*.py")
-                  if "__pycache__" not in p.parts)
 
 
 def _environ(node: ast.AST) -> bool:
@@ -47,7 +41,7 @@ def _ggraph_reads(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def test_every_setting_is_read_in_config():
-    bad = [f"{p.relative_to(ROOT)}:{line}: {key}" for p in _files()
+    bad = [f"{p.relative_to(ROOT)}:{line}: {key}" for p in py_files()
            if p.relative_to(ROOT).as_posix() != "ggraph/config.py"
            for line, key in _ggraph_reads(ast.parse(p.read_text()))]
     assert not bad, "GGRAPH_* read outside ggraph/config.py:\n" + "\n".join(bad)
@@ -88,7 +82,7 @@ def _environ_changes(tree: ast.Module) -> list[tuple[int, str]]:
 
 def test_no_module_changes_the_environment_when_imported():
     bad = []
-    for p in _files():
+    for p in py_files():
         rel = p.relative_to(ROOT).as_posix()
         for line, what in _environ_changes(ast.parse(p.read_text())):
             if (rel, what) not in IMPORT_TIME:

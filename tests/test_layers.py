@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from source_files import LIBRARY, ROOT, py_files
 
-ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = {"ops": "ops", "backends": "backends", "graphs": "graphs", "tools": "tools"}
+FOLDERS = [f for f in LIBRARY if f != "ggraph"]   # installed as ggraph.<folder>
 
 CYCLES = r"""
 import json, sys
@@ -63,8 +63,8 @@ def staged(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("layers")
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(ROOT / "ggraph", root / "ggraph", ignore=skip)
-    for sub, folder in FOLDERS.items():
-        shutil.copytree(ROOT / folder, root / "ggraph" / sub, ignore=skip)
+    for folder in FOLDERS:
+        shutil.copytree(ROOT / folder, root / "ggraph" / folder, ignore=skip)
     shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
     return root
 
@@ -104,23 +104,22 @@ def test_device_kinds_and_alignments_are_resolved_in_the_registry():
 
     names = set(KINDS)
     bad = []
-    for folder in ("ggraph", "ops", "backends", "graphs", "tools"):
-        for p in sorted((ROOT / folder).rglob("*.py")):
-            rel = p.relative_to(ROOT).as_posix()
-            if "__pycache__" in p.parts or rel == "backends/registry.py" or rel in NOT_DEVICES:
-                continue
-            for n in ast.walk(ast.parse(p.read_text())):
-                if isinstance(n, ast.Compare):
-                    consts = [c.value for c in [n.left, *n.comparators]
-                              if isinstance(c, ast.Constant) and isinstance(c.value, str)]
-                    for c in [c for c in [n.left, *n.comparators] if isinstance(c, ast.Tuple)]:
-                        consts += [e.value for e in c.elts if isinstance(e, ast.Constant)]
-                    if any(c in names or str(c).startswith(REMOTE + ":") for c in consts):
+    for p in py_files():
+        rel = p.relative_to(ROOT).as_posix()
+        if rel == "backends/registry.py" or rel in NOT_DEVICES:
+            continue
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.Compare):
+                consts = [c.value for c in [n.left, *n.comparators]
+                          if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+                for c in [c for c in [n.left, *n.comparators] if isinstance(c, ast.Tuple)]:
+                    consts += [e.value for e in c.elts if isinstance(e, ast.Constant)]
+                if any(c in names or str(c).startswith(REMOTE + ":") for c in consts):
+                    bad.append(f"{rel}:{n.lineno}: {ast.unparse(n)}")
+            elif isinstance(n, ast.Assign) and isinstance(
+                    n.value, ast.Constant) and isinstance(n.value.value, int):
+                for t in n.targets:   # a class's or module's alignment = 32
+                    name = t.id if isinstance(t, ast.Name) else getattr(t, "attr", "")
+                    if name.lower().endswith("alignment") and "GGUF" not in name:
                         bad.append(f"{rel}:{n.lineno}: {ast.unparse(n)}")
-                elif isinstance(n, ast.Assign) and isinstance(
-                        n.value, ast.Constant) and isinstance(n.value.value, int):
-                    for t in n.targets:   # a class's or module's alignment = 32
-                        name = t.id if isinstance(t, ast.Name) else getattr(t, "attr", "")
-                        if name.lower().endswith("alignment") and "GGUF" not in name:
-                            bad.append(f"{rel}:{n.lineno}: {ast.unparse(n)}")
     assert not bad, "device kinds or alignments outside the registry:\n" + "\n".join(bad)

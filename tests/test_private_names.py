@@ -13,8 +13,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SCANNED = ("ggraph", "ops", "backends", "graphs", "tools", "benchmarks", "scripts")
+from source_files import LIBRARY, ROOT, py_files
+
+SCANNED = LIBRARY + ("benchmarks", "scripts")
 
 # names other projects define, read on purpose: (file, name) -> why
 FOREIGN = {
@@ -51,11 +52,6 @@ def _defined(tree: ast.AST) -> set[str]:
     return {x for x in out if _private(x)}
 
 
-def _files() -> list[Path]:
-    return sorted(p for d in SCANNED for p in (ROOT / d).rglob("*.py")
-                  if "__pycache__" not in p.parts)
-
-
 def _reads(path: Path, tree: ast.AST, own: set[str], ours: set[str]) -> list[str]:
     rel = path.relative_to(ROOT).as_posix()
     bad = []
@@ -78,7 +74,7 @@ def _reads(path: Path, tree: ast.AST, own: set[str], ours: set[str]) -> list[str
 
 
 def test_no_module_reads_another_modules_private_names():
-    trees = {p: ast.parse(p.read_text(), str(p)) for p in _files()}
+    trees = {p: ast.parse(p.read_text(), str(p)) for p in py_files(SCANNED)}
     defined = {p: _defined(t) for p, t in trees.items()}
     ours = set().union(*defined.values())
     bad = [b for p, t in trees.items() for b in _reads(p, t, defined[p], ours)]
