@@ -69,6 +69,11 @@ class DeviceRef:
     remote: bool = False       # a pipeline stage on a Ray actor
     node: str | None = None    # the stage's node address (ray:cuda@10.0.0.2)
 
+    def __post_init__(self) -> None:
+        if self.index is not None and not self.kind.indexed:
+            raise ValueError(f"device {self.kind.name}:{self.index}: {self.kind.name} devices "
+                             f"have no ordinals")
+
     @property
     def spec(self) -> str:
         """The entry as a device list writes it."""
@@ -88,10 +93,7 @@ def parse_device(text: str) -> DeviceRef | None:
     m = re.fullmatch(rf"({names})(?:\s*:\s*(\d{{1,9}}))?", t)
     if not m:
         return None
-    k = KINDS[m.group(1)]
-    if m.group(2) is not None and not k.indexed:
-        raise ValueError(f"device {text.strip()!r}: {k.name} devices have no ordinals")
-    return DeviceRef(k, int(m.group(2)) if m.group(2) is not None else None)
+    return DeviceRef(KINDS[m.group(1)], int(m.group(2)) if m.group(2) is not None else None)
 
 
 def device_forms() -> str:
@@ -114,13 +116,11 @@ def make_backend(ref: DeviceRef | str, **kw: Any) -> Any:
     cannot run the kind (no CUDA driver or GPU)."""
     if isinstance(ref, str):
         parsed = parse_device(ref)
-        if parsed is None:
-            raise ValueError(f"unknown backend {ref!r}; available: {', '.join(NAMES)}")
-        ref = parsed
+        ref = parsed if parsed is not None else DeviceRef(kind(ref))   # kind(): the error
     if ref.remote:
         remote = getattr(importlib.import_module(REMOTE_BACKEND[0], __package__),
                          REMOTE_BACKEND[1])
         return remote(ref.kind.name, ref.node)
-    if ref.index is not None and ref.kind.indexed:
+    if ref.index is not None:
         kw = {**kw, "device": ref.index}
     return ref.kind.backend_class()(**kw)
