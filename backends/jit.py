@@ -95,6 +95,11 @@ class Compiler:
         return self.decorate(fn)
 
 
+# (code, qualified name) -> its source's key: a kernel binder derives keys for every binding
+# it makes (a graph of 200 products binds thousands), so each function is keyed once
+_SOURCES: dict[tuple[types.CodeType, str], str] = {}
+
+
 def _source_of(v: Any) -> str | None:
     """The source of a Python function, dispatcher or intrinsic: its file's hash and its name,
     or, for code with no file (run from a string: the docs' examples), its compiled code."""
@@ -102,10 +107,13 @@ def _source_of(v: Any) -> str | None:
     code = getattr(fn, "__code__", None)
     if not isinstance(code, types.CodeType):
         return None
-    path = Path(code.co_filename)
-    if path.is_file():
-        return f"{file_hash(path)}:{getattr(fn, '__qualname__', '')}"
-    return f"code:{hashlib.sha1(marshal.dumps(code)).hexdigest()}"
+    key = (code, getattr(fn, "__qualname__", ""))
+    src = _SOURCES.get(key)
+    if src is None:
+        path = Path(code.co_filename)
+        src = _SOURCES[key] = (f"{file_hash(path)}:{key[1]}" if path.is_file() else
+                               f"code:{hashlib.sha1(marshal.dumps(code)).hexdigest()}")
+    return src
 
 
 def value_key(v: Any) -> str:
@@ -123,12 +131,18 @@ def value_key(v: Any) -> str:
     return _canon(v)
 
 
-def _code_names(code: types.CodeType) -> set[str]:
+_CODE_NAMES: dict[types.CodeType, frozenset[str]] = {}
+
+
+def _code_names(code: types.CodeType) -> frozenset[str]:
     """The global names a function's code (and the code nested in it) reads."""
-    out = set(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            out |= _code_names(c)
+    out = _CODE_NAMES.get(code)
+    if out is None:
+        names = set(code.co_names)
+        for c in code.co_consts:
+            if isinstance(c, types.CodeType):
+                names |= _code_names(c)
+        out = _CODE_NAMES[code] = frozenset(names)
     return out
 
 
@@ -195,6 +209,7 @@ class Target:
             glb[n] = device(_copy(_codec_source(n), glb, ""))
         self._codecs: dict[GGMLType, Codec] = {}
         self._bound: dict[tuple, Any] = {}
+        self._sources: dict[tuple[Callable, frozenset[str]], list[str]] = {}
         self._helper_tag = ""
         self.base_key = hashlib.sha1("".join(file_hash(p) for p in SHARED_SOURCES).encode()
                                      + name.encode()).hexdigest()
@@ -249,14 +264,20 @@ class Target:
         parts = [self.base_key, self._helper_tag, tag, value_key(template),
                  getattr(decorator, "key", None) or getattr(decorator, "__qualname__", "?")]
         parts += [f"{n}={value_key(v)}" for n, v in sorted(names.items())]
-        glb = template.__globals__
-        for n in sorted(_code_names(template.__code__) - set(names)):
-            if n in self.globals:
-                continue   # the shared math: in base_key
-            src = _source_of(glb.get(n))
-            if src is not None:
-                parts.append(f"{n}@{src}")
+        parts += self._module_sources(template, frozenset(names))
         return hashlib.sha1("|".join(parts).encode()).hexdigest()[:12]
+
+    def _module_sources(self, template: Callable, bound: frozenset[str]) -> list[str]:
+        """The sources of the functions and intrinsics `template` reads from its own module's
+        globals (not bound, not the shared math), once per template and set of bound names."""
+        key = (template, bound)
+        out = self._sources.get(key)
+        if out is None:
+            glb = template.__globals__
+            out = self._sources[key] = [
+                f"{n}@{src}" for n in sorted(_code_names(template.__code__) - bound)
+                if n not in self.globals and (src := _source_of(glb.get(n))) is not None]
+        return out
 
     def bind(self, template: Callable, decorator: Callable[[Callable], Any], tag: str = "",
              **names: Any) -> Any:
