@@ -81,6 +81,9 @@ def _canon(v: Any) -> str:
     raise TypeError(f"cannot key a compile option of type {type(v).__name__}")
 
 
+_SCALARS = (bool, int, float, str, Enum, type(None))
+
+
 class Compiler:
     """A template decorator with its options named, so that how a binding is compiled is part
     of its key: Compiler(numba.njit, cache=True, parallel=True)."""
@@ -210,6 +213,7 @@ class Target:
         self._codecs: dict[GGMLType, Codec] = {}
         self._bound: dict[tuple, Any] = {}
         self._sources: dict[tuple[Callable, frozenset[str]], list[str]] = {}
+        self._keys: dict[tuple, tuple[str, Any, tuple]] = {}
         self._helper_tag = ""
         self.base_key = hashlib.sha1("".join(file_hash(p) for p in SHARED_SOURCES).encode()
                                      + name.encode()).hexdigest()
@@ -284,7 +288,17 @@ class Target:
         """`template` compiled with `decorator`, its free names bound to `names`, named (and
         cached, in memory and by numba on disk) by its derived key (key_of). `tag` is for what
         the sources cannot show (a code generation flavor) and for people reading names."""
-        key = self.key_of(template, decorator, names, tag)
+        # the same values bound again (a graph rebinding its nodes) find their key without
+        # deriving it: constants by type and value, objects by identity (the entry holds the
+        # objects, so no other object can take their ids)
+        seen = (template, id(decorator), tag,
+                tuple((n, (type(v), v) if isinstance(v, _SCALARS) else id(v))
+                      for n, v in names.items()))
+        hit = self._keys.get(seen)
+        if hit is None:
+            hit = self._keys[seen] = (self.key_of(template, decorator, names, tag), decorator,
+                                      tuple(names.values()))
+        key = hit[0]
         k = self._bound.get((template, key))
         if k is None:
             glb = dict(template.__globals__)

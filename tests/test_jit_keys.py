@@ -92,3 +92,14 @@ def test_keys_are_the_same_in_another_process():
     b = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert a.returncode == 0, a.stderr[-2000:]
     assert a.stdout == b.stdout and len(a.stdout.split()) == 2
+
+
+def test_a_rebinding_finds_the_binding_and_equal_constants_of_other_types_do_not():
+    """bind() remembers the keys of values it has seen: the same template and values give the
+    same kernel, and 1, True and 1.0 (equal in Python) stay three bindings."""
+    a = TARGET.bind(_outer, TARGET.device, inner=TARGET.bind(_twice, TARGET.device), K=1)
+    assert TARGET.bind(_outer, TARGET.device, inner=TARGET.bind(_twice, TARGET.device),
+                       K=1) is a
+    keys = {TARGET.bind(_outer, TARGET.device, inner=_twice, K=v).ggraph_key
+            for v in (1, True, 1.0)}
+    assert len(keys) == 3
