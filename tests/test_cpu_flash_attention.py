@@ -47,6 +47,16 @@ def test_decode_runs_of_cells(nh, nkv_h):
     assert np.all(got.reshape(3, nh, 64)[2] == 0.0)   # (T, H, Dv): query 2 sees nothing
 
 
+@pytest.mark.parametrize("n_kv", [kernels.DECODE_CELLS - 21, 2 * kernels.DECODE_CELLS + 3])
+def test_decode_cells_hidden_inside(n_kv):
+    """Cells hidden from some rows, from every row (skipped: one in three), and at both ends
+    (dropped), as sequences interleaved in one cache leave them; one run of cells, whose rows
+    are written directly, and several, combined after."""
+    _case(2, n_kv, 6, 2, 1, lambda h, t: np.arange(5 + t, n_kv - 4, 3))
+    _case(2, n_kv, 4, 4, 4, lambda h, t: np.arange(5 + (t + h) % 2, n_kv - 4 - h, 3),
+          max_bias=8.0)
+
+
 def test_decode_per_head_masks_alibi_softcap():
     n_kv = 2 * kernels.DECODE_CELLS + 11
     _case(1, n_kv, 4, 2, 4, lambda h, t: slice(17 * h, n_kv - h), max_bias=8.0, softcap=30.0)

@@ -11,7 +11,8 @@ stretch of the cache; many units keep every thread busy even where K/V heads are
 
 kf / vf: the flat uint16 memory the K / V views span, row (s, h, j) at s*k3 + h*k2 + j*k1, each
 row a contiguous slice whose F16 conversion vectorizes. The names `half_to_f32`, `expf`,
-`dec_m` (the mask's row decoder), `alibi_slope` and CELLS are bound per binding
+`dec_m` (the mask's row decoder), `alibi_slope`, CELLS and VB (V rows a block) are bound per
+binding
 (backends/cpu/kernels.py).
 """
 from __future__ import annotations
@@ -34,10 +35,15 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
     # the mask's rows as float32, once (a row per sequence, head and query of the mask)
     m3, m2 = (m.shape[0], m.shape[1]) if has_mask else (1, 1)
     mf = np.zeros((m3, m2, nt, nkv if has_mask else 1), np.float32)
-    if has_mask:
+    if has_mask and m3 * m2 * nt >= 4:
         for w in prange(m3 * m2 * nt):
             a, b, t = w // (m2 * nt), (w // nt) % m2, w % nt
             dec_m(m, a, b, t, mf[a, b, t], nkv)  # noqa: F821
+    elif has_mask:   # a decode step's one or two rows: not worth waking the threads
+        for w in range(m3 * m2 * nt):
+            a, b, t = w // (m2 * nt), (w // nt) % m2, w % nt
+            dec_m(m, a, b, t, mf[a, b, t], nkv)  # noqa: F821
+    mf2 = mf.reshape(m3 * m2 * nt, mf.shape[3])
     pm = np.empty((units, nr), np.float32)      # each unit's running max, sum, weighted sum
     ps = np.empty((units, nr), np.float32)
     pa = np.empty((units, nr, dv), np.float32)
@@ -45,6 +51,33 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
         s, g, c = u // (hkv * runs), (u // runs) % hkv, u % runs
         ks = s // rk3
         j0, j1 = c * CELLS, min(nkv, (c + 1) * CELLS)  # noqa: F821
+        # The cells hidden from every row of the unit at either end are dropped, and one
+        # hidden inside is skipped, its K not read nor its V added (llama.cpp's CPU kernel
+        # skips a masked cell per row the same way): a decode step's cache view is padded to
+        # 256 cells, most of them hidden early in a generation.
+        # the unit's rows of the mask (flat, in mf2), found once: a division per cell and row
+        # cost more than a short decode step's work
+        mrows = np.empty(nr, np.int64)
+        for r in range(nr):
+            mrows[r] = ((s % m3) * m2 + (g * rk2 + r // nt) % m2) * nt + r % nt
+        if has_mask:
+            lo, hi = j1, j0
+            for r in range(nr):
+                row = mf2[mrows[r]]
+                a = j0
+                while a < j1 and row[a] == -np.inf:
+                    a += 1
+                if a < j1:
+                    b = j1
+                    while row[b - 1] == -np.inf:
+                        b -= 1
+                    lo, hi = min(lo, a), max(hi, b)
+            j0, j1 = (lo, hi) if lo < hi else (j0, j0)
+        nc = j1 - j0
+        acc = pa[u]
+        for r in range(nr):
+            for i in range(dv):
+                acc[r, i] = 0.0
         qs = np.empty((nr, dk), np.float32)
         slope = np.empty(nr, np.float32)
         for r in range(nr):
@@ -52,16 +85,22 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
             slope[r] = alibi_slope(h0 + h, n_head, max_bias)  # noqa: F821
             for i in range(dk):
                 qs[r, i] = q[s, h, r % nt, i]
-        nc = j1 - j0
         sc = np.empty((nr, nc), np.float32)
-        mr = np.zeros((nr, nc), np.float32)   # each row's mask values over these cells
-        if has_mask:
-            for r in range(nr):
-                mrow = mf[s % m3, (g * rk2 + r // nt) % m2, r % nt]
-                for j in range(nc):
-                    mr[r, j] = slope[r] * mrow[j0 + j]
+        mr = np.empty((nr, nc), np.float32)   # each row's mask values over these cells
+        live = np.empty(nc, np.bool_)
+        for j in range(nc):
+            live[j] = not has_mask
+        for r in range(nr):
+            row = mf2[mrows[r]]
+            for j in range(nc):
+                mr[r, j] = slope[r] * row[j0 + j] if has_mask else np.float32(0.0)
+                live[j] = live[j] or mr[r, j] != -np.inf
         kr = np.empty(dk, np.float32)
         for j in range(nc):
+            if not live[j]:
+                for r in range(nr):
+                    sc[r, j] = -np.inf
+                continue
             o = ks * k3 + g * k2 + (j0 + j) * k1
             src = kf[o:o + dk]   # a slice: indices that cannot wrap, so loads that vectorize
             for i in range(dk):
@@ -75,8 +114,6 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
                 if softcap != 0.0:
                     x = softcap * math.tanh(x)
                 sc[r, j] = x + mr[r, j]   # a hidden cell: -inf
-        acc = pa[u]
-        acc[:, :] = 0.0
         for r in range(nr):
             mx = np.float32(-np.inf)
             for j in range(nc):
@@ -89,19 +126,49 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
                     sc[r, j] = e
                     t += e
             else:
-                sc[r, :] = 0.0
+                for j in range(nc):
+                    sc[r, j] = 0.0
             ps[u, r] = t
-        vr = np.empty(dv, np.float32)
-        for j in range(nc):
-            o = ks * v3 + g * v2 + (j0 + j) * v1
-            src = vf[o:o + dv]
-            for i in range(dv):
-                vr[i] = half_to_f32(src[i])  # noqa: F821
+        # V rows VB at a time: converted into a block, then each row's weighted sum over the
+        # block in one pass over its accumulator (the block loop unrolls, so the sums stay in
+        # registers), not one pass per cell
+        vb = np.empty((VB, dv), np.float32)  # noqa: F821
+        wb = np.empty((nr, VB), np.float32)  # noqa: F821
+        j = 0
+        while j < nc:
+            n = 0
+            while n < VB and j < nc:  # noqa: F821
+                if live[j]:
+                    o = ks * v3 + g * v2 + (j0 + j) * v1
+                    src = vf[o:o + dv]
+                    vrow = vb[n]
+                    for i in range(dv):
+                        vrow[i] = half_to_f32(src[i])  # noqa: F821
+                    for r in range(nr):
+                        wb[r, n] = sc[r, j]
+                    n += 1
+                j += 1
             for r in range(nr):
-                wgt = sc[r, j]
-                ar = acc[r]
+                ar, wr = acc[r], wb[r]
+                if n == VB:  # noqa: F821
+                    for i in range(dv):
+                        a = ar[i]
+                        for jj in range(VB):  # noqa: F821
+                            a += wr[jj] * vb[jj, i]
+                        ar[i] = a
+                else:
+                    for jj in range(n):
+                        wgt = wr[jj]
+                        for i in range(dv):
+                            ar[i] += wgt * vb[jj, i]
+        if runs == 1:   # the unit holds every cell: its rows are the output, no second pass
+            for r in range(nr):
+                inv = np.float32(1.0) / ps[u, r] if ps[u, r] > 0.0 else np.float32(0.0)
+                h, t = g * rk2 + r // nt, r % nt
                 for i in range(dv):
-                    ar[i] += wgt * vr[i]
+                    d[s, t, h, i] = acc[r, i] * inv
+    if runs == 1:
+        return
     for w in prange(ns * hkv * nr):
         s, g, r = w // (hkv * nr), (w // nr) % hkv, w % nr
         base = (s * hkv + g) * runs

@@ -162,8 +162,9 @@ def _rope(node: Tensor, s: Session) -> None:
                    partial(k, s.arr(a), *table, s.arr(node), n_dims, neox))
 
 
-# a decode step's flash attention: cells per unit (attn_decode.py)
+# a decode step's flash attention: cells per unit, V rows per block (attn_decode.py)
 DECODE_CELLS = 256
+DECODE_VB = 8
 
 
 def _flash_attn(node: Tensor, s: Session):
@@ -178,7 +179,8 @@ def _flash_attn(node: Tensor, s: Session):
         kern = TARGET.bind(attn_decode.k_flash_attn_decode,
                            _SERIAL_FAST if _small(node) else _KERNEL_FAST,
                            f"m{mt}{'_serial' if _small(node) else ''}",
-                           dec_m=TARGET.codec(mt).dec, expf=_EXPF, CELLS=DECODE_CELLS)
+                           dec_m=TARGET.codec(mt).dec, expf=_EXPF, CELLS=DECODE_CELLS,
+                           VB=DECODE_VB)
         return partial(kern, s.arr(q), fk[0], *fk[1], fv[0], *fv[1], *K_.shape[:3],
                        s.arr(mask) if mask is not None else _DUMMY,
                        s.arr(node).reshape(node.shape), *args, mask is not None)
