@@ -11,8 +11,8 @@ stretch of the cache; many units keep every thread busy even where K/V heads are
 
 kf / vf: the flat uint16 memory the K / V views span, row (s, h, j) at s*k3 + h*k2 + j*k1, each
 row a contiguous slice whose F16 conversion vectorizes. The names `half_to_f32`, `expf`,
-`dec_m` (the mask's row decoder), `alibi_slope`, CELLS and VB (V rows a block) are bound per
-binding
+`dec_m` (the mask's row decoder), `alibi_slope`, CELLS, VB (V rows a block) and PFC (cells
+prefetched ahead: a long cache streams from memory) are bound per binding
 (backends/cpu/kernels.py).
 """
 from __future__ import annotations
@@ -21,6 +21,8 @@ import math
 
 import numpy as np
 from numba import prange
+
+from .qlanes import prefetch
 
 
 def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, scale,
@@ -102,6 +104,9 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
                     sc[r, j] = -np.inf
                 continue
             o = ks * k3 + g * k2 + (j0 + j) * k1
+            for i in range(0, dk, 32):   # the row PFC cells ahead (a hint: never faults)
+                prefetch(kf, o + PFC * k1 + i)  # noqa: F821
+            prefetch(kf, o + PFC * k1 + dk - 1)  # noqa: F821
             src = kf[o:o + dk]   # a slice: indices that cannot wrap, so loads that vectorize
             for i in range(dk):
                 kr[i] = half_to_f32(src[i])  # noqa: F821
@@ -140,6 +145,9 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
             while n < VB and j < nc:  # noqa: F821
                 if live[j]:
                     o = ks * v3 + g * v2 + (j0 + j) * v1
+                    for i in range(0, dv, 32):
+                        prefetch(vf, o + PFC * v1 + i)  # noqa: F821
+                    prefetch(vf, o + PFC * v1 + dv - 1)  # noqa: F821
                     src = vf[o:o + dv]
                     vrow = vb[n]
                     for i in range(dv):
