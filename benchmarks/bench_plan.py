@@ -4,7 +4,7 @@ Planning the full-size model must take seconds and allocate no tensor memory: on
 group of DeepSeek-V3 at ctx 163000 and ubatch 512 alone would be 2.2 GB. Each case runs in a
 fresh Python process (imports done before the clock starts) so that its RSS growth is its own;
 cases with a budget are marked "over" when they exceed it and the script exits 1. Prints a
-table and writes JSON (-o/--json, default benchmarks/results/plan.json). tests/test_plan.py
+table and writes JSON (-o/--json, default benchmarks/results/plan.json). tests/tools/test_plan.py
 checks the numbers the plans produce; timings and memory belong here, where a busy shared
 machine does not fail the test suite.
 

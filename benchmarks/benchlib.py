@@ -14,7 +14,8 @@
   `model_option` (-m/--model, resolved by graphs/gguf/fetch.py's resolve_model),
   `out_option` (-o/--out/--json) and `repeat_option` (-r/--repeat).
 
-The scripts run as `python benchmarks/X.py` and some are loaded by path (tests/test_deepseek2.py,
+The scripts run as `python benchmarks/X.py` and some are loaded by path
+(tests/graphs/models/test_deepseek2.py,
 tools/ggml_ref.py), where benchmarks/ is not on sys.path: each script puts its own folder
 there in one commented line before `from benchlib import ...`. Importing this module imports
 nothing but the standard library (ggraph when a function needs it): ttft.py's children time

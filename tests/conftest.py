@@ -1,12 +1,13 @@
 """Test-suite settings: every Engine scans its weights for inf/NaN at load (llama.cpp's
 --check-tensors), so a corrupted model file fails loudly in any test that loads one.
 
-The CUDA simulator's suite runs in a process of its own (tests/test_cudasim_suite.py). It is
-started as soon as collection finds its test, so it runs on one core beside the CPU tests
-(which spend most of their time compiling, single-threaded), and its test is moved last,
-where it waits for the process: the two halves overlap instead of adding up. The PTX gate
-(tests/test_ptx_gate.py, ~2.5 minutes of NVVM compiling where a CUDA toolkit is present) runs
-the same way, on the same core after the simulator's processes."""
+The CUDA simulator's suite runs in a process of its own
+(tests/backends/cuda/test_cudasim_suite.py). It is started as soon as collection finds its
+test, so it runs on one core beside the CPU tests (which spend most of their time compiling,
+single-threaded), and its test is moved last, where it waits for the process: the two halves
+overlap instead of adding up. The PTX gate (tests/backends/cuda/test_ptx_gate.py, ~2.5 minutes
+of NVVM compiling where a CUDA toolkit is present) runs the same way, on the same core after
+the simulator's processes."""
 import os
 import subprocess
 import sys
@@ -25,7 +26,7 @@ HERE = Path(__file__).parent
 
 def cudasim_files() -> list[str]:
     """The modules the simulator's process runs: the CUDA backend's and gpu_check's."""
-    return sorted(str(p) for p in (*HERE.glob("test_cuda_*.py"), *HERE.glob("test_gpu_*.py")))
+    return sorted(str(p) for p in (*HERE.rglob("test_cuda_*.py"), *HERE.rglob("test_gpu_*.py")))
 
 
 class BackgroundRun:
@@ -77,7 +78,8 @@ class CudasimRun(BackgroundRun):
                    "cudasim"]
         super().__init__([
             (pytest_ + cudasim_files(), env),
-            (pytest_ + [str(HERE / "test_cuda_sim.py"), "-k", "conformance_case"],
+            (pytest_ + [str(HERE / "backends" / "cuda" / "test_cuda_sim.py"),
+                        "-k", "conformance_case"],
              dict(env, GGRAPH_CUDASIM_GEOMETRY="gpu", GGRAPH_CUDASIM_SUBSET="geometry")),
         ])
 
@@ -118,14 +120,35 @@ def pytest_collection_modifyitems(session, config, items):
         config.stash[_PTX] = PtxRun(after=config.stash.get(_RUN, None))
 
 
+class TinyModels:
+    """The tiny GGUFs of a session (graphs/testing's tiny writers), each written once:
+    `made(writer, *args, **kw)` calls writer(path, *args, **kw) the first time and returns
+    that path for the same writer and arguments after. The files are shared: a test that
+    changes one works on a copy."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.paths: dict[tuple, str] = {}
+
+    def made(self, writer, *args, **kw) -> str:
+        key = (writer.__module__, writer.__qualname__, repr(args), repr(sorted(kw.items())))
+        if key not in self.paths:
+            self.paths[key] = str(writer(self.root / f"m{len(self.paths)}.gguf", *args, **kw))
+        return self.paths[key]
+
+
 @pytest.fixture(scope="session")
-def tiny(tmp_path_factory) -> str:
-    """A tiny llama GGUF of the writer's defaults (graphs/testing/tiny.py), written once for
-    the session; a test module that needs another shape defines its own `tiny`, and a test
-    that changes the file works on a copy."""
+def tiny_models(tmp_path_factory) -> TinyModels:
+    return TinyModels(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_models) -> str:
+    """A tiny llama GGUF of the writer's defaults (graphs/testing/tiny.py); a test module that
+    needs another shape defines its own `tiny` from `tiny_models`."""
     from ggraph.graphs.testing.tiny import write_tiny_llama
 
-    return str(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf"))
+    return tiny_models.made(write_tiny_llama)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The shape-rule cases of tests/test_shape_rules.py: a registry of named cases, each building
+"""The shape-rule cases of tests/ops/test_shape_rules.py: a registry of named cases, each building
 (thunk, op, tensors the message must name), the tensor helpers they share, and the cases of
 views and copies (the other ops' cases are in the test module itself)."""
 from __future__ import annotations

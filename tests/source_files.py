@@ -3,8 +3,8 @@ private-name scans): the library's folders, and every file under given folders."
 from __future__ import annotations
 
 from pathlib import Path
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 # the folders that install as the ggraph package (setup.py)
 LIBRARY = ("ggraph", "ops", "backends", "graphs", "tools")
 

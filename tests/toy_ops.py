@@ -1,4 +1,4 @@
-"""Toy ops for tests/test_op_records.py, defined outside ggraph.ops the way an op module
+"""Toy ops for tests/ops/test_op_records.py, defined outside ggraph.ops the way an op module
 defines them: a kind, a constructor, and one record holding the ggml mapping (constructor,
 C declaration, enum probe, limits) and the picture's edge-label rule. Nothing in
 ggraph/check/ggml_ref.py, ggml_cdefs.py or dot.py names them.

@@ -324,7 +324,8 @@ def swiglu_rows(g, u, y):
 def gelu_table():
     """ggml_table_gelu_f16: for every f16 bit pattern h, f16(gelu_f32(h)) with the tanh form
     0.5x(1 + tanhf(sqrt(2/pi) x (1 + 0.044715 x^2))) in f32, 1 + 0.044715x*x one fma (GCC
-    contracts it); checked against the library's own table by tests/test_ggml_exact.py."""
+    contracts it); checked against the library's own table by
+    tests/backends/cpu/test_ggml_exact.py."""
     tab = np.empty(65536, np.uint16)
     for h in range(65536):
         x = h2f(np.uint16(h))

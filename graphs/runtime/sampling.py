@@ -8,7 +8,8 @@ typ_p, top_p, min_p, xtc, temperature), `StdMT19937` (std::mt19937 plus libstdc+
 uniform_real_distribution), `Dist` and `Sampler` (the chain with its RNG and token history:
 `accept`, `sample`, `candidates`, `reset`).
 
-Reproduced exactly (checked against llama.cpp's samplers in tests/test_sampling.py): every
+Reproduced exactly (checked against llama.cpp's samplers in
+tests/graphs/runtime/test_sampling.py): every
 step's kept set, candidate order and logits, using llama.cpp's float32 arithmetic (in-order
 float sums via cumsum, expf/logf as correctly rounded results; probs agree to 2 ulp where glibc
 rounds differently); `dist` draws from std::mt19937 seeded as llama.cpp seeds it (0xFFFFFFFF =

@@ -34,7 +34,8 @@ import numpy as np
 from ggraph.config import cache_dir
 from ggraph.ir.types import GGMLType
 
-from ggraph.graphs.testing.tiny import DenseTensor, TinyDense, byte_alphabet, dense_tensors, merged_tokens
+from ggraph.graphs.testing.tiny import DenseTensor, TinyDense, byte_alphabet, dense_tensors,
+merged_tokens
 from ggraph.graphs.testing.tiny import MERGES, write_hparam_keys
 
 __all__ = ["Shape", "SHAPES", "PlannedTensor", "BLOCK_FILLS", "use_more_bits", "q4_k_m_type",
@@ -198,7 +199,8 @@ def tensor_plan(shape: Shape) -> list[PlannedTensor]:
 class BlockFill:
     """Where a type's f16 scales sit in its block, each as a multiple of the block's d, and
     the std of its elements per unit d when every other byte is uniformly random (worked
-    out from the block's formula; tests/test_synthetic.py checks it by dequantizing)."""
+    out from the block's formula; tests/graphs/testing/test_synthetic.py checks it by
+    dequantizing)."""
     scales: tuple[tuple[int, float], ...]
     std_per_d: float
 
