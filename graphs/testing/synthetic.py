@@ -34,8 +34,8 @@ import numpy as np
 from ggraph.config import cache_dir
 from ggraph.ir.types import GGMLType
 
-from ggraph.graphs.testing.tiny import DenseTensor, TinyDense, byte_alphabet, dense_tensors,
-merged_tokens
+from ggraph.graphs.testing.tiny import (DenseTensor, TinyDense, byte_alphabet, dense_tensors,
+                                        merged_tokens)
 from ggraph.graphs.testing.tiny import MERGES, write_hparam_keys
 
 __all__ = ["Shape", "SHAPES", "PlannedTensor", "BLOCK_FILLS", "use_more_bits", "q4_k_m_type",

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -18,7 +19,7 @@ import pytest
 from ggraph import Context, build_graph, ops
 from ggraph.backends import get_backend
 from ggraph.graphs.runtime.engine import Engine, EngineConfig
-from paths import ROOT
+from paths import ROOT, TESTS
 
 N_ENGINE_CALLS = 400     # per thread
 N_SESSION_CALLS = 200    # per thread
@@ -176,13 +177,15 @@ def test_two_sessions_run_at_once():
     always has) concurrent parallel kernels abort the process unless the CPU backend makes
     graphs take turns. A subprocess forces that layer."""
     code = """if True:
-        from tests.test_concurrency import _two_sessions
+        from test_concurrency import _two_sessions
         _two_sessions(60)
         import numba
         assert numba.threading_layer() == "workqueue", numba.threading_layer()
         print("ok")
     """
-    env = dict(os.environ, NUMBA_THREADING_LAYER="workqueue")
+    # this module and the helpers it imports (tests/paths.py) on the child's path
+    path = os.pathsep.join([str(Path(__file__).parent), str(TESTS)])
+    env = dict(os.environ, NUMBA_THREADING_LAYER="workqueue", PYTHONPATH=path)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=JOIN_S, cwd=str(ROOT))
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

@@ -25,7 +25,8 @@ RUNNER_API = {"names", "placement", "place", "reserve", "plans", "run", "read", 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_models):
-    return tiny_models.made(write_tiny_llama, TinyLlama(n_layer=4, n_embd=128, weight_type="q8_0"))
+    return tiny_models.made(write_tiny_llama,
+                            TinyLlama(n_layer=4, n_embd=128, weight_type="q8_0"))
 
 
 def _chain(n: int):

@@ -33,7 +33,8 @@ SEED_SPLIT = "37,25,25,25,24.5,24,24,24,24,25,24,25,24,24.5,31"
 
 @pytest.fixture(scope="module")
 def tiny(tiny_models):
-    return tiny_models.made(write_tiny_llama, TinyLlama(n_layer=4, n_embd=128, weight_type="q8_0"))
+    return tiny_models.made(write_tiny_llama,
+                            TinyLlama(n_layer=4, n_embd=128, weight_type="q8_0"))
 
 
 def _graph(path, n_tokens=5, n_ctx=64):
