@@ -1,7 +1,9 @@
-"""What every backend shares: arenas, the kernel table, `supports(node)`, and running a graph
-node by node inside an allocator plan.
+"""What every backend is, and running a graph node by node inside an allocator plan.
 
-A backend only hands out memory (aligned arenas) and kernels; where each tensor lives is the
+A backend is a device (`Backend`: its kernel table, `supports(node)`, the weight copies its
+kernels read) with a buffer type (its memory: backends/buffer_type.py) and an executor (how
+bound calls run: backends/executor.py), the three parts ggml's backend interface separates.
+It only hands out memory (aligned arenas) and kernels; where each tensor lives is the
 allocator's plan. Pre-allocated tensors live elsewhere: leafs with host data are used in place
 (a weight in a read-only mmap stays there), leafs with a `buffer` name but no data (a KV cache)
 get zeroed static memory that a Session keeps between runs.
@@ -24,10 +26,11 @@ import numpy as np
 from ggraph.codecs import buffers
 from ggraph.ir.graph import Graph
 from ggraph.plan.alloc import Allocator, BufferPlan
-from ggraph.plan.host_memory import check_buffers
 from ggraph.ir.opkind import OpKind
 from ggraph.ir.tensor import Tensor
 
+from .buffer_type import BufferType, HostBufferType
+from .executor import Executor
 from .profile import Profile
 from .registry import KINDS
 from .runner import ComputeBuffer, MemoryFigures, ModelMemory, ThreadGuard, check_device
@@ -49,50 +52,22 @@ class UnsupportedOpError(ValueError):
     pass
 
 
-def aligned_empty(nbytes: int, alignment: int) -> np.ndarray:
-    """A uint8 array of nbytes whose first byte is aligned (numpy only promises 16)."""
-    raw = np.empty(nbytes + alignment, dtype=np.uint8)
-    start = (-raw.ctypes.data) % alignment
-    return raw[start:start + nbytes]
-
-
 class Backend:
-    """A device: a name, an alignment, and a kernel table keyed by OpKind."""
+    """A device, after ggml's (ggml-backend-impl.h: ggml_backend_device): its name, the kernels
+    it has (`supports`), its buffer type (`buffers`: what its memory is, backends/
+    buffer_type.py), its executor (`executor`: how bound calls run, backends/executor.py), the
+    copies of weights its kernels read (`prepare_weights`, `model_buffers`), and sessions."""
 
     name = "base"
-    alignment = KINDS["cpu"].alignment   # each backend class sets its kind's (registry.py)
     kernels: dict[OpKind, Kernel] = {}
+    buffers: BufferType = HostBufferType("CPU", KINDS["cpu"].alignment)
+    executor: Executor = Executor()
 
     def supports(self, node: Tensor) -> bool:
         if node.op is None:
             return True
         k = self.kernels.get(node.op)
         return k is not None and k.accepts(node)
-
-    def alloc_arena(self, nbytes: int) -> Any:
-        # a plan larger than the memory left: one line naming the sizes, not numpy's error
-        check_buffers([("", nbytes)], self.name.upper())
-        return aligned_empty(max(nbytes, 1), self.alignment)
-
-    def view(self, buf: Any, offset: int, t: Tensor) -> Any:
-        """The kernel's view of `t` at `offset` in `buf` (F16 as uint16 bits)."""
-        return buffers.raw_view(buf, offset, t, half_bits=True)
-
-    def run_calls(self, calls: list[Callable[[], None]]) -> None:
-        """Run a bound graph's calls in order (CUDA may replay them as one captured graph)."""
-        for call in calls:
-            call()
-
-    def run_context(self, key: Any = None) -> Any:
-        """Entered around each graph run (the CPU backend quiets BLAS threads and picks its
-        thread count there); `key` names the graph when the same one runs again."""
-        return contextlib.nullcontext()
-
-    def fuse(self, order: list[Tensor], session: "Session") -> Mapping[Tensor, Any]:
-        """Groups of consecutive nodes of a planned graph's `order` this backend runs as one
-        call, keyed by each group's first node: objects with `nodes` (the group, in order)
-        and `call` (zero arguments, computing them all). None by default."""
-        return {}
 
     def session(self, **kw: Any) -> "Session":
         return Session(self, **kw)
@@ -104,34 +79,6 @@ class Backend:
     def model_buffers(self) -> list[tuple[str, int]]:
         """(name, bytes) of the weight copies this backend holds (llama.cpp's CPU_REPACK)."""
         return []
-
-    # -- memory hooks: the CPU computes in host numpy arrays; a device backend (CUDA)
-    # overrides these to upload leaf data, copy values back and fill device memory --------
-    def upload(self, t: Tensor) -> Any:
-        """Memory kernels use for leaf `t`'s host data (`t.data`): the array itself here."""
-        return t.data
-
-    def fill(self, buf: Any, byte: int) -> None:
-        buf[...] = byte
-
-    def to_host(self, buf: Any) -> np.ndarray:
-        return np.asarray(buf)
-
-    def read(self, buf: Any, offset: int, t: Tensor) -> np.ndarray:
-        return buffers.read(np.asarray(buf), offset, t)
-
-    def write(self, buf: Any, offset: int, t: Tensor, values: np.ndarray) -> None:
-        buffers.write(buf, offset, t, values)
-
-    def synchronize(self) -> None:
-        """Wait for queued work (nothing to wait for on the CPU)."""
-
-    def read_bytes(self, buf: Any, offset: int, n: int) -> np.ndarray:
-        """n raw bytes of `buf` from `offset`, on the host."""
-        return np.array(np.asarray(buf)[offset:offset + n])
-
-    def write_bytes(self, buf: Any, offset: int, data: np.ndarray) -> None:
-        buf[offset:offset + data.nbytes] = data
 
 
 class Session(ThreadGuard):
@@ -145,7 +92,8 @@ class Session(ThreadGuard):
         if allocator is None:
             from ggraph.plan.alloc import GraphAllocator
 
-            allocator = GraphAllocator(alignment=backend.alignment, name=backend.name.upper())
+            allocator = GraphAllocator(alignment=backend.buffers.alignment,
+                                       name=backend.name.upper())
         self.allocator: Allocator = allocator
         self.arena: Any = None
         self.plan: BufferPlan | None = None
@@ -213,7 +161,7 @@ class Session(ThreadGuard):
         root = t.owner
         if root.data is not None:
             own = self._own.get(root)
-            return (own if own is not None else self.backend.upload(root)), t.view_offs
+            return (own if own is not None else self.backend.buffers.upload(root)), t.view_offs
         if root.buffer is not None:
             buf = self.static.get(root)
             if buf is None:
@@ -229,13 +177,13 @@ class Session(ThreadGuard):
                              f"before the next run, or use one Session per graph)") from None
 
     def _zeros(self, nbytes: int) -> Any:
-        buf = self.backend.alloc_arena(nbytes)
-        self.backend.fill(buf, 0)
+        buf = self.backend.buffers.alloc(nbytes)
+        self.backend.buffers.fill(buf, 0)
         return buf
 
     def arr(self, t: Tensor) -> Any:
         buf, off = self._storage(t)
-        return self.backend.view(buf, off, t)
+        return self.backend.buffers.view(buf, off, t)
 
     def read(self, t: Tensor) -> np.ndarray:
         """Values of t as numpy (float32 / ints), numpy order.
@@ -247,7 +195,7 @@ class Session(ThreadGuard):
             self.check_reader(t)
             self.check_not_freed(t)
             buf, off = self._storage(t)
-            return self.backend.read(buf, off, t)
+            return self.backend.buffers.read(buf, off, t)
 
     def write(self, t: Tensor, values: np.ndarray) -> None:
         """Store values into t. A leaf with host data (`t.data`) is copied into memory this
@@ -259,15 +207,15 @@ class Session(ThreadGuard):
                 self._own[root] = self._copy_of(root)
                 self._own_changed = True
             buf, off = self._storage(t)
-            self.backend.write(buf, off, t, values)
+            self.backend.buffers.write(buf, off, t, values)
 
     def _copy_of(self, root: Tensor) -> Any:
         data = np.asarray(root.data)
         if data.nbytes != root.nbytes:
             raise ValueError(f"tensor {root.describe()} carries {data.nbytes} bytes of data, "
                              f"expected {root.nbytes}")
-        buf = self.backend.alloc_arena(root.nbytes)
-        self.backend.write_bytes(buf, 0, data.reshape(-1).view(np.uint8))
+        buf = self.backend.buffers.alloc(root.nbytes)
+        self.backend.buffers.write_bytes(buf, 0, data.reshape(-1).view(np.uint8))
         return buf
 
     def check_not_freed(self, t: Tensor, shown: Tensor | None = None) -> None:
@@ -292,15 +240,15 @@ class Session(ThreadGuard):
     def fill_arena(self, byte: int) -> None:
         """Fill the compute arena (conformance canaries)."""
         with self._lock:
-            self.backend.fill(self.arena, byte)
+            self.backend.buffers.fill(self.arena, byte)
 
     def host_arena(self) -> np.ndarray:
         """The compute arena's bytes on the host."""
-        return self.backend.to_host(self.arena)
+        return self.backend.buffers.to_host(self.arena)
 
     def synchronize(self) -> None:
         """Wait for queued work."""
-        self.backend.synchronize()
+        self.backend.executor.synchronize()
 
     # -- running --------------------------------------------------------------------------
     def prepare(self, graph: Graph) -> Any:
@@ -318,7 +266,7 @@ class Session(ThreadGuard):
             self.plan = self.allocator.alloc(graph, reserve_on_growth=True)
             need = self.plan.size
             if self.arena is None or self.arena.nbytes < need:
-                self.arena = self.backend.alloc_arena(need)
+                self.arena = self.backend.buffers.alloc(need)
             return self.plan
 
     def run(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None = None,
@@ -339,11 +287,11 @@ class Session(ThreadGuard):
                 self._own_changed = False
             self.mark_run()
             profile = profile if profile is not None else self.profile
-            with self.running(), self.backend.run_context(graph):
+            with self.running(), self.backend.executor.run_context(graph):
                 if profile is None:
-                    self.backend.run_calls(self._calls)
+                    self.backend.executor.run_calls(self._calls)
                 else:
-                    profile.time_calls(self._calls, self._groups, self.backend.synchronize)
+                    profile.time_calls(self._calls, self._groups, self.backend.executor.synchronize)
             return self
 
     @property
@@ -392,7 +340,7 @@ class Session(ThreadGuard):
         splits are not in `nodes`)."""
         kernels = self.backend.kernels
         self.bind_memo = {}  # the calls run in `nodes` order: a binder may leave work to an earlier one
-        fused = self.backend.fuse(nodes, self) if fuse else {}
+        fused = self.backend.executor.fuse(nodes, self) if fuse else {}
         inside: set[Tensor] = set()
         calls, groups = [], []
         for node in nodes:

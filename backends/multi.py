@@ -54,7 +54,7 @@ class MultiSession(ThreadGuard):
         for t, d in (placement or {}).items():
             self.place(t, d)
         self.sessions = [b.session(allocator=GraphAllocator(
-            alignment=b.alignment, strategy=strategy, name=n, keep_order=True))
+            alignment=b.buffers.alignment, strategy=strategy, name=n, keep_order=True))
             for b, n in zip(self.backends, self._names)]
         self._schedules: dict[Graph, tuple[Graph, Schedule]] = {}
         self._bound: BoundSchedule | None = None
@@ -128,7 +128,7 @@ class MultiSession(ThreadGuard):
                     dst = self.sessions[d]
                     for src_t, copy_t, sd in copies:
                         self._copy(self.sessions[sd], src_t, dst, copy_t)
-                    with dst.backend.run_context():
+                    with dst.backend.executor.run_context():
                         for call in calls:
                             call()
             for s in self.sessions:
@@ -158,12 +158,12 @@ class MultiSession(ThreadGuard):
         """t's bytes on the host, once src's queued work is done."""
         sbuf, soff = src.storage(t)
         src.synchronize()
-        return src.backend.read_bytes(sbuf, soff, t.nbytes)
+        return src.backend.buffers.read_bytes(sbuf, soff, t.nbytes)
 
     @staticmethod
     def _put(dst: Session, c: Tensor, data: np.ndarray) -> None:
         dbuf, doff = dst.storage(c)
-        dst.backend.write_bytes(dbuf, doff, data)
+        dst.backend.buffers.write_bytes(dbuf, doff, data)
 
     # -- values -------------------------------------------------------------------------------
     def _where(self, t: Tensor) -> tuple[Session, Tensor]:

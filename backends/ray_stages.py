@@ -32,6 +32,7 @@ from ggraph.ir.graph import Graph
 from ggraph.plan.sched import Schedule
 from ggraph.ir.tensor import Tensor
 from .base import Backend
+from .buffer_type import BufferType
 from . import registry
 from .multi import BoundSchedule, MultiSession
 from .runner import ComputeBuffer
@@ -67,9 +68,11 @@ class RemoteBackend(Backend):
             raise ValueError(f"unknown stage backend {kind!r}: "
                              f"{', '.join(f'ray:{k}' for k in registry.NAMES)}")
         k = registry.KINDS[kind]
-        self.alignment, self.gpus = k.alignment, k.gpus
+        self.gpus = k.gpus
         self.kind, self.node, self.kernels = kind, node, registry.kernel_table(kind)
         self.name = f"{registry.REMOTE}:{kind}"
+        # its memory described (the planner asks the alignment), never held here
+        self.buffers = BufferType(self.name.upper(), k.alignment)
 
     def session(self, **kw: Any) -> "RemoteStage":
         raise RuntimeError("a remote stage's session is made by RayMultiSession")
@@ -317,7 +320,7 @@ class RayMultiSession(MultiSession):
                     self._put(dst, copy_t, np.asarray(vals[item]))
                 else:
                     self._copy(self.sessions[sd], src_t, dst, copy_t)
-            with dst.running(), dst.backend.run_context():
+            with dst.running(), dst.backend.executor.run_context():
                 for call in calls:
                     call()
 

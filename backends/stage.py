@@ -40,7 +40,7 @@ class StageServer:
         self.name = name
         self.backend = get_backend(backend, **kw)
         self.session = self.backend.session(allocator=GraphAllocator(
-            alignment=self.backend.alignment, strategy=strategy, name=name, keep_order=True))
+            alignment=self.backend.buffers.alignment, strategy=strategy, name=name, keep_order=True))
         self.tensors = StageTensors()
         self.model: Any = None
         self.graphs: dict[int, StageGraph] = {}
@@ -113,10 +113,10 @@ class StageServer:
         for idx, arg, item in inputs:
             data = args[arg] if item < 0 else args[arg][item]
             buf, off = s.storage(g.table[idx])
-            self.backend.write_bytes(buf, off, np.ascontiguousarray(data).reshape(-1).view(
+            self.backend.buffers.write_bytes(buf, off, np.ascontiguousarray(data).reshape(-1).view(
                 np.uint8))
         t0 = time.perf_counter()
-        with s.running(), self.backend.run_context():
+        with s.running(), self.backend.executor.run_context():
             for call in g.calls[k]:
                 call()
         s.synchronize()
@@ -125,7 +125,7 @@ class StageServer:
         for idx in outputs:
             t = g.table[idx]
             buf, off = s.storage(t)
-            out.append(self.backend.read_bytes(buf, off, t.nbytes))
+            out.append(self.backend.buffers.read_bytes(buf, off, t.nbytes))
         return out, busy
 
     def read(self, key: int, idx: int) -> np.ndarray:

@@ -146,24 +146,24 @@ def track_uploads(backend: Any) -> list[Tensor]:
     backend caches device copies weakly by tensor, and a conformance case's leafs are gone
     once the case returns, their copies with them."""
     kept: list[Tensor] = []
-    backend.upload_observers.append(kept.append)
+    backend.buffers.upload_observers.append(kept.append)
     return kept
 
 
 def check_device_inputs(backend: Any, tensors: list[Tensor]) -> dict[str, Any]:
-    """Read back the device copy of each uploaded tensor (CUDABackend.uploaded: tensor ->
+    """Read back the device copy of each uploaded tensor (CUDABufferType.uploaded: tensor ->
     (host array, device array)) and compare its bytes with the host array it was made from."""
     seen: set[int] = set()
     checked = nbytes = 0
     bad: list[dict[str, Any]] = []
     for t in tensors:
-        hit = backend.uploaded(t)
+        hit = backend.buffers.uploaded(t)
         if hit is None or id(hit[1]) in seen:
             continue
         seen.add(id(hit[1]))
         host, dev = hit
         want = np.ascontiguousarray(host).view(np.uint8).reshape(-1)
-        got = np.asarray(backend.to_host(dev)).reshape(-1)[:want.size]
+        got = np.asarray(backend.buffers.to_host(dev)).reshape(-1)[:want.size]
         checked += 1
         nbytes += want.size
         diff = np.flatnonzero(got != want) if got.size == want.size else np.arange(want.size)

@@ -151,7 +151,7 @@ def run_case(case: Case, backend: Any, reference: Any = None) -> Result:
     if isinstance(expected, str):
         return Result(case, "not supported", detail=expected)
     leaf_data = {t: t.data.copy() for t in graph.leafs if t.data is not None}
-    alloc = CanaryAllocator(backend.alignment, backend.name.upper())
+    alloc = CanaryAllocator(backend.buffers.alignment, backend.name.upper())
     session = backend.session(allocator=alloc)
     got, dt = _run_framed(session, graph, out)
     problems = [f"canary overwritten around {n}" for n in
@@ -413,8 +413,8 @@ def run_case_inplace(case: Case, backend: Any, reference: Any = None, src: int |
         return Result(case, "not supported", detail=expected, variant=variant)
     leaf_data = {t: t.data.copy() for t in graph.leafs if t.data is not None}
     if allocator is None:
-        allocator = GraphAllocator(alignment=backend.alignment, name=backend.name.upper())
-    alloc = FramedAllocator(allocator, backend.alignment)
+        allocator = GraphAllocator(alignment=backend.buffers.alignment, name=backend.name.upper())
+    alloc = FramedAllocator(allocator, backend.buffers.alignment)
     session = backend.session(allocator=alloc)
     got, dt = _run_framed(session, graph, node)
     plan = alloc.plan.inner                  # the plan the run used

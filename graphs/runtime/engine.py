@@ -133,7 +133,7 @@ def new_runner(cfg: EngineConfig, n_layer: int, host_kw: dict[str, Any],
 
     if not cfg.devices:
         backend = get_backend(cfg.backend, **host_kw)
-        allocator = GraphAllocator(alignment=backend.alignment, strategy=cfg.strategy,
+        allocator = GraphAllocator(alignment=backend.buffers.alignment, strategy=cfg.strategy,
                                    name=cfg.backend.upper())
         # no offload devices: every layer on the host, device 0
         return backend.session(allocator=allocator), layer_map(n_layer, 0)

@@ -172,10 +172,10 @@ def test_device_input_check_sees_a_corrupted_device_copy(sim):
     ok = gpu_check.check_device_inputs(backend, kept)
     assert ok["status"] == "OK" and ok["checked"] >= 1 and not ok["mismatches"]
     t = kept[0]
-    host, dev = backend.uploaded(t)
+    host, dev = backend.buffers.uploaded(t)
     before = host.copy()
-    first = np.asarray(backend.to_host(dev))[:1]
-    backend.write_bytes(dev, 0, first ^ np.uint8(0xFF))  # one flipped byte on the device
+    first = np.asarray(backend.buffers.to_host(dev))[:1]
+    backend.buffers.write_bytes(dev, 0, first ^ np.uint8(0xFF))  # one flipped byte on the device
     bad = gpu_check.check_device_inputs(backend, kept)
     assert bad["status"] == "FAIL" and len(bad["mismatches"]) == 1
     m = bad["mismatches"][0]
@@ -202,7 +202,7 @@ def test_kernel_writing_into_its_source_passes_conformance_but_not_the_input_che
 
         def run():
             launch()
-            session.backend.write_bytes(buf, off, np.zeros(4, np.uint8))  # the bug
+            session.backend.buffers.write_bytes(buf, off, np.zeros(4, np.uint8))  # the bug
         return run
 
     monkeypatch.setitem(CK.KERNELS, OpKind.SCALE,
@@ -230,7 +230,7 @@ def test_random_weights_are_made_on_the_device_with_finite_scales(sim, wtype):
     assert all(w.data is None and w.buffer == "model" for w in weights)  # nothing to upload
     session = backend.session()
     D.fill_weights(session, weights)
-    assert all(backend.uploaded(w) is None for w in weights)
+    assert all(backend.buffers.uploaded(w) is None for w in weights)
     mats = [w for w in weights if w.ne[1] > 1]
     assert {w.type for w in mats} == {GGMLType.parse(wtype)}
     for w in mats:

@@ -117,7 +117,7 @@ def test_engine_decode_is_unchanged_by_fusion(tmp_path):
     outs = []
     for fuse in (False, True):
         eng = Engine(path, EngineConfig(n_ctx=64, n_ubatch=8))
-        eng.runner.backend.fusion = fuse
+        eng.runner.backend.executor.fusion = fuse
         logits = [eng.eval([1, 2, 3, 4, 5], all_logits=True)]
         logits += [eng.eval([7]), eng.eval([9])]
         outs.append(logits)

@@ -121,10 +121,10 @@ def test_threads_do_not_share_the_current_gpu(two_gpus):
     b0, b1 = CUDABackend(device=0), CUDABackend(device=1)
     seen = []
     with b0.device.active():
-        t = threading.Thread(target=lambda: (b1.alloc_arena(64), seen.append(FakeGPU.now())))
+        t = threading.Thread(target=lambda: (b1.buffers.alloc(64), seen.append(FakeGPU.now())))
         t.start()
         t.join()
-        b0.alloc_arena(64)
+        b0.buffers.alloc(64)
     assert [e for e in two_gpus if e[0] == "alloc"] == [("alloc", 1), ("alloc", 0)]
     assert seen == [None]  # the thread's own stack is empty again afterwards
 

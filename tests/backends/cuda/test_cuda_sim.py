@@ -101,7 +101,7 @@ def _check(out, inputs=None, tol=1e-7, backend=BACKEND, allocator=None):
 
 def test_table_covers_every_op():
     assert set(CK.KERNELS) == set(OpKind)
-    assert BACKEND.name == "cuda" and BACKEND.alignment == 128
+    assert BACKEND.name == "cuda" and BACKEND.buffers.alignment == 128
 
 
 def test_accepts_match_cpu_on_every_case():

@@ -1,0 +1,37 @@
+"""Executors: how a backend runs a bound graph, after ggml's backend proper (ggml-backend-
+impl.h: graph_compute, synchronize): the context each run enters, the calls in order, the
+groups of nodes it runs as one call, and waiting for queued work.
+
+`Executor` runs calls one after the other in the calling thread and fuses nothing: what a
+host backend without threads of its own needs. The CPU's (backends/cpu/executor.py) chooses
+its threads and fuses norm chains; CUDA's (backends/cuda/executor.py) makes its GPU current,
+replays captured graphs and waits on its stream.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Mapping
+
+from ggraph.ir.tensor import Tensor
+
+
+class Executor:
+    def run_context(self, key: Any = None) -> Any:
+        """Entered around each graph run; `key` names the graph when the same one runs
+        again."""
+        return contextlib.nullcontext()
+
+    def run_calls(self, calls: list[Callable[[], None]]) -> None:
+        """Run a bound graph's calls in order."""
+        for call in calls:
+            call()
+
+    def fuse(self, order: list[Tensor], session: Any) -> Mapping[Tensor, Any]:
+        """Groups of consecutive nodes of a planned graph's `order` (bound by `session`, a
+        backends/base.py Session) run as one call, keyed by each group's first node: objects
+        with `nodes` (the group, in order) and `call` (zero arguments, computing them all).
+        None by default."""
+        return {}
+
+    def synchronize(self) -> None:
+        """Wait for queued work (nothing is queued here)."""
