@@ -4,7 +4,7 @@ greedy tokens must equal the CPU alone's.
 The simulator runs every CUDA thread as a Python thread: one SmolLM2 layer takes minutes per
 token there, so this is a script (about half an hour with 2 layers on CUDA), not a CI test. CI
 covers the same path on the tiny model (tests/backends/cuda/test_cuda_sim.py) and SmolLM2
-across two CPU backends (tests/ggraph/plan/test_sched.py).
+across two CPU backends (tests/core/plan/test_sched.py).
 
     NUMBA_ENABLE_CUDASIM=1 python benchmarks/sched_smollm2_cudasim.py --ngl 2 -n 4
 """

@@ -1,6 +1,6 @@
 """Random graphs for the allocator's tests and the checks a plan must pass: every tensor's
 bytes live from the step that makes it to the last that reads it, in-place and view rules,
-orders (tests/ggraph/plan/test_alloc_properties.py, test_alloc.py, tests/ggraph/check/
+orders (tests/core/plan/test_alloc_properties.py, test_alloc.py, tests/core/check/
 test_ggml_ref.py)."""
 from __future__ import annotations
 

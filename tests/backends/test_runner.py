@@ -1,7 +1,7 @@
 """The runner interface (backends/runner.py, #14): a Session (one backend) and a MultiSession
 (several, through the scheduler) are driven the same way, and the Engine uses nothing else.
 
-A second CPUBackend stands in for a device, as in tests/ggraph/plan/test_sched.py."""
+A second CPUBackend stands in for a device, as in tests/core/plan/test_sched.py."""
 from __future__ import annotations
 
 import re

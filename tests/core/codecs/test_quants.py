@@ -1,7 +1,7 @@
 """ggraph.codecs.quants must be bit-exact with gguf.quants (itself bit-exact with ggml's C code).
 
 The types here are those gguf.quants can quantize too; the K-quants, IQ4 and Q8_K are checked
-in tests/ggraph/codecs/test_kquants.py."""
+in tests/core/codecs/test_kquants.py."""
 from __future__ import annotations
 
 import numpy as np

@@ -68,7 +68,7 @@ def test_records() -> None:
 def test_quantize_through_the_record(t: T) -> None:
     """ggraph.codecs.quants.quantize reaches the K-quant quantizers of ggraph/codecs/kquantize.py
     (bit-exact
-    with libggml: tests/ggraph/codecs/test_kquantize.py) and gguf.quants reads their bytes back."""
+    with libggml: tests/core/codecs/test_kquantize.py) and gguf.quants reads their bytes back."""
     x = np.random.default_rng(3).normal(size=(3, 512)).astype(np.float32)
     raw = quantize(t, x)
     assert raw.shape == (3, 2 * t.type_size)
