@@ -4,7 +4,8 @@ backends/cpu/fastmath.py; cvt.f32.f16 / cvt.rn.f16.f32 on NVIDIA GPUs: backends/
 bf16 as integer operations on a float32's bits (GPUs). Bit for bit the shared software
 conversions of backends/shared/numeric.py (round to nearest even, inf on overflow, NaN as
 0x7E00 / a quiet NaN), which compute in float64 and stay for targets without these (the CUDA
-simulator, CPUs without F16C). tests/test_shared_math.py checks them equal on the CPU.
+simulator, CPUs without F16C). tests/backends/shared/test_shared_math.py checks them equal on the
+CPU.
 """
 from __future__ import annotations
 

@@ -26,6 +26,10 @@ import numpy as np
 from ggraph.ir.tensor import Tensor
 from ggraph.ir.types import GGMLType as T
 from .blas import run_units
+from ..shared.bound import bound
+
+# names each binding supplies (backends/shared/bound.py)
+expf, round_half = bound("expf", "round_half")
 
 Q_BLOCK = 64  # queries per unit: smaller skips more of a causal mask, larger calls BLAS less
 
@@ -75,7 +79,7 @@ def k_round_half(x):
     """x (2-D float32) rounded to F16 precision in place (ties to even)."""
     for i in range(x.shape[0]):
         for j in range(x.shape[1]):
-            x[i, j] = round_half(x[i, j])  # noqa: F821
+            x[i, j] = round_half(x[i, j])
 
 
 def k_soft_max_rows(x, m, slope, scale, has_mask, to_half, empty_zero):
@@ -95,13 +99,13 @@ def k_soft_max_rows(x, m, slope, scale, has_mask, to_half, empty_zero):
             continue
         t = 0.0
         for j in range(x.shape[1]):
-            e = expf(x[i, j] - mx)  # noqa: F821
+            e = expf(x[i, j] - mx)
             x[i, j] = e
             t += e
         inv = 1.0 / t
         for j in range(x.shape[1]):
             p = np.float32(x[i, j] * inv)
-            x[i, j] = round_half(p) if to_half else p  # noqa: F821
+            x[i, j] = round_half(p) if to_half else p
 
 
 @dataclass(frozen=True)

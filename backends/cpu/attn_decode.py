@@ -23,6 +23,11 @@ import numpy as np
 from numba import prange
 
 from .qlanes import prefetch
+from ..shared.bound import bound
+
+# names each binding supplies (backends/shared/bound.py)
+(CELLS, PFC, VB, alibi_slope, dec_m, expf, half_to_f32) = bound(
+    "CELLS", "PFC", "VB", "alibi_slope", "dec_m", "expf", "half_to_f32")
 
 
 def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, scale,
@@ -32,7 +37,7 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
     dv = d.shape[3]
     rk2, rk3 = nh // hkv, ns // sk
     nr = rk2 * nt                               # the (head, query) rows of one K/V head
-    runs = (nkv + CELLS - 1) // CELLS  # noqa: F821
+    runs = (nkv + CELLS - 1) // CELLS
     units = ns * hkv * runs
     # the mask's rows as float32, once (a row per sequence, head and query of the mask)
     m3, m2 = (m.shape[0], m.shape[1]) if has_mask else (1, 1)
@@ -40,11 +45,11 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
     if has_mask and m3 * m2 * nt >= 4:
         for w in prange(m3 * m2 * nt):
             a, b, t = w // (m2 * nt), (w // nt) % m2, w % nt
-            dec_m(m, a, b, t, mf[a, b, t], nkv)  # noqa: F821
+            dec_m(m, a, b, t, mf[a, b, t], nkv)
     elif has_mask:   # a decode step's one or two rows: not worth waking the threads
         for w in range(m3 * m2 * nt):
             a, b, t = w // (m2 * nt), (w // nt) % m2, w % nt
-            dec_m(m, a, b, t, mf[a, b, t], nkv)  # noqa: F821
+            dec_m(m, a, b, t, mf[a, b, t], nkv)
     mf2 = mf.reshape(m3 * m2 * nt, mf.shape[3])
     pm = np.empty((units, nr), np.float32)      # each unit's running max, sum, weighted sum
     ps = np.empty((units, nr), np.float32)
@@ -52,7 +57,7 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
     for u in prange(units):
         s, g, c = u // (hkv * runs), (u // runs) % hkv, u % runs
         ks = s // rk3
-        j0, j1 = c * CELLS, min(nkv, (c + 1) * CELLS)  # noqa: F821
+        j0, j1 = c * CELLS, min(nkv, (c + 1) * CELLS)
         # The cells hidden from every row of the unit at either end are dropped, and one
         # hidden inside is skipped, its K not read nor its V added (llama.cpp's CPU kernel
         # skips a masked cell per row the same way): a decode step's cache view is padded to
@@ -84,7 +89,7 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
         slope = np.empty(nr, np.float32)
         for r in range(nr):
             h = g * rk2 + r // nt
-            slope[r] = alibi_slope(h0 + h, n_head, max_bias)  # noqa: F821
+            slope[r] = alibi_slope(h0 + h, n_head, max_bias)
             for i in range(dk):
                 qs[r, i] = q[s, h, r % nt, i]
         sc = np.empty((nr, nc), np.float32)
@@ -105,11 +110,11 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
                 continue
             o = ks * k3 + g * k2 + (j0 + j) * k1
             for i in range(0, dk, 32):   # the row PFC cells ahead (a hint: never faults)
-                prefetch(kf, o + PFC * k1 + i)  # noqa: F821
-            prefetch(kf, o + PFC * k1 + dk - 1)  # noqa: F821
+                prefetch(kf, o + PFC * k1 + i)
+            prefetch(kf, o + PFC * k1 + dk - 1)
             src = kf[o:o + dk]   # a slice: indices that cannot wrap, so loads that vectorize
             for i in range(dk):
-                kr[i] = half_to_f32(src[i])  # noqa: F821
+                kr[i] = half_to_f32(src[i])
             for r in range(nr):
                 x = np.float32(0.0)
                 qr = qs[r]
@@ -127,7 +132,7 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
             t = np.float32(0.0)
             if mx != -np.inf:
                 for j in range(nc):
-                    e = expf(sc[r, j] - mx)  # noqa: F821
+                    e = expf(sc[r, j] - mx)
                     sc[r, j] = e
                     t += e
             else:
@@ -137,31 +142,31 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
         # V rows VB at a time: converted into a block, then each row's weighted sum over the
         # block in one pass over its accumulator (the block loop unrolls, so the sums stay in
         # registers), not one pass per cell
-        vb = np.empty((VB, dv), np.float32)  # noqa: F821
-        wb = np.empty((nr, VB), np.float32)  # noqa: F821
+        vb = np.empty((VB, dv), np.float32)
+        wb = np.empty((nr, VB), np.float32)
         j = 0
         while j < nc:
             n = 0
-            while n < VB and j < nc:  # noqa: F821
+            while n < VB and j < nc:
                 if live[j]:
                     o = ks * v3 + g * v2 + (j0 + j) * v1
                     for i in range(0, dv, 32):
-                        prefetch(vf, o + PFC * v1 + i)  # noqa: F821
-                    prefetch(vf, o + PFC * v1 + dv - 1)  # noqa: F821
+                        prefetch(vf, o + PFC * v1 + i)
+                    prefetch(vf, o + PFC * v1 + dv - 1)
                     src = vf[o:o + dv]
                     vrow = vb[n]
                     for i in range(dv):
-                        vrow[i] = half_to_f32(src[i])  # noqa: F821
+                        vrow[i] = half_to_f32(src[i])
                     for r in range(nr):
                         wb[r, n] = sc[r, j]
                     n += 1
                 j += 1
             for r in range(nr):
                 ar, wr = acc[r], wb[r]
-                if n == VB:  # noqa: F821
+                if n == VB:
                     for i in range(dv):
                         a = ar[i]
-                        for jj in range(VB):  # noqa: F821
+                        for jj in range(VB):
                             a += wr[jj] * vb[jj, i]
                         ar[i] = a
                 else:
@@ -189,7 +194,7 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
         if mx != -np.inf:
             for c in range(runs):
                 if ps[base + c, r] > 0.0:
-                    f = expf(pm[base + c, r] - mx)  # noqa: F821
+                    f = expf(pm[base + c, r] - mx)
                     tot += f * ps[base + c, r]
                     for i in range(dv):
                         out[i] += f * pa[base + c, r, i]

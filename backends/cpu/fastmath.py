@@ -16,6 +16,10 @@ from numba.extending import intrinsic
 
 from ..half import f32_to_half_hw as f32_to_half_f16c, fpext_half, fptrunc_half  # noqa: F401
 from ..half import half_to_f32_hw as half_to_f32_f16c  # noqa: F401
+from ..shared.bound import bound
+
+# names each binding supplies (backends/shared/bound.py)
+f32_to_half = bound("f32_to_half")
 
 HALF_TABLE = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 
@@ -115,7 +119,7 @@ def round_half_f16c(x):
 
 def round_half_soft(x):
     """round_half without F16C: the shared conversions (bound by the target's globals)."""
-    return half_to_f32(f32_to_half(x))  # noqa: F821
+    return half_to_f32(f32_to_half(x))
 
 
 def f32_identity(x):

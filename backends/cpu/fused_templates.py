@@ -16,6 +16,10 @@ views in numpy order; b, w1 and w2 broadcast by modulo as in k_binary.
 
 import numpy as np
 from numba import prange
+from ..shared.bound import bound
+
+# names each binding supplies (backends/shared/bound.py)
+binary_row, norm_row = bound("binary_row", "norm_row")
 
 
 def k_norm_chain(a, b, w1, w2, s, n, m, d, pre, eps, rms, post1, post2, write_s, write_n,
@@ -27,23 +31,23 @@ def k_norm_chain(a, b, w1, w2, s, n, m, d, pre, eps, rms, post1, post2, write_s,
         for i in range(n0):
             x[i] = a[i3, i2, i1, i]
         if pre >= 0:
-            binary_row(pre, x, b[i3 % b.shape[0], i2 % b.shape[1],  # noqa: F821
+            binary_row(pre, x, b[i3 % b.shape[0], i2 % b.shape[1],
                             i1 % b.shape[2]])
             if write_s:
                 for i in range(n0):
                     s[i3, i2, i1, i] = x[i]
-        norm_row(x, eps, rms)  # noqa: F821
+        norm_row(x, eps, rms)
         if write_n:
             for i in range(n0):
                 n[i3, i2, i1, i] = x[i]
         if post1 >= 0:
-            binary_row(post1, x, w1[i3 % w1.shape[0], i2 % w1.shape[1],  # noqa: F821
+            binary_row(post1, x, w1[i3 % w1.shape[0], i2 % w1.shape[1],
                                i1 % w1.shape[2]])
             if write_m:
                 for i in range(n0):
                     m[i3, i2, i1, i] = x[i]
         if post2 >= 0:
-            binary_row(post2, x, w2[i3 % w2.shape[0], i2 % w2.shape[1],  # noqa: F821
+            binary_row(post2, x, w2[i3 % w2.shape[0], i2 % w2.shape[1],
                                i1 % w2.shape[2]])
         for i in range(n0):
             d[i3, i2, i1, i] = x[i]

@@ -39,6 +39,12 @@ from numba import njit, prange
 
 from ggraph.ir.types import GGMLType
 from .qvec import AVX2, VNNI, dot4_acc, f8_blk, f8_sum, f8_zero, i32_zero, ld32, ldf8
+from ..shared.bound import bound
+
+# names each binding supplies (backends/shared/bound.py)
+(ROUND_SUMS, SUB, _f16_round, _f32_row, _half_row, _k4_min, _k4_scale, acts, dec_b, enc_r, unpack) = bound(
+    "ROUND_SUMS", "SUB", "_f16_round", "_f32_row", "_half_row", "_k4_min", "_k4_scale", "acts",
+    "dec_b", "enc_r", "unpack")
 
 CHUNK = 64  # weight rows a thread unpacks and sweeps all columns through (fixed: see above)
 
@@ -65,14 +71,14 @@ def _q4_fill(row, o, qn, j):
 def unpack_q4_0(row, nsub, qn, wf):
     for j in range(nsub):
         _q4_fill(row, 18 * j + 2, qn, j)
-        d = _half_row(row, 18 * j)  # noqa: F821
+        d = _half_row(row, 18 * j)
         _put(wf, j, d, np.float32(-8.0) * d)
 
 
 def unpack_q4_1(row, nsub, qn, wf):
     for j in range(nsub):
         _q4_fill(row, 20 * j + 4, qn, j)
-        _put(wf, j, _half_row(row, 20 * j), _half_row(row, 20 * j + 2))  # noqa: F821
+        _put(wf, j, _half_row(row, 20 * j), _half_row(row, 20 * j + 2))
 
 
 @njit(inline="always")
@@ -91,7 +97,7 @@ def unpack_q5_0(row, nsub, qn, wf):
     for j in range(nsub):
         o = 22 * j
         _q5_fill(row, o + 6, o + 2, qn, j)
-        d = _half_row(row, o)  # noqa: F821
+        d = _half_row(row, o)
         _put(wf, j, d, np.float32(-16.0) * d)
 
 
@@ -99,7 +105,7 @@ def unpack_q5_1(row, nsub, qn, wf):
     for j in range(nsub):
         o = 24 * j
         _q5_fill(row, o + 8, o + 4, qn, j)
-        _put(wf, j, _half_row(row, o), _half_row(row, o + 2))  # noqa: F821
+        _put(wf, j, _half_row(row, o), _half_row(row, o + 2))
 
 
 def unpack_q8_0(row, nsub, qn, wf):
@@ -108,7 +114,7 @@ def unpack_q8_0(row, nsub, qn, wf):
         o = 34 * j
         for i in range(32):
             qn[32 * j + i] = row[o + 2 + i] ^ 128
-        d = _half_row(row, o)  # noqa: F821
+        d = _half_row(row, o)
         _put(wf, j, d, np.float32(-128.0) * d)
 
 
@@ -117,7 +123,7 @@ def k_nibbles(row, nsub, qn, wf, size, qoff):
     32 bytes (low nibbles, then high), scales and mins at byte 4, f16 d and dmin first."""
     for b in range(nsub // 8):
         o = size * b
-        d, dmin = _half_row(row, o), _half_row(row, o + 2)  # noqa: F821
+        d, dmin = _half_row(row, o), _half_row(row, o + 2)
         for p in range(4):
             q, e = o + qoff + 32 * p, 256 * b + 64 * p
             for i in range(32):
@@ -125,18 +131,18 @@ def k_nibbles(row, nsub, qn, wf, size, qoff):
                 qn[e + i] = v & 15
                 qn[e + 32 + i] = v >> 4
         for j in range(8):
-            _put(wf, 8 * b + j, d * _k4_scale(row, o + 4, j),  # noqa: F821
-                 -(dmin * _k4_min(row, o + 4, j)))  # noqa: F821
+            _put(wf, 8 * b + j, d * _k4_scale(row, o + 4, j),
+                 -(dmin * _k4_min(row, o + 4, j)))
 
 
 def unpack_q4_k(row, nsub, qn, wf):
-    k_nibbles(row, nsub, qn, wf, 144, 16)  # noqa: F821
+    k_nibbles(row, nsub, qn, wf, 144, 16)
 
 
 def unpack_q5_k(row, nsub, qn, wf):
     """Q4_K's nibbles with a fifth bit from the 32-byte plane at byte 16: bit 2p + h of byte
     i for value i of sub-block 2p + h."""
-    k_nibbles(row, nsub, qn, wf, 176, 48)  # noqa: F821
+    k_nibbles(row, nsub, qn, wf, 176, 48)
     for b in range(nsub // 8):
         for j in range(8):
             e = 256 * b + 32 * j
@@ -148,7 +154,7 @@ def unpack_q6_k(row, nsub, qn, wf):
     """Sub-blocks of 16: u = the 6-bit value, ws = d * scale, wm = -32 ws."""
     for b in range(nsub // 16):
         o = 210 * b
-        d = _half_row(row, o + 208)  # noqa: F821
+        d = _half_row(row, o + 208)
         for nn in range(2):
             lo, ho, e = o + 64 * nn, o + 128 + 32 * nn, 256 * b + 128 * nn
             for i in range(32):
@@ -174,9 +180,9 @@ def acts_q8_0(e, nsub, qn, af, sub):
             v = e[o + 2 + i]
             qn[32 * j + i] = v
             t += np.int32(np.int8(v))
-        d = _half_row(e, o)  # noqa: F821
+        d = _half_row(e, o)
         am = np.float32(d * np.float32(t))
-        _put(af, j, d, _f16_round(am) if ROUND_SUMS else am)  # noqa: F821
+        _put(af, j, d, _f16_round(am) if ROUND_SUMS else am)
 
 
 def acts_q8_k(e, nsub, qn, af, sub):
@@ -186,7 +192,7 @@ def acts_q8_k(e, nsub, qn, af, sub):
         o = 292 * b
         for i in range(256):
             qn[256 * b + i] = e[o + 4 + i]
-        d = _f32_row(e, o)  # noqa: F821
+        d = _f32_row(e, o)
         for j in range(per):
             t = 0
             for h in range(sub // 16):
@@ -234,12 +240,12 @@ def k_gemm_acts(b, aq, af, kk, nsub, ebytes, sub):
     for s in prange(n3 * n2 * nn):
         i3, i2, n = s // (n2 * nn), (s // nn) % n2, s % nn
         x = np.empty(kk, np.float32)
-        dec_b(b, i3, i2, n, x, kk)  # noqa: F821
+        dec_b(b, i3, i2, n, x, kk)
         e = np.empty((1, 1, 1, ebytes), np.uint8)
-        enc_r(x, e, 0, 0, 0, kk)  # noqa: F821
+        enc_r(x, e, 0, 0, 0, kk)
         qn = np.zeros(8 * sub * -(-nsub // 8), np.uint8)
         af[i3, i2, n, :] = 0.0
-        acts(e[0, 0, 0], nsub, qn, af[i3, i2, n], sub)  # noqa: F821
+        acts(e[0, 0, 0], nsub, qn, af[i3, i2, n], sub)
         interleave(qn, aq[i3, i2, n], af[i3, i2, n], nsub, sub // 4)
 
 
@@ -251,7 +257,7 @@ def k_gemm(a, aq, af, d, nsub):
     width = aq.shape[3]
     full, rem = nsub // 8, nsub % 8
     ng = full + (rem > 0)
-    steps = SUB // 4  # noqa: F821
+    steps = SUB // 4
     n_chunk = (nm + CHUNK - 1) // CHUNK
     for w in prange(n3 * n2 * n_chunk):
         s, c = w // n_chunk, w % n_chunk
@@ -260,9 +266,9 @@ def k_gemm(a, aq, af, d, nsub):
         rows = min(nm, m0 + CHUNK) - m0
         wq = np.empty((rows, width), np.uint8)
         wf = np.zeros((rows, 16 * ng), np.float32)
-        qn = np.zeros(8 * SUB * ng, np.uint8)  # noqa: F821
+        qn = np.zeros(8 * SUB * ng, np.uint8)
         for r in range(rows):
-            unpack(a[i3 // r3, i2 // r2, m0 + r], nsub, qn, wf[r])  # noqa: F821
+            unpack(a[i3 // r3, i2 // r2, m0 + r], nsub, qn, wf[r])
             interleave(qn, wq[r], wf[r], nsub, steps)
         for c0 in range(0, nn, 4):
             c1, c2, c3 = min(c0 + 1, nn - 1), min(c0 + 2, nn - 1), min(c0 + 3, nn - 1)
@@ -277,7 +283,7 @@ def k_gemm(a, aq, af, d, nsub):
                     i00, i01, i02, i03 = i32_zero(), i32_zero(), i32_zero(), i32_zero()
                     i10, i11, i12, i13 = i32_zero(), i32_zero(), i32_zero(), i32_zero()
                     for t in range(steps if g < full or rem > 4 else steps // 2):
-                        p = 8 * SUB * g + 32 * t  # noqa: F821
+                        p = 8 * SUB * g + 32 * t
                         y0, y1, y2, y3 = ld32(x0, p), ld32(x1, p), ld32(x2, p), ld32(x3, p)
                         q = ld32(w0, p)
                         i00, i01 = dot4_acc(i00, q, y0), dot4_acc(i01, q, y1)

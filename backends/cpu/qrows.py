@@ -32,6 +32,12 @@ from ggraph.ir.types import GGMLType
 from .qvec import (add32, dot4, dot4_off, f8_fma, f8_sum, f8_zero, hplane, i32_zero, ld32,
                    madd_2s, madd_s, maddubs, maddubs_c, nib32, nib_hi, nib_lo, q5_bits,
                    signed_dot, sub16)
+from ..shared.bound import bound
+
+# names each binding supplies (backends/shared/bound.py)
+(BLOCK, _f16_round, _f32_row, _half_row, _k4_min_sum, _k4_scale, _sum_i8, blk, qdot_a) = bound(
+    "BLOCK", "_f16_round", "_f32_row", "_half_row", "_k4_min_sum", "_k4_scale", "_sum_i8", "blk",
+    "qdot_a")
 
 # ---- one block of a row: (its integer lanes, their float scale, a float term to add) -------
 # (32-element blocks times Q8_0: 34 bytes, f16 d, 32 int8; K-quants times Q8_K: 292 bytes,
@@ -40,31 +46,31 @@ from .qvec import (add32, dot4, dot4_off, f8_fma, f8_sum, f8_zero, hplane, i32_z
 def blk_q4_0(row, b, q, ys):
     o, p = b * 18, b * 34
     return (dot4_off(nib32(row, o + 2), ld32(q, p + 2), 8),
-            _half_row(row, o) * _half_row(q, p), np.float32(0.0))  # noqa: F821
+            _half_row(row, o) * _half_row(q, p), np.float32(0.0))
 
 
 def blk_q4_1(row, b, q, ys):
     o, p = b * 20, b * 34
     return (dot4(nib32(row, o + 4), ld32(q, p + 2)), _half_row(row, o) * _half_row(q, p),  # noqa
-            _half_row(row, o + 2) * ys[b])  # noqa: F821
+            _half_row(row, o + 2) * ys[b])
 
 
 def blk_q5_0(row, b, q, ys):
     o, p = b * 22, b * 34
     return (dot4_off(q5_bits(nib32(row, o + 6), row, o + 2), ld32(q, p + 2), 16),
-            _half_row(row, o) * _half_row(q, p), np.float32(0.0))  # noqa: F821
+            _half_row(row, o) * _half_row(q, p), np.float32(0.0))
 
 
 def blk_q5_1(row, b, q, ys):
     o, p = b * 24, b * 34
     return (dot4(q5_bits(nib32(row, o + 8), row, o + 4), ld32(q, p + 2)),
-            _half_row(row, o) * _half_row(q, p), _half_row(row, o + 2) * ys[b])  # noqa: F821
+            _half_row(row, o) * _half_row(q, p), _half_row(row, o + 2) * ys[b])
 
 
 def blk_q8_0(row, b, q, ys):
     o = b * 34
     return (signed_dot(ld32(row, o + 2), ld32(q, o + 2)),
-            _half_row(row, o) * _half_row(q, o), np.float32(0.0))  # noqa: F821
+            _half_row(row, o) * _half_row(q, o), np.float32(0.0))
 
 
 def blk_q4_k(row, b, q, ys):
@@ -74,11 +80,11 @@ def blk_q4_k(row, b, q, ys):
     for j in range(4):
         qo, eo, bo = o + 16 + 32 * j, p + 4 + 64 * j, p + 260 + 8 * j
         isum = add32(isum, madd_s(maddubs(nib_lo(row, qo), ld32(q, eo)),
-                                  _k4_scale(row, o + 4, 2 * j)))  # noqa: F821
+                                  _k4_scale(row, o + 4, 2 * j)))
         isum = add32(isum, madd_s(maddubs(nib_hi(row, qo), ld32(q, eo + 32)),
-                                  _k4_scale(row, o + 4, 2 * j + 1)))  # noqa: F821
-        summ += _k4_min_sum(row, o + 4, q, bo, j)  # noqa: F821
-    dq = _f32_row(q, p)  # noqa: F821
+                                  _k4_scale(row, o + 4, 2 * j + 1)))
+        summ += _k4_min_sum(row, o + 4, q, bo, j)
+    dq = _f32_row(q, p)
     return isum, dq * _half_row(row, o), -(dq * _half_row(row, o + 2) * np.float32(summ))  # noqa
 
 
@@ -94,9 +100,9 @@ def blk_q5_k(row, b, q, ys):
                                           ld32(q, eo)), _k4_scale(row, o + 4, 2 * j)))  # noqa
         isum = add32(isum, madd_s(maddubs(hplane(nib_hi(row, qo), row, o + 16, 2 * j + 1, 1),
                                           ld32(q, eo + 32)),
-                                  _k4_scale(row, o + 4, 2 * j + 1)))  # noqa: F821
-        summ += _k4_min_sum(row, o + 4, q, bo, j)  # noqa: F821
-    dq = _f32_row(q, p)  # noqa: F821
+                                  _k4_scale(row, o + 4, 2 * j + 1)))
+        summ += _k4_min_sum(row, o + 4, q, bo, j)
+    dq = _f32_row(q, p)
     return isum, dq * _half_row(row, o), -(dq * _half_row(row, o + 2) * np.float32(summ))  # noqa
 
 
@@ -113,7 +119,7 @@ def blk_q6_k(row, b, q, ys):
             x = hplane(nib_lo(row, a) if k < 2 else nib_hi(row, a), row, ho, 2 * k, 3)
             isum = add32(isum, madd_2s(sub16(maddubs(x, y), maddubs_c(32, y)),
                                        np.int8(row[so + 2 * k]), np.int8(row[so + 2 * k + 1])))
-    return isum, _f32_row(q, p) * _half_row(row, o + 208), np.float32(0.0)  # noqa: F821
+    return isum, _f32_row(q, p) * _half_row(row, o + 208), np.float32(0.0)
 
 
 # ---- a whole row -------------------------------------------------------------------------
@@ -123,7 +129,7 @@ def rowdot(row, q, ys, nb):
     acc = f8_zero()
     c = np.float32(0.0)
     for b in range(nb):
-        v, s, k = blk(row, b, q, ys)  # noqa: F821
+        v, s, k = blk(row, b, q, ys)
         acc = f8_fma(acc, v, s)
         c += k
     return f8_sum(acc) + c
@@ -132,7 +138,7 @@ def rowdot(row, q, ys, nb):
 def rowdot_shared(row, q, ys, nb):
     """A type without a block function here: the shared qdot (qdot_a, BLOCK elements a
     block) on the row."""
-    return qdot_a(row[None, None, None, :], 0, 0, 0, q, nb * BLOCK)  # noqa: F821
+    return qdot_a(row[None, None, None, :], 0, 0, 0, q, nb * BLOCK)
 
 
 def act_sums(q, ys, nb):

@@ -32,6 +32,13 @@ from numba import njit, prange
 from ggraph.ir.types import GGMLType
 from .qlanes import (R, bit5, cf16, cf32, dpb, dpw, fadd, ffma, ffms, fload, fmas, fstore, fzero,
                      hi2, hi4, ladd, ldh, ldq, lmul, lo4, lsubm, lut16, lzero, prefetch)
+from ..shared.bound import bound
+
+# names each binding supplies (backends/shared/bound.py)
+(ACT_BYTES, C, KC, OFF, PF, SUB, TILE, W_BYTES, _f16_round, _half_row, _i16_row, _sum_i8, aux,
+ dec_b, enc_r, tile1, tile4) = bound(
+    "ACT_BYTES", "C", "KC", "OFF", "PF", "SUB", "TILE", "W_BYTES", "_f16_round", "_half_row",
+    "_i16_row", "_sum_i8", "aux", "dec_b", "enc_r", "tile1", "tile4")
 
 # IQ4_NL's 16 values + 128: unsigned bytes for vpdpbusd (128 * sum(quants) is taken off)
 IQ4_U8 = (np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
@@ -46,7 +53,7 @@ def nib_sum(w, o, q, p, five):
     s0, s1 = lzero(R, C), lzero(R, C)
     for k in range(4):
         at = o + (4 + five) * R * k
-        prefetch(w, at + PF)  # noqa: F821
+        prefetch(w, at + PF)
         v = ldq(w, at, R)
         lo, hi = lo4(v), hi4(v)
         if five:
@@ -56,24 +63,24 @@ def nib_sum(w, o, q, p, five):
 
 
 def tile_q4_0(acc, w, t, q, ysb, ysi, ysf, b):
-    s = lsubm(nib_sum(w, t + 2 * R, q, 34 * b + 2, 0), ysi, b)  # noqa: F821
+    s = lsubm(nib_sum(w, t + 2 * R, q, 34 * b + 2, 0), ysi, b)
     return ffma(acc, s, ldh(w, t, R), cf16(q, 34 * b, C))
 
 
 def tile_q4_1(acc, w, t, q, ysb, ysi, ysf, b):
-    s = nib_sum(w, t + 4 * R, q, 34 * b + 2, 0)  # noqa: F821
+    s = nib_sum(w, t + 4 * R, q, 34 * b + 2, 0)
     acc = ffma(acc, s, ldh(w, t, R), cf16(q, 34 * b, C))
     return fmas(acc, ldh(w, t + 2 * R, R), cf32(ysf, b, C))
 
 
 def tile_q5_0(acc, w, t, q, ysb, ysi, ysf, b):
-    s = nib_sum(w, t + 2 * R, q, 34 * b + 2, 1)  # noqa: F821
+    s = nib_sum(w, t + 2 * R, q, 34 * b + 2, 1)
     s = lsubm(s, ysi, b)
     return ffma(acc, s, ldh(w, t, R), cf16(q, 34 * b, C))
 
 
 def tile_q5_1(acc, w, t, q, ysb, ysi, ysf, b):
-    s = nib_sum(w, t + 4 * R, q, 34 * b + 2, 1)  # noqa: F821
+    s = nib_sum(w, t + 4 * R, q, 34 * b + 2, 1)
     acc = ffma(acc, s, ldh(w, t, R), cf16(q, 34 * b, C))
     return fmas(acc, ldh(w, t + 2 * R, R), cf32(ysf, b, C))
 
@@ -82,8 +89,8 @@ def tile_q8_0(acc, w, t, q, ysb, ysi, ysf, b):
     p = 34 * b + 2
     s0, s1 = lzero(R, C), lzero(R, C)
     for k in range(0, 8, 2):
-        prefetch(w, t + 2 * R + 4 * R * k + PF)  # noqa: F821
-        prefetch(w, t + 6 * R + 4 * R * k + PF)  # noqa: F821
+        prefetch(w, t + 2 * R + 4 * R * k + PF)
+        prefetch(w, t + 6 * R + 4 * R * k + PF)
         s0 = dpb(s0, ldq(w, t + 2 * R + 4 * R * k, R), q, p + 4 * k)
         s1 = dpb(s1, ldq(w, t + 6 * R + 4 * R * k, R), q, p + 4 * k + 4)
     s = lsubm(ladd(s0, s1), ysi, b)
@@ -102,7 +109,7 @@ def k4_sums(w, o, q, p, t, five):
         s0, s1 = lzero(R, C), lzero(R, C)
         for k in range(8):
             at = o + (4 + five) * R * (8 * jp + k)
-            prefetch(w, at + PF)  # noqa: F821
+            prefetch(w, at + PF)
             v = ldq(w, at, R)
             lo, hi = lo4(v), hi4(v)
             if five:
@@ -117,8 +124,8 @@ def k4_sums(w, o, q, p, t, five):
 def k4_tile(acc, w, t, q, ysb, b, five):
     """Q4_K/Q5_K: d * sum_j scale_j dot_j - dmin * sum_j min_j sum_j(quants)."""
     for o in range(0, 20 * R, 64):   # the header of the tile PF ahead (the steps cover bodies)
-        prefetch(w, t + PF + o)  # noqa: F821
-    isum = k4_sums(w, t + 20 * R, q, 292 * b + 4, t, five)  # noqa: F821
+        prefetch(w, t + PF + o)
+    isum = k4_sums(w, t + 20 * R, q, 292 * b + 4, t, five)
     msum = lzero(R, C)
     for pr in range(4):  # mins by pairs of sub-blocks against pairs of activation sums
         msum = dpw(msum, w, t + 8 * R + 2 * R * pr, ysb, 16 * b + 4 * pr, False)
@@ -128,11 +135,11 @@ def k4_tile(acc, w, t, q, ysb, b, five):
 
 
 def tile_q4_k(acc, w, t, q, ysb, ysi, ysf, b):
-    return k4_tile(acc, w, t, q, ysb, b, 0)  # noqa: F821
+    return k4_tile(acc, w, t, q, ysb, b, 0)
 
 
 def tile_q5_k(acc, w, t, q, ysb, ysi, ysf, b):
-    return k4_tile(acc, w, t, q, ysb, b, 1)  # noqa: F821
+    return k4_tile(acc, w, t, q, ysb, b, 1)
 
 
 def tile_q6_k(acc, w, t, q, ysb, ysi, ysf, b):
@@ -141,7 +148,7 @@ def tile_q6_k(acc, w, t, q, ysb, ysi, ysf, b):
     16 bytes a row, sub-block j at t + j R, then R f16 d); 16 steps of 12R bytes from t + 18R,
     each the two quant groups and the 2-bit group of 4 values l of each row."""
     for o in range(0, 18 * R, 64):   # the header of the tile PF ahead (the steps cover bodies)
-        prefetch(w, t + PF + o)  # noqa: F821
+        prefetch(w, t + PF + o)
     p = 292 * b + 4
     isum = lzero(R, C)
     for n in range(2):
@@ -151,7 +158,7 @@ def tile_q6_k(acc, w, t, q, ysb, ysi, ysf, b):
                 k = 4 * h + kk
                 at = t + 18 * R + 12 * R * (8 * n + k)
                 for c in range(0, 12 * R, 64):
-                    prefetch(w, at + c + PF)  # noqa: F821
+                    prefetch(w, at + c + PF)
                 va, vb, hq = ldq(w, at, R), ldq(w, at + 4 * R, R), ldq(w, at + 8 * R, R)
                 yo = p + 128 * n + 4 * k
                 a0 = dpb(a0, hi2(lo4(va), hq, 0), q, yo)
@@ -170,13 +177,13 @@ def tile_q6_k(acc, w, t, q, ysb, ysi, ysf, b):
 def tile_iq4_xs(acc, w, t, q, ysb, ysi, ysf, b):
     """Header: 8 signed scale bytes a row (ls - 32), R f16 d; then 32 steps of quants."""
     for o in range(0, 10 * R, 64):   # the header of the tile PF ahead (the steps cover bodies)
-        prefetch(w, t + PF + o)  # noqa: F821
+        prefetch(w, t + PF + o)
     p = 292 * b + 4
     isum = lzero(R, C)
     for j in range(8):
         s0, s1 = lzero(R, C), lzero(R, C)
         for k in range(4):
-            prefetch(w, t + 10 * R + 4 * R * (4 * j + k) + PF)  # noqa: F821
+            prefetch(w, t + 10 * R + 4 * R * (4 * j + k) + PF)
             v = ldq(w, t + 10 * R + 4 * R * (4 * j + k), R)
             s0 = dpb(s0, lut16(lo4(v), IQ4_U8, 0), q, p + 32 * j + 4 * k)
             s1 = dpb(s1, lut16(hi4(v), IQ4_U8, 0), q, p + 32 * j + 16 + 4 * k)
@@ -197,9 +204,9 @@ def aux_q8_0(q, ysb, ysi, ysf, kk):
     """Per Q8_0 block b: OFF times its quants' sum (ysi[b], the weights' offset taken off
     as one vector subtraction) and Q8_1's f16-rounded d * sum (ysf[b])."""
     for b in range(kk // 32):
-        s = _sum_i8(q, 34 * b + 2, 32)  # noqa: F821
-        ysi[b] = OFF * s  # noqa: F821
-        ysf[b] = _f16_round(np.float32(_half_row(q, 34 * b) * np.float32(s)))  # noqa: F821
+        s = _sum_i8(q, 34 * b + 2, 32)
+        ysi[b] = OFF * s
+        ysf[b] = _f16_round(np.float32(_half_row(q, 34 * b) * np.float32(s)))
 
 
 def aux_q8_k(q, ysb, ysi, ysf, kk):
@@ -207,13 +214,13 @@ def aux_q8_k(q, ysb, ysi, ysf, kk):
     sum as int16 (ysb: Q4_K/Q5_K read them by pairs against their mins)."""
     for j in range(kk // 16):
         o = 292 * (j // 16) + 260 + 2 * (j % 16)
-        s = _i16_row(q, o)  # noqa: F821
+        s = _i16_row(q, o)
         if j % 2 == 1:
-            _put_i16(ysb, j - 1, _i16_row(q, o - 2) + s)  # noqa: F821
-            if SUB == 32:  # noqa: F821
-                ysi[j // 2] = OFF * (_i16_row(q, o - 2) + s)  # noqa: F821
-        if SUB == 16:  # noqa: F821
-            ysi[j] = OFF * s  # noqa: F821
+            _put_i16(ysb, j - 1, _i16_row(q, o - 2) + s)
+            if SUB == 32:
+                ysi[j // 2] = OFF * (_i16_row(q, o - 2) + s)
+        if SUB == 16:
+            ysi[j] = OFF * s
 
 
 # ---- the product ---------------------------------------------------------------------------
@@ -244,13 +251,13 @@ def k_mul_mat_packed(w, b, q, ysb, ysi, ysf, d, kk, nb, m):
     # float additions round less than one of a whole row (a row of 280 Q4_0 blocks), which kept
     # ggraph's logits further from llama.cpp's. A decode step (< 4 columns) streams each
     # group's rows in that order too, one run after the other.
-    kc = KC if cols < 4 else max(1, min(KC, W_BYTES // TILE))  # noqa: F821
+    kc = KC if cols < 4 else max(1, min(KC, W_BYTES // TILE))
     chunk = cols if cols < 4 else max(4, ACT_BYTES // ((q.shape[3] // nb) * kc) // 4 * 4)  # noqa
     for c0 in range(0, cols, chunk):
         c1 = min(cols, c0 + chunk)
         full = c0 + (c1 - c0) // 4 * 4
         for g in prange((m + R - 1) // R):
-            base, r0 = g * nb * TILE, g * R  # noqa: F821
+            base, r0 = g * nb * TILE, g * R
             part = np.empty((c1 - c0, R), np.float32)
             for k0 in range(0, nb, kc):
                 k1 = min(nb, k0 + kc)
@@ -276,9 +283,9 @@ def k_mul_mat_packed(w, b, q, ysb, ysi, ysf, d, kk, nb, m):
 def quantize_column(b, q, ysb, ysi, ysf, i3, i2, n, kk):
     """Column b[i3, i2, n] encoded to the weights' vec_dot_type (q) and its sums (aux)."""
     x = np.empty(kk, np.float32)
-    dec_b(b, i3, i2, n, x, kk)  # noqa: F821
-    enc_r(x, q, i3, i2, n, kk)  # noqa: F821
-    aux(q[i3, i2, n], ysb[i3, i2, n], ysi[i3, i2, n], ysf[i3, i2, n], kk)  # noqa: F821
+    dec_b(b, i3, i2, n, x, kk)
+    enc_r(x, q, i3, i2, n, kk)
+    aux(q[i3, i2, n], ysb[i3, i2, n], ysi[i3, i2, n], ysf[i3, i2, n], kk)
 
 
 @dataclass(frozen=True)

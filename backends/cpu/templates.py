@@ -11,6 +11,15 @@ import math
 
 import numpy as np
 from numba import prange
+from ..shared.bound import bound
+
+# names each binding supplies (backends/shared/bound.py)
+(U_FILL, act_sums, alibi_slope, binary_row, dec_a, dec_b, dec_m, dec_r, dec_v, dot_a, dot_k,
+ enc_d, enc_one, enc_r, expf, half_to_f32, norm_row, qdot_a, rope_cos_sin, round_half, rowdot_a,
+ unary_row, unflatten) = bound(
+    "U_FILL", "act_sums", "alibi_slope", "binary_row", "dec_a", "dec_b", "dec_m", "dec_r", "dec_v",
+    "dot_a", "dot_k", "enc_d", "enc_one", "enc_r", "expf", "half_to_f32", "norm_row", "qdot_a",
+    "rope_cos_sin", "round_half", "rowdot_a", "unary_row", "unflatten")
 
 ROW_RUN = 4096  # elements a parallel item of a short-row kernel handles (k_set_rows)
 
@@ -21,10 +30,10 @@ def k_unary(a, d, op, p0, p1):
     for r in prange(n3 * n2 * n1):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
         row = np.empty(n0, np.float32)
-        if op != U_FILL:  # noqa: F821  (fill does not read a)
-            dec_a(a, i3, i2, i1, row, n0)  # noqa: F821
-        unary_row(op, row, p0, p1)  # noqa: F821
-        enc_d(row, d, i3, i2, i1, n0)  # noqa: F821
+        if op != U_FILL:  # (fill does not read a)
+            dec_a(a, i3, i2, i1, row, n0)
+        unary_row(op, row, p0, p1)
+        enc_d(row, d, i3, i2, i1, n0)
 
 
 def k_binary(a, b, d, op):
@@ -35,10 +44,10 @@ def k_binary(a, b, d, op):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
         x = np.empty(n0, np.float32)
         y = np.empty(b0, np.float32)
-        dec_a(a, i3, i2, i1, x, n0)  # noqa: F821
-        dec_b(b, i3 % b3, i2 % b2, i1 % b1, y, b0)  # noqa: F821
-        binary_row(op, x, y)  # noqa: F821
-        enc_d(x, d, i3, i2, i1, n0)  # noqa: F821
+        dec_a(a, i3, i2, i1, x, n0)
+        dec_b(b, i3 % b3, i2 % b2, i1 % b1, y, b0)
+        binary_row(op, x, y)
+        enc_d(x, d, i3, i2, i1, n0)
 
 
 def k_norm(a, d, eps, rms):
@@ -46,9 +55,9 @@ def k_norm(a, d, eps, rms):
     for r in prange(n3 * n2 * n1):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
         x = np.empty(n0, np.float32)
-        dec_a(a, i3, i2, i1, x, n0)  # noqa: F821
-        norm_row(x, eps, rms)  # noqa: F821
-        enc_d(x, d, i3, i2, i1, n0)  # noqa: F821
+        dec_a(a, i3, i2, i1, x, n0)
+        norm_row(x, eps, rms)
+        enc_d(x, d, i3, i2, i1, n0)
 
 
 def k_soft_max(a, m, sinks, d, scale, max_bias, h0, n_head, has_mask, has_sinks):
@@ -56,11 +65,11 @@ def k_soft_max(a, m, sinks, d, scale, max_bias, h0, n_head, has_mask, has_sinks)
     for r in prange(n3 * n2 * n1):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
         x = np.empty(n0, np.float32)
-        dec_a(a, i3, i2, i1, x, n0)  # noqa: F821
-        slope = alibi_slope(h0 + i2, n_head, max_bias)  # noqa: F821
+        dec_a(a, i3, i2, i1, x, n0)
+        slope = alibi_slope(h0 + i2, n_head, max_bias)
         if has_mask:
             mrow = np.empty(n0, np.float32)
-            dec_m(m, i3 % m.shape[0], i2 % m.shape[1], i1, mrow, n0)  # noqa: F821
+            dec_m(m, i3 % m.shape[0], i2 % m.shape[1], i1, mrow, n0)
             for i in range(n0):
                 x[i] = x[i] * scale + slope * mrow[i]
         else:
@@ -74,16 +83,16 @@ def k_soft_max(a, m, sinks, d, scale, max_bias, h0, n_head, has_mask, has_sinks)
             sink = np.float32(sinks[0, 0, 0, i2])
             mx = max(mx, sink)
         for i in range(n0):  # float32 exp (expf): the loop vectorizes
-            x[i] = expf(x[i] - mx)  # noqa: F821
+            x[i] = expf(x[i] - mx)
         s = 0.0
         for i in range(n0):
             s += x[i]
         if has_sinks:
-            s += expf(sink - mx)  # noqa: F821
+            s += expf(sink - mx)
         inv = 1.0 / s
         for i in range(n0):
             x[i] = np.float32(x[i] * inv)
-        enc_d(x, d, i3, i2, i1, n0)  # noqa: F821
+        enc_d(x, d, i3, i2, i1, n0)
 
 
 def k_rope_table(pos, ff, cs, sn, n_dims, freq_base, freq_scale, ext_factor, attn_factor,
@@ -95,7 +104,7 @@ def k_rope_table(pos, ff, cs, sn, n_dims, freq_base, freq_scale, ext_factor, att
     for t in prange(cs.shape[0]):
         p = np.float64(pos[0, 0, 0, t])
         for i in range(half):
-            cs[t, i], sn[t, i] = rope_cos_sin(p, i, n_dims, freq_base, freq_scale,  # noqa: F821
+            cs[t, i], sn[t, i] = rope_cos_sin(p, i, n_dims, freq_base, freq_scale,
                                               ext_factor, attn_factor, corr_lo, corr_hi,
                                               np.float64(ff[0, 0, 0, i]) if has_ff else 1.0)
 
@@ -108,7 +117,7 @@ def k_rope(a, cs, sn, d, n_dims, neox):
         i3, i2 = r // n2, r % n2
         x = np.empty(n0, np.float32)
         for i1 in range(n1):
-            dec_a(a, i3, i2, i1, x, n0)  # noqa: F821
+            dec_a(a, i3, i2, i1, x, n0)
             for i in range(half):
                 c, s = cs[i2, i], sn[i2, i]
                 j0 = i if neox else 2 * i
@@ -117,7 +126,7 @@ def k_rope(a, cs, sn, d, n_dims, neox):
                 x1 = x[j1]
                 x[j0] = np.float32(x0 * c - x1 * s)
                 x[j1] = np.float32(x0 * s + x1 * c)
-            enc_d(x, d, i3, i2, i1, n0)  # noqa: F821
+            enc_d(x, d, i3, i2, i1, n0)
 
 
 def k_get_rows(a, idx, d):
@@ -125,8 +134,8 @@ def k_get_rows(a, idx, d):
     for r in prange(n3 * n2 * n1):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
         x = np.empty(n0, np.float32)
-        dec_a(a, i3, i2, idx[0, i3, i2, i1], x, n0)  # noqa: F821
-        enc_d(x, d, i3, i2, i1, n0)  # noqa: F821
+        dec_a(a, i3, i2, idx[0, i3, i2, i1], x, n0)
+        enc_d(x, d, i3, i2, i1, n0)
 
 
 def k_get_rows_int(a, idx, d):
@@ -153,8 +162,8 @@ def k_set_rows(s, idx, d):
         i3, i2, i1 = r0 // (n2 * n1), (r0 // n1) % n2, r0 % n1
         j3, j2 = i3 % c2, i2 % c1
         for _ in range(r0, min(nr, r0 + per)):  # (i3, i2, i1) counted, not divided out
-            dec_a(s, i3, i2, i1, x, n0)  # noqa: F821
-            enc_d(x, d, i3, i2, idx[0, j3, j2, i1], n0)  # noqa: F821
+            dec_a(s, i3, i2, i1, x, n0)
+            enc_d(x, d, i3, i2, idx[0, j3, j2, i1], n0)
             i1 += 1
             if i1 == n1:
                 i1 = 0
@@ -174,7 +183,7 @@ def k_set_rows_1(s, idx, d):
     for ch in prange((nr + ROW_RUN - 1) // ROW_RUN):
         for r in range(ch * ROW_RUN, min(nr, (ch + 1) * ROW_RUN)):
             i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
-            d[i3, i2, idx[0, i3 % c2, i2 % c1, i1], 0] = enc_one(s[i3, i2, i1, 0])  # noqa: F821
+            d[i3, i2, idx[0, i3 % c2, i2 % c1, i1], 0] = enc_one(s[i3, i2, i1, 0])
 
 
 def k_copy(a, d, n0, m0):
@@ -185,18 +194,18 @@ def k_copy(a, d, n0, m0):
     flat = np.empty(n3 * n2 * n1 * n0, np.float32)
     for r in prange(n3 * n2 * n1):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
-        dec_a(a, i3, i2, i1, flat[r * n0:(r + 1) * n0], n0)  # noqa: F821
+        dec_a(a, i3, i2, i1, flat[r * n0:(r + 1) * n0], n0)
     for r in prange(m3 * m2 * m1):
         i3, i2, i1 = r // (m2 * m1), (r // m1) % m2, r % m1
-        enc_d(flat[r * m0:(r + 1) * m0], d, i3, i2, i1, m0)  # noqa: F821
+        enc_d(flat[r * m0:(r + 1) * m0], d, i3, i2, i1, m0)
 
 
 def k_copy_int(a, d):
     n3, n2, n1, n0 = a.shape
     m2, m1, m0 = d.shape[1], d.shape[2], d.shape[3]
     for k in range(n3 * n2 * n1 * n0):
-        s3, s2, s1, s0 = unflatten(k, n2, n1, n0)  # noqa: F821
-        j3, j2, j1, j0 = unflatten(k, m2, m1, m0)  # noqa: F821
+        s3, s2, s1, s0 = unflatten(k, n2, n1, n0)
+        j3, j2, j1, j0 = unflatten(k, m2, m1, m0)
         d[j3, j2, j1, j0] = a[s3, s2, s1, s0]
 
 
@@ -207,10 +216,10 @@ def k_repeat(a, d):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
         x = np.empty(a0, np.float32)
         y = np.empty(n0, np.float32)
-        dec_a(a, i3 % a3, i2 % a2, i1 % a1, x, a0)  # noqa: F821
+        dec_a(a, i3 % a3, i2 % a2, i1 % a1, x, a0)
         for i in range(n0):
             y[i] = x[i % a0]
-        enc_d(y, d, i3, i2, i1, n0)  # noqa: F821
+        enc_d(y, d, i3, i2, i1, n0)
 
 
 def k_sum_rows(a, d):
@@ -218,7 +227,7 @@ def k_sum_rows(a, d):
     for r in prange(n3 * n2 * n1):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
         x = np.empty(n0, np.float32)
-        dec_a(a, i3, i2, i1, x, n0)  # noqa: F821
+        dec_a(a, i3, i2, i1, x, n0)
         s = 0.0
         for i in range(n0):
             s += x[i]
@@ -231,7 +240,7 @@ def k_argsort(a, d, desc, k):
     for r in prange(n3 * n2 * n1):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
         x = np.empty(n0, np.float32)
-        dec_a(a, i3, i2, i1, x, n0)  # noqa: F821
+        dec_a(a, i3, i2, i1, x, n0)
         if desc:
             x = -x
         order = np.argsort(x, kind="mergesort")
@@ -251,7 +260,7 @@ def k_mul_mat(a, b, d):
     bs = np.empty((n3, n2, nn, kk), np.float32)
     for s in range(n3 * n2):
         for n in range(nn):
-            dec_b(b, s // n2, s % n2, n, bs[s // n2, s % n2, n], kk)  # noqa: F821
+            dec_b(b, s // n2, s % n2, n, bs[s // n2, s % n2, n], kk)
     chunk = 64
     n_chunk = (nm + chunk - 1) // chunk
     for w in prange(n3 * n2 * n_chunk):
@@ -268,7 +277,7 @@ def k_dequant_rows(a, i3, i2, m0, out):
     """Rows m0 .. m0+len(out)-1 of a's slice (i3, i2) as float32 (for dequantize + BLAS)."""
     kk = out.shape[1]
     for m in prange(out.shape[0]):
-        dec_a(a, i3, i2, m0 + m, out[m], kk)  # noqa: F821
+        dec_a(a, i3, i2, m0 + m, out[m], kk)
 
 
 def k_mul_mat_id(a, b, ids, d):
@@ -279,12 +288,12 @@ def k_mul_mat_id(a, b, ids, d):
     for r in prange(nt * ne):
         t, e = r // ne, r % ne
         x = np.empty(kk, np.float32)
-        dec_b(b, 0, t, e % nb, x, kk)  # noqa: F821
+        dec_b(b, 0, t, e % nb, x, kk)
         ex = ids[0, 0, t, e]
         for m in range(nm):
             if kk < 0:  # never true: keeps LLVM from vectorizing across rows (see k_mul_mat)
                 break
-            d[0, t, e, m] = dot_a(a, 0, ex, m, x, kk)  # noqa: F821
+            d[0, t, e, m] = dot_a(a, 0, ex, m, x, kk)
 
 
 def k_flash_attn(q, k, v, m, d, scale, max_bias, softcap, h0, n_head, has_mask):
@@ -302,19 +311,19 @@ def k_flash_attn(q, k, v, m, d, scale, max_bias, softcap, h0, n_head, has_mask):
         vr = np.empty(dv, np.float32)
         mrow = np.zeros(nkv, np.float32)
         if has_mask:
-            dec_m(m, s % m.shape[0], h % m.shape[1], t, mrow, nkv)  # noqa: F821
-        slope = alibi_slope(h0 + h, n_head, max_bias)  # noqa: F821
+            dec_m(m, s % m.shape[0], h % m.shape[1], t, mrow, nkv)
+        slope = alibi_slope(h0 + h, n_head, max_bias)
         mx = -np.inf
         ssum = 0.0
         ks, kh = s // rk3, h // rk2
         for j in range(nkv):
             if mrow[j] == -np.inf:
                 continue
-            sc = dot_k(k, ks, kh, j, qr, dk) * scale  # noqa: F821
+            sc = dot_k(k, ks, kh, j, qr, dk) * scale
             if softcap != 0.0:
                 sc = softcap * math.tanh(sc)
             sc += slope * mrow[j]
-            dec_v(v, ks, kh, j, vr, dv)  # noqa: F821
+            dec_v(v, ks, kh, j, vr, dv)
             if sc > mx:
                 c = math.exp(mx - sc) if mx != -np.inf else 0.0
                 for i in range(dv):
@@ -340,7 +349,7 @@ def k_round_half_rows(b, out):
         src = b[i3, i2, i1]
         dst = out[i3, i2, i1]
         for i in range(n0):
-            dst[i] = round_half(src[i])  # noqa: F821
+            dst[i] = round_half(src[i])
 
 
 def k_round_rows(b, out, n, proto):
@@ -351,10 +360,10 @@ def k_round_rows(b, out, n, proto):
     for r in prange(n3 * n2 * n1):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
         x = np.empty(n, np.float32)
-        dec_b(b, i3, i2, i1, x, n)  # noqa: F821
+        dec_b(b, i3, i2, i1, x, n)
         tmp = np.empty_like(proto)  # one stored row of the vec-dot type (bytes or uint16)
-        enc_r(x, tmp, 0, 0, 0, n)  # noqa: F821
-        dec_r(tmp, 0, 0, 0, out[i3, i2, i1], n)  # noqa: F821
+        enc_r(x, tmp, 0, 0, 0, n)
+        dec_r(tmp, 0, 0, 0, out[i3, i2, i1], n)
 
 
 def k_mul_mat_half(a, o3, o2, o1, a3, a2, nm, b, d, rnd):
@@ -376,7 +385,7 @@ def k_mul_mat_half(a, o3, o2, o1, a3, a2, nm, b, d, rnd):
         for n in range(nn):
             for i in range(kk):
                 x = np.float32(b[s // n2, s % n2, n, i])
-                bs[s // n2, s % n2, n, i] = round_half(x) if rnd else x  # noqa: F821
+                bs[s // n2, s % n2, n, i] = round_half(x) if rnd else x
     chunk = max(1, 4096 // (kk * a2))
     n_chunk = (nm + chunk - 1) // chunk
     for w in prange(a3 * n_chunk):
@@ -393,7 +402,7 @@ def k_mul_mat_half(a, o3, o2, o1, a3, a2, nm, b, d, rnd):
                             v = bs[i3, i2, n]
                             acc = np.float32(0.0)
                             for i in range(kk):  # converting again beats a float32 row buffer
-                                acc += half_to_f32(src[i]) * v[i]  # noqa: F821
+                                acc += half_to_f32(src[i]) * v[i]
                             d[i3, i2, n, m] = acc
 
 
@@ -404,8 +413,8 @@ def k_quant_rows(b, out, n):
     for r in prange(n3 * n2 * n1):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
         x = np.empty(n, np.float32)
-        dec_b(b, i3, i2, i1, x, n)  # noqa: F821
-        enc_r(x, out, i3, i2, i1, n)  # noqa: F821
+        dec_b(b, i3, i2, i1, x, n)
+        enc_r(x, out, i3, i2, i1, n)
 
 
 def k_mul_mat_rows(a, b, q, ys, d, kk, nb, sums):
@@ -422,10 +431,10 @@ def k_mul_mat_rows(a, b, q, ys, d, kk, nb, sums):
     x = np.empty(kk, np.float32)
     for s in range(n3 * n2 * nn):  # a few columns: quantized here, in this one call
         i3, i2, n = s // (n2 * nn), (s // nn) % n2, s % nn
-        dec_b(b, i3, i2, n, x, kk)  # noqa: F821
-        enc_r(x, q, i3, i2, n, kk)  # noqa: F821
+        dec_b(b, i3, i2, n, x, kk)
+        enc_r(x, q, i3, i2, n, kk)
         if sums:
-            act_sums(q[i3, i2, n], ys[i3, i2, n], kk // 32)  # noqa: F821
+            act_sums(q[i3, i2, n], ys[i3, i2, n], kk // 32)
     chunk = 64
     n_chunk = (nm + chunk - 1) // chunk
     for w in prange(n3 * n2 * n_chunk):
@@ -434,7 +443,7 @@ def k_mul_mat_rows(a, b, q, ys, d, kk, nb, sums):
         for m in range(c * chunk, min(nm, (c + 1) * chunk)):
             x = a[i3 // r3, i2 // r2, m]
             for n in range(nn):
-                d[i3, i2, n, m] = rowdot_a(x, q[i3, i2, n], ys[i3, i2, n], nb)  # noqa: F821
+                d[i3, i2, n, m] = rowdot_a(x, q[i3, i2, n], ys[i3, i2, n], nb)
 
 
 def k_mul_mat_id_q(a, q, ids, d, kk):
@@ -447,4 +456,4 @@ def k_mul_mat_id_q(a, q, ids, d, kk):
         ex = ids[0, 0, t, e]
         x = q[0, t, e % nb]
         for m in range(nm):
-            d[0, t, e, m] = qdot_a(a, 0, ex, m, x, kk)  # noqa: F821
+            d[0, t, e, m] = qdot_a(a, 0, ex, m, x, kk)

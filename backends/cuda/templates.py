@@ -22,6 +22,13 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from .runtime import SMALL, TARGET
+from ..shared.bound import bound
+
+# names each binding supplies (backends/shared/bound.py)
+(BS, Q_a, Q_d, TS, U_FILL, binary_value, cdec, cdec_a, cenc_d, dec, dot, enc, ld_a, ld_b, ld_m,
+ st_d, unary_value) = bound(
+    "BS", "Q_a", "Q_d", "TS", "U_FILL", "binary_value", "cdec", "cdec_a", "cenc_d", "dec", "dot",
+    "enc", "ld_a", "ld_b", "ld_m", "st_d", "unary_value")
 
 CH = 32                          # chunk: one quant block; the unit of row-walking
 EW_NT = 32 if SMALL else 256     # threads per block of element-wise kernels
@@ -36,19 +43,19 @@ unflatten = TARGET.fn("unflatten")
 # block; element types use BS = TS = 1 because their last axis counts elements) -------------
 
 def chunk_dec(x, i3, i2, i1, k0, n, out):
-    lo = (k0 // BS) * TS  # noqa: F821
-    dec(x[i3:i3 + 1, i2:i2 + 1, i1:i1 + 1, lo:lo + ((n + BS - 1) // BS) * TS],  # noqa: F821
+    lo = (k0 // BS) * TS
+    dec(x[i3:i3 + 1, i2:i2 + 1, i1:i1 + 1, lo:lo + ((n + BS - 1) // BS) * TS],
         0, 0, 0, out, n)
 
 
 def chunk_enc(v, x, i3, i2, i1, k0, n):
-    lo = (k0 // BS) * TS  # noqa: F821
-    enc(v, x[i3:i3 + 1, i2:i2 + 1, i1:i1 + 1, lo:lo + ((n + BS - 1) // BS) * TS],  # noqa: F821
+    lo = (k0 // BS) * TS
+    enc(v, x[i3:i3 + 1, i2:i2 + 1, i1:i1 + 1, lo:lo + ((n + BS - 1) // BS) * TS],
         0, 0, 0, n)
 
 
 def chunk_dot(x, i3, i2, i1, k0, n, v):
-    lo = (k0 // BS) * TS  # noqa: F821
+    lo = (k0 // BS) * TS
     return dot(x[i3:i3 + 1, i2:i2 + 1, i1:i1 + 1, lo:lo + ((n + BS - 1) // BS) * TS],  # noqa
                0, 0, 0, v, n)
 
@@ -57,20 +64,20 @@ def chunk_dec_big(x, i3, i2, i1, k0, n, out):
     """chunk_dec for types whose block is longer than a chunk (BS > CH: the K-quants, 256 per
     block): decode the whole block holding element k0 into scratch, copy the chunk's n
     elements out (chunks start at multiples of CH and never straddle a block)."""
-    buf = cuda.local.array(BS, float32)  # noqa: F821
-    lo = (k0 // BS) * TS  # noqa: F821
-    dec(x[i3:i3 + 1, i2:i2 + 1, i1:i1 + 1, lo:lo + TS], 0, 0, 0, buf, BS)  # noqa: F821
-    o = k0 % BS  # noqa: F821
+    buf = cuda.local.array(BS, float32)
+    lo = (k0 // BS) * TS
+    dec(x[i3:i3 + 1, i2:i2 + 1, i1:i1 + 1, lo:lo + TS], 0, 0, 0, buf, BS)
+    o = k0 % BS
     for e in range(n):
         out[e] = buf[o + e]
 
 
 def chunk_dot_big(x, i3, i2, i1, k0, n, v):
     """chunk_dot for BS > CH: the chunk's elements decoded as in chunk_dec_big, then dotted."""
-    buf = cuda.local.array(BS, float32)  # noqa: F821
-    lo = (k0 // BS) * TS  # noqa: F821
-    dec(x[i3:i3 + 1, i2:i2 + 1, i1:i1 + 1, lo:lo + TS], 0, 0, 0, buf, BS)  # noqa: F821
-    o = k0 % BS  # noqa: F821
+    buf = cuda.local.array(BS, float32)
+    lo = (k0 // BS) * TS
+    dec(x[i3:i3 + 1, i2:i2 + 1, i1:i1 + 1, lo:lo + TS], 0, 0, 0, buf, BS)
+    o = k0 % BS
     s = float32(0.0)
     for e in range(n):
         s += buf[o + e] * v[e]
@@ -80,7 +87,7 @@ def chunk_dot_big(x, i3, i2, i1, k0, n, v):
 def block_load(x, i3, i2, i1, i0):
     """One element of a quantized row: decode its block (the shared decoder) and pick it."""
     buf = cuda.local.array(32, float32)
-    cdec(x, i3, i2, i1, i0 - i0 % 32, 32, buf)  # noqa: F821
+    cdec(x, i3, i2, i1, i0 - i0 % 32, 32, buf)
     return buf[i0 % 32]
 
 
@@ -137,9 +144,9 @@ def k_unary(a, d, op, p0, p1):
     for k in range(cuda.grid(1), n3 * n2 * n1 * n0, cuda.gridsize(1)):
         i3, i2, i1, i0 = unflatten(k, n2, n1, n0)
         x = p0
-        if op != U_FILL:  # noqa: F821  (fill does not read a)
-            x = ld_a(a, i3, i2, i1, i0)  # noqa: F821
-        st_d(d, i3, i2, i1, i0, np.float32(unary_value(op, x, p0, p1)))  # noqa: F821
+        if op != U_FILL:  # (fill does not read a)
+            x = ld_a(a, i3, i2, i1, i0)
+        st_d(d, i3, i2, i1, i0, np.float32(unary_value(op, x, p0, p1)))
 
 
 def k_binary(a, b, d, op):
@@ -148,9 +155,9 @@ def k_binary(a, b, d, op):
     b3, b2, b1, b0 = b.shape
     for k in range(cuda.grid(1), n3 * n2 * n1 * n0, cuda.gridsize(1)):
         i3, i2, i1, i0 = unflatten(k, n2, n1, n0)
-        x = ld_a(a, i3, i2, i1, i0)  # noqa: F821
-        v = ld_b(b, i3 % b3, i2 % b2, i1 % b1, i0 % b0)  # noqa: F821
-        st_d(d, i3, i2, i1, i0, np.float32(binary_value(op, x, v)))  # noqa: F821
+        x = ld_a(a, i3, i2, i1, i0)
+        v = ld_b(b, i3 % b3, i2 % b2, i1 % b1, i0 % b0)
+        st_d(d, i3, i2, i1, i0, np.float32(binary_value(op, x, v)))
 
 
 # ---- rows reduced by one thread block each ------------------------------------------------
@@ -173,27 +180,27 @@ def k_norm(a, w1, w2, d, dn, dm, eps, rms, op1, op2, wn, wm):
         if not rms:
             s = np.float32(0.0)
             for i in range(tid, n0, ROW_NT):
-                s += ld_a(a, i3, i2, i1, i)  # noqa: F821
+                s += ld_a(a, i3, i2, i1, i)
             mean = block_sum(red, tid, s) / np.float32(n0)
         ss = np.float32(0.0)
         for i in range(tid, n0, ROW_NT):
-            c = ld_a(a, i3, i2, i1, i) - mean  # noqa: F821
+            c = ld_a(a, i3, i2, i1, i) - mean
             ss += c * c
         ss = block_sum(red, tid, ss)
         sc = np.float32(1.0) / math.sqrt(ss / np.float32(n0) + eps)
         for i in range(tid, n0, ROW_NT):
-            y = (ld_a(a, i3, i2, i1, i) - mean) * sc  # noqa: F821
+            y = (ld_a(a, i3, i2, i1, i) - mean) * sc
             if op1 >= 0:
                 if wn:
                     dn[i3, i2, i1, i] = y
-                y = np.float32(binary_value(op1, y, w1[i3 % u3, i2 % u2, i1 % u1,  # noqa: F821
+                y = np.float32(binary_value(op1, y, w1[i3 % u3, i2 % u2, i1 % u1,
                                                        i % u0]))
                 if op2 >= 0:
                     if wm:
                         dm[i3, i2, i1, i] = y
-                    y = np.float32(binary_value(op2, y, w2[i3 % v3, i2 % v2,  # noqa: F821
+                    y = np.float32(binary_value(op2, y, w2[i3 % v3, i2 % v2,
                                                            i1 % v1, i % v0]))
-            st_d(d, i3, i2, i1, i, y)  # noqa: F821
+            st_d(d, i3, i2, i1, i, y)
 
 
 def k_soft_max(a, m, sinks, d, scale, max_bias, h0, n_head, has_mask, has_sinks):
@@ -208,9 +215,9 @@ def k_soft_max(a, m, sinks, d, scale, max_bias, h0, n_head, has_mask, has_sinks)
         slope = alibi_slope_f32(h0 + i2, n_head, max_bias)
         mx = np.float32(-np.inf)
         for i in range(tid, n0, ROW_NT):
-            w = ld_a(a, i3, i2, i1, i) * scale  # noqa: F821
+            w = ld_a(a, i3, i2, i1, i) * scale
             if has_mask:
-                w += slope * ld_m(m, i3 % m3, i2 % m2, i1, i)  # noqa: F821
+                w += slope * ld_m(m, i3 % m3, i2 % m2, i1, i)
             mx = max(mx, w)
         mx = block_max(red, tid, mx)
         sink = np.float32(0.0)
@@ -219,19 +226,19 @@ def k_soft_max(a, m, sinks, d, scale, max_bias, h0, n_head, has_mask, has_sinks)
             mx = max(mx, sink)
         s = np.float32(0.0)
         for i in range(tid, n0, ROW_NT):
-            w = ld_a(a, i3, i2, i1, i) * scale  # noqa: F821
+            w = ld_a(a, i3, i2, i1, i) * scale
             if has_mask:
-                w += slope * ld_m(m, i3 % m3, i2 % m2, i1, i)  # noqa: F821
+                w += slope * ld_m(m, i3 % m3, i2 % m2, i1, i)
             s += math.exp(w - mx)
         s = block_sum(red, tid, s)
         if has_sinks:
             s += math.exp(sink - mx)
         inv = np.float32(1.0) / s
         for i in range(tid, n0, ROW_NT):
-            w = ld_a(a, i3, i2, i1, i) * scale  # noqa: F821
+            w = ld_a(a, i3, i2, i1, i) * scale
             if has_mask:
-                w += slope * ld_m(m, i3 % m3, i2 % m2, i1, i)  # noqa: F821
-            st_d(d, i3, i2, i1, i, math.exp(w - mx) * inv)  # noqa: F821
+                w += slope * ld_m(m, i3 % m3, i2 % m2, i1, i)
+            st_d(d, i3, i2, i1, i, math.exp(w - mx) * inv)
 
 
 @cuda.jit(device=True)
@@ -258,7 +265,7 @@ def k_sum_rows(a, d, n0):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
         s = np.float32(0.0)
         for i in range(tid, n0, ROW_NT):
-            s += ld_a(a, i3, i2, i1, i)  # noqa: F821
+            s += ld_a(a, i3, i2, i1, i)
         s = block_sum(red, tid, s)
         if tid == 0:
             d[i3, i2, i1, 0] = s
@@ -278,7 +285,7 @@ def k_argsort(a, d, n0, desc, k):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
         for i in range(tid, p, SORT_NT):
             if i < n0:
-                x = ld_a(a, i3, i2, i1, i)  # noqa: F821
+                x = ld_a(a, i3, i2, i1, i)
                 keys[i] = -x if desc else x
             else:
                 keys[i] = np.inf  # padding sorts last: key inf, index past every real one
@@ -318,7 +325,7 @@ def k_rope(a, pos, ff, d, n_dims, neox, freq_base, freq_scale, ext_factor, attn_
         i3, i2, i1, it = unflatten(k, n2, n1, w)
         if it >= half:  # dims past n_dims are copied
             j = n_dims + it - half
-            st_d(d, i3, i2, i1, j, ld_a(a, i3, i2, i1, j))  # noqa: F821
+            st_d(d, i3, i2, i1, j, ld_a(a, i3, i2, i1, j))
             continue
         i = it
         c, s = rope_cos_sin_f32(np.float32(pos[0, 0, 0, i2]), i, n_dims, freq_base, freq_scale,
@@ -326,10 +333,10 @@ def k_rope(a, pos, ff, d, n_dims, neox, freq_base, freq_scale, ext_factor, attn_
                                 flat_at(ff, i) if has_ff else np.float32(1.0))
         j0 = i if neox else 2 * i
         j1 = i + half if neox else 2 * i + 1
-        x0 = ld_a(a, i3, i2, i1, j0)  # noqa: F821
-        x1 = ld_a(a, i3, i2, i1, j1)  # noqa: F821
-        st_d(d, i3, i2, i1, j0, x0 * c - x1 * s)  # noqa: F821
-        st_d(d, i3, i2, i1, j1, x0 * s + x1 * c)  # noqa: F821
+        x0 = ld_a(a, i3, i2, i1, j0)
+        x1 = ld_a(a, i3, i2, i1, j1)
+        st_d(d, i3, i2, i1, j0, x0 * c - x1 * s)
+        st_d(d, i3, i2, i1, j1, x0 * s + x1 * c)
 
 
 @cuda.jit(device=True)
@@ -360,7 +367,7 @@ def k_get_rows(a, idx, d):
         i3, i2, i1, c = unflatten(k, n2, n1, nch)
         k0 = c * CH
         n = min(CH, n0 - k0)
-        cdec_a(a, i3, i2, idx[0, i3, i2, i1], k0, n, vals)  # noqa: F821
+        cdec_a(a, i3, i2, idx[0, i3, i2, i1], k0, n, vals)
         for e in range(n):
             d[i3, i2, i1, k0 + e] = vals[e]
 
@@ -377,8 +384,8 @@ def k_set_rows(s, idx, d):
         k0 = c * CH
         n = min(CH, n0 - k0)
         for e in range(n):
-            vals[e] = ld_a(s, i3, i2, i1, k0 + e)  # noqa: F821
-        cenc_d(vals, d, i3, i2, idx[0, i3 % c2, i2 % c1, i1], k0, n)  # noqa: F821
+            vals[e] = ld_a(s, i3, i2, i1, k0 + e)
+        cenc_d(vals, d, i3, i2, idx[0, i3 % c2, i2 % c1, i1], k0, n)
 
 
 def k_copy_elem(a, d):
@@ -388,7 +395,7 @@ def k_copy_elem(a, d):
     for k in range(cuda.grid(1), n3 * n2 * n1 * n0, cuda.gridsize(1)):
         i3, i2, i1, i0 = unflatten(k, n2, n1, n0)
         j3, j2, j1, j0 = unflatten(k, m2, m1, m0)
-        st_d(d, j3, j2, j1, j0, ld_a(a, i3, i2, i1, i0))  # noqa: F821
+        st_d(d, j3, j2, j1, j0, ld_a(a, i3, i2, i1, i0))
 
 
 def k_copy_chunks(a, d, n0, m0):
@@ -401,20 +408,20 @@ def k_copy_chunks(a, d, n0, m0):
     total = a.shape[0] * n2 * n1 * n0
     for q in range(cuda.grid(1), total // CH, cuda.gridsize(1)):
         k0 = q * CH
-        if Q_a:  # noqa: F821
+        if Q_a:
             i3, i2, i1, i0 = unflatten(k0, n2, n1, n0)
-            cdec_a(a, i3, i2, i1, i0, CH, vals)  # noqa: F821
+            cdec_a(a, i3, i2, i1, i0, CH, vals)
         else:
             for e in range(CH):
                 i3, i2, i1, i0 = unflatten(k0 + e, n2, n1, n0)
-                vals[e] = ld_a(a, i3, i2, i1, i0)  # noqa: F821
-        if Q_d:  # noqa: F821
+                vals[e] = ld_a(a, i3, i2, i1, i0)
+        if Q_d:
             j3, j2, j1, j0 = unflatten(k0, m2, m1, m0)
-            cenc_d(vals, d, j3, j2, j1, j0, CH)  # noqa: F821
+            cenc_d(vals, d, j3, j2, j1, j0, CH)
         else:
             for e in range(CH):
                 j3, j2, j1, j0 = unflatten(k0 + e, m2, m1, m0)
-                st_d(d, j3, j2, j1, j0, vals[e])  # noqa: F821
+                st_d(d, j3, j2, j1, j0, vals[e])
 
 
 # ---- raw (type-preserving) kernels: numba specializes them on the array dtypes -------------

@@ -29,6 +29,10 @@ from ggraph.ir.types import GGMLType
 from . import runtime as R
 from .runtime import SMALL
 from .templates import CH, alibi_slope_f32
+from ..shared.bound import bound
+
+# names each binding supplies (backends/shared/bound.py)
+cdec_k, cdec_v, dot_k, ld_m = bound("cdec_k", "cdec_v", "dot_k", "ld_m")
 
 ZERO, ONE, NEG_INF = np.float32(0.0), np.float32(1.0), np.float32(-np.inf)
 
@@ -125,17 +129,17 @@ def k_flash_attn_tile(q, k, v, m, d, part, scale, max_bias, softcap, h0, n_head,
                 if r < nr and j < je:
                     mv = ZERO
                     if has_mask:
-                        mv = ld_m(m, s % m3, h % m2, t0 + r, j)  # noqa: F821
+                        mv = ld_m(m, s % m3, h % m2, t0 + r, j)
                 mk[r] = mv
                 sc[r] = ZERO
                 live = live or mv != NEG_INF
             if live:
                 if QT == 1:
-                    sc[0] = dot_k(k, ks, kh, j, qs, dk)  # noqa: F821
+                    sc[0] = dot_k(k, ks, kh, j, qs, dk)
                 else:
                     for k0 in range(0, dk, CH):
                         kn = min(CH, dk - k0)
-                        cdec_k(k, ks, kh, j, k0, kn, vals)  # noqa: F821
+                        cdec_k(k, ks, kh, j, k0, kn, vals)
                         for e in range(kn):
                             x = vals[e]
                             for r in range(QT):
@@ -182,7 +186,7 @@ def k_flash_attn_tile(q, k, v, m, d, part, scale, max_bias, softcap, h0, n_head,
                         sc[r] = w
                         live = live or w > ZERO
                     if live:
-                        cdec_v(v, ks, kh, j0 + jj, c * CH, cn, vals)  # noqa: F821
+                        cdec_v(v, ks, kh, j0 + jj, c * CH, cn, vals)
                         for e in range(cn):
                             x = vals[e]
                             for r in range(QT):

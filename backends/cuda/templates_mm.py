@@ -10,6 +10,11 @@ from numba import cuda, float32
 
 from .runtime import SIM, SMALL
 from .templates import CH
+from ..shared.bound import bound
+
+# names each binding supplies (backends/shared/bound.py)
+(B_ADD, B_SWIGLU, Q_a, binary_value, cdec_a, cdot_a, ld_a, ld_b) = bound(
+    "B_ADD", "B_SWIGLU", "Q_a", "binary_value", "cdec_a", "cdot_a", "ld_a", "ld_b")
 
 ZERO = np.float32(0.0)  # float32: a float64 literal would turn the arithmetic float64
 
@@ -55,10 +60,10 @@ def k_mul_mat_tiled(a, b, d):
         for j in range(MM_RN):
             acc[i, j] = 0.0
     for k0 in range(0, kk, MM_TK):
-        if Q_a:  # noqa: F821  one thread decodes one row's block (the shared decoder)
+        if Q_a:  # one thread decodes one row's block (the shared decoder)
             for r in range(tid, MM_TM, MM_NT):
                 if m0 + r < nm:
-                    cdec_a(a, j3, j2, m0 + r, k0, MM_TK, vals)  # noqa: F821
+                    cdec_a(a, j3, j2, m0 + r, k0, MM_TK, vals)
                     for q in range(MM_TK):
                         As[q, r] = vals[q]
                 else:
@@ -69,13 +74,13 @@ def k_mul_mat_tiled(a, b, d):
                 r, q = e // MM_TK, e % MM_TK
                 v = np.float32(0.0)
                 if m0 + r < nm and k0 + q < kk:
-                    v = ld_a(a, j3, j2, m0 + r, k0 + q)  # noqa: F821
+                    v = ld_a(a, j3, j2, m0 + r, k0 + q)
                 As[q, r] = v
         for e in range(tid, MM_TN * MM_TK, MM_NT):
             r, q = e // MM_TK, e % MM_TK
             v = np.float32(0.0)
             if n0 + r < nn and k0 + q < kk:
-                v = ld_b(b, i3, i2, n0 + r, k0 + q)  # noqa: F821
+                v = ld_b(b, i3, i2, n0 + r, k0 + q)
             Bs[q, r] = v
         cuda.syncthreads()
         for q in range(MM_TK):
@@ -135,7 +140,7 @@ def k_mul_mat_vec(a, a2, b, c, d, op):
     n3, n2, nn, nm = d.shape
     kk = b.shape[3]
     r3, r2 = n3 // a.shape[0], n2 // a.shape[1]
-    glu = op == B_SWIGLU  # noqa: F821
+    glu = op == B_SWIGLU
     two = glu or op == MV_PAIR
     nw = 2 if two else 1
     tid = cuda.threadIdx.x
@@ -151,29 +156,29 @@ def k_mul_mat_vec(a, a2, b, c, d, op):
         if m < nm:
             for w in range(nw):
                 x = a if w == 0 else a2
-                if Q_a:  # noqa: F821
+                if Q_a:
                     for ch in range(lane, (kk + CH - 1) // CH, MV_LANES):
                         k0 = ch * CH
                         cn = min(CH, kk - k0)
-                        cdec_a(x, j3, j2, m, k0, cn, vals)  # noqa: F821
+                        cdec_a(x, j3, j2, m, k0, cn, vals)
                         for j in range(nn):
                             s = ZERO
                             for e in range(cn):
-                                s += vals[e] * ld_b(b, i3, i2, j, k0 + e)  # noqa: F821
+                                s += vals[e] * ld_b(b, i3, i2, j, k0 + e)
                             acc[w * MV_NMAX + j] += s
                 else:
                     for k in range(lane, kk, MV_LANES):
-                        v = ld_a(x, j3, j2, m, k)  # noqa: F821
+                        v = ld_a(x, j3, j2, m, k)
                         for j in range(nn):
-                            acc[w * MV_NMAX + j] += v * ld_b(b, i3, i2, j, k)  # noqa: F821
+                            acc[w * MV_NMAX + j] += v * ld_b(b, i3, i2, j, k)
         for j in range(nn):
             s = warp_sum(red, tid, lane, acc[j])
             u = warp_sum(red, tid, lane, acc[MV_NMAX + j]) if two else ZERO
             if lane == 0 and m < nm:
-                if op == B_ADD:  # noqa: F821
+                if op == B_ADD:
                     s += c[i3, i2, j, m]
                 elif glu:
-                    s = np.float32(binary_value(op, s, u))  # noqa: F821
+                    s = np.float32(binary_value(op, s, u))
                 elif two:
                     c[i3, i2, j, m] = u
                 d[i3, i2, j, m] = s
@@ -200,8 +205,8 @@ def k_mul_mat_id(a, b, ids, d):
                 k0 = c * CH
                 cn = min(CH, kk - k0)
                 for q in range(cn):
-                    vb[q] = ld_b(b, 0, t, e % nb, k0 + q)  # noqa: F821
-                s += cdot_a(a, 0, ex, m, k0, cn, vb)  # noqa: F821
+                    vb[q] = ld_b(b, 0, t, e % nb, k0 + q)
+                s += cdot_a(a, 0, ex, m, k0, cn, vb)
         s = warp_sum(red, tid, lane, s)
         if lane == 0 and m < nm:
             d[0, t, e, m] = s

@@ -13,6 +13,12 @@ modules are compiled by backends/jit.py, which looks each record's codec names u
 import math
 
 import numpy as np
+from .bound import bound
+
+# names each binding supplies (backends/shared/bound.py)
+(bf16_to_f32, f32_to_bf16, f32_to_half, half_to_f32, load, load1, mul_rn, roundf, store) = bound(
+    "bf16_to_f32", "f32_to_bf16", "f32_to_half", "half_to_f32", "load", "load1", "mul_rn", "roundf",
+    "store")
 
 # ---- element types -----------------------------------------------------------------------
 
@@ -26,19 +32,19 @@ def store_f32(x, i3, i2, i1, i0, v):
 
 
 def load_f16(x, i3, i2, i1, i0):
-    return half_to_f32(x[i3, i2, i1, i0])  # noqa: F821 (bound by the specializer)
+    return half_to_f32(x[i3, i2, i1, i0])  # (bound by the specializer)
 
 
 def store_f16(x, i3, i2, i1, i0, v):
-    x[i3, i2, i1, i0] = f32_to_half(v)  # noqa: F821
+    x[i3, i2, i1, i0] = f32_to_half(v)
 
 
 def load_bf16(x, i3, i2, i1, i0):
-    return bf16_to_f32(x[i3, i2, i1, i0])  # noqa: F821
+    return bf16_to_f32(x[i3, i2, i1, i0])
 
 
 def store_bf16(x, i3, i2, i1, i0, v):
-    x[i3, i2, i1, i0] = f32_to_bf16(v)  # noqa: F821
+    x[i3, i2, i1, i0] = f32_to_bf16(v)
 
 
 def load1_f32(r, i0):
@@ -46,11 +52,11 @@ def load1_f32(r, i0):
 
 
 def load1_f16(r, i0):
-    return half_to_f32(r[i0])  # noqa: F821
+    return half_to_f32(r[i0])
 
 
 def load1_bf16(r, i0):
-    return bf16_to_f32(r[i0])  # noqa: F821
+    return bf16_to_f32(r[i0])
 
 
 def load_int(x, i3, i2, i1, i0):
@@ -63,12 +69,12 @@ def store_int(x, i3, i2, i1, i0, v):
 
 def dec_elem(x, i3, i2, i1, out, n):
     for i0 in range(n):
-        out[i0] = load(x, i3, i2, i1, i0)  # noqa: F821 (load_<type>)
+        out[i0] = load(x, i3, i2, i1, i0)  # (load_<type>)
 
 
 def enc_elem(v, x, i3, i2, i1, n):
     for i0 in range(n):
-        store(x, i3, i2, i1, i0, v[i0])  # noqa: F821 (store_<type>)
+        store(x, i3, i2, i1, i0, v[i0])  # (store_<type>)
 
 
 # ---- quantized rows ----------------------------------------------------------------------
@@ -78,7 +84,7 @@ def _half_at(x, i3, i2, i1, o):
 
 
 def _put_half(x, i3, i2, i1, o, v):
-    h = f32_to_half(v)  # noqa: F821
+    h = f32_to_half(v)
     x[i3, i2, i1, o] = np.uint8(h & 0xFF)
     x[i3, i2, i1, o + 1] = np.uint8(h >> 8)
 
@@ -132,8 +138,8 @@ def enc_q4_0(v, x, i3, i2, i1, n):
         o = b * 18
         _put_half(x, i3, i2, i1, o, d)
         for j in range(16):
-            x0 = mul_rn(v[b * 32 + j], idd) + np.float32(8.5)  # noqa: F821
-            x1 = mul_rn(v[b * 32 + j + 16], idd) + np.float32(8.5)  # noqa: F821
+            x0 = mul_rn(v[b * 32 + j], idd) + np.float32(8.5)
+            x1 = mul_rn(v[b * 32 + j + 16], idd) + np.float32(8.5)
             q0 = min(15, _trunc_u8(x0))
             q1 = min(15, _trunc_u8(x1))
             x[i3, i2, i1, o + 2 + j] = np.uint8(q0 | (q1 << 4))
@@ -155,8 +161,8 @@ def enc_q4_1(v, x, i3, i2, i1, n):
         _put_half(x, i3, i2, i1, o, d)
         _put_half(x, i3, i2, i1, o + 2, mn)
         for j in range(16):
-            x0 = mul_rn(np.float32(v[b * 32 + j] - mn), idd) + np.float32(0.5)  # noqa: F821
-            x1 = mul_rn(np.float32(v[b * 32 + j + 16] - mn), idd) + np.float32(0.5)  # noqa: F821
+            x0 = mul_rn(np.float32(v[b * 32 + j] - mn), idd) + np.float32(0.5)
+            x1 = mul_rn(np.float32(v[b * 32 + j + 16] - mn), idd) + np.float32(0.5)
             q0 = min(15, _trunc_u8(x0))
             q1 = min(15, _trunc_u8(x1))
             x[i3, i2, i1, o + 4 + j] = np.uint8(q0 | (q1 << 4))
@@ -227,7 +233,7 @@ def _put_fives(x, i3, i2, i1, o, v, b, idd, mn, off):
     minimum first; v - 0 is v) at byte o: the 32-bit qh of fifth bits, then the nibbles."""
     qh = np.int64(0)
     for j in range(16):
-        q0 = min(31, _trunc_u8(mul_rn(np.float32(v[b * 32 + j] - mn), idd) + off))  # noqa: F821
+        q0 = min(31, _trunc_u8(mul_rn(np.float32(v[b * 32 + j] - mn), idd) + off))
         q1 = min(31, _trunc_u8(mul_rn(np.float32(v[b * 32 + j + 16] - mn), idd) + off))  # noqa
         qh |= np.int64((q0 >> 4) & 1) << j
         qh |= np.int64((q1 >> 4) & 1) << (j + 16)
@@ -288,12 +294,12 @@ def dot_elem(x, i3, i2, i1, v, n):
     row = x[i3, i2, i1]
     s = np.float32(0.0)
     for i0 in range(n):
-        s += load1(row, i0) * v[i0]  # noqa: F821 (load1_<type>)
+        s += load1(row, i0) * v[i0]  # (load1_<type>)
     return s
 
 
 def _half_row(row, o):
-    return half_to_f32(np.int32(row[o]) | (np.int32(row[o + 1]) << 8))  # noqa: F821
+    return half_to_f32(np.int32(row[o]) | (np.int32(row[o + 1]) << 8))
 
 
 def dot_q4_0(x, i3, i2, i1, v, n):

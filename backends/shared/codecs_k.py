@@ -15,6 +15,11 @@ storable (their records name `enc_none`).
 import math
 
 import numpy as np
+from .bound import bound
+
+# names each binding supplies (backends/shared/bound.py)
+(_finite_or_zero, _half_row, _opaque, _put_half, _u32_row, rint) = bound(
+    "_finite_or_zero", "_half_row", "_opaque", "_put_half", "_u32_row", "rint")
 
 # ggml-common.h kvalues_iq4nl as float32 (a compile-time constant array of the kernels)
 IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10,
@@ -45,11 +50,11 @@ def _q3_scale(row, o, i):
 
 def dec_q2_k(x, i3, i2, i1, out, n):
     row = x[i3, i2, i1]
-    k16 = _opaque(16, n)  # noqa: F821
+    k16 = _opaque(16, n)
     for b in range(n // 256):
         o = b * 84
-        d = _half_row(row, o + 80)  # noqa: F821
-        dmin = _half_row(row, o + 82)  # noqa: F821
+        d = _half_row(row, o + 80)
+        dmin = _half_row(row, o + 82)
         for si in range(16):  # sub-block si: elements 16 si.., bits 2j of bytes n*32 + 16h..
             nn, j, h = si // 8, (si // 2) % 4, si % 2
             sc = np.int32(row[o + si])
@@ -63,10 +68,10 @@ def dec_q2_k(x, i3, i2, i1, out, n):
 
 def dec_q3_k(x, i3, i2, i1, out, n):
     row = x[i3, i2, i1]
-    k16 = _opaque(16, n)  # noqa: F821
+    k16 = _opaque(16, n)
     for b in range(n // 256):
         o = b * 110
-        d = _half_row(row, o + 108)  # noqa: F821
+        d = _half_row(row, o + 108)
         for si in range(16):
             nn, j, h = si // 8, (si // 2) % 4, si % 2
             dl = d * _q3_scale(row, o + 96, si)
@@ -82,11 +87,11 @@ def dec_q3_k(x, i3, i2, i1, out, n):
 
 def dec_q4_k(x, i3, i2, i1, out, n):
     row = x[i3, i2, i1]
-    k32 = _opaque(32, n)  # noqa: F821
+    k32 = _opaque(32, n)
     for b in range(n // 256):
         o = b * 144
-        d = _half_row(row, o)  # noqa: F821
-        dmin = _half_row(row, o + 2)  # noqa: F821
+        d = _half_row(row, o)
+        dmin = _half_row(row, o + 2)
         for j in range(4):
             d1 = d * _k4_scale(row, o + 4, 2 * j)
             m1 = dmin * _k4_min(row, o + 4, 2 * j)
@@ -102,11 +107,11 @@ def dec_q4_k(x, i3, i2, i1, out, n):
 
 def dec_q5_k(x, i3, i2, i1, out, n):
     row = x[i3, i2, i1]
-    k32 = _opaque(32, n)  # noqa: F821
+    k32 = _opaque(32, n)
     for b in range(n // 256):
         o = b * 176
-        d = _half_row(row, o)  # noqa: F821
-        dmin = _half_row(row, o + 2)  # noqa: F821
+        d = _half_row(row, o)
+        dmin = _half_row(row, o + 2)
         for j in range(4):
             d1 = d * _k4_scale(row, o + 4, 2 * j)
             m1 = dmin * _k4_min(row, o + 4, 2 * j)
@@ -123,10 +128,10 @@ def dec_q5_k(x, i3, i2, i1, out, n):
 
 def dec_q6_k(x, i3, i2, i1, out, n):
     row = x[i3, i2, i1]
-    k16 = _opaque(16, n)  # noqa: F821
+    k16 = _opaque(16, n)
     for b in range(n // 256):
         o = b * 210
-        d = _half_row(row, o + 208)  # noqa: F821
+        d = _half_row(row, o + 208)
         for nn in range(2):
             for h in range(2):
                 so = o + 192 + 8 * nn + h
@@ -149,10 +154,10 @@ def dec_q6_k(x, i3, i2, i1, out, n):
 
 def dec_iq4_nl(x, i3, i2, i1, out, n):
     row = x[i3, i2, i1]
-    k16 = _opaque(16, n)  # noqa: F821
+    k16 = _opaque(16, n)
     for b in range(n // 32):
         o = b * 18
-        d = _half_row(row, o)  # noqa: F821
+        d = _half_row(row, o)
         for j in range(k16):
             q = np.int32(row[o + 2 + j])
             out[b * 32 + j] = IQ4NL_VALUES[q & 15] * d
@@ -168,10 +173,10 @@ def _iq4_xs_scale(row, o, ib):
 
 def dec_iq4_xs(x, i3, i2, i1, out, n):
     row = x[i3, i2, i1]
-    k16 = _opaque(16, n)  # noqa: F821
+    k16 = _opaque(16, n)
     for b in range(n // 256):
         o = b * 136
-        d = _half_row(row, o)  # noqa: F821
+        d = _half_row(row, o)
         for ib in range(8):
             dl = d * _iq4_xs_scale(row, o, ib)
             qo = o + 8 + 16 * ib
@@ -187,11 +192,11 @@ def dec_iq4_xs(x, i3, i2, i1, out, n):
 def dot_q2_k(x, i3, i2, i1, v, n):
     row = x[i3, i2, i1]
     s = np.float32(0.0)
-    k16 = _opaque(16, n)  # noqa: F821
+    k16 = _opaque(16, n)
     for b in range(n // 256):
         o = b * 84
-        d = _half_row(row, o + 80)  # noqa: F821
-        dmin = _half_row(row, o + 82)  # noqa: F821
+        d = _half_row(row, o + 80)
+        dmin = _half_row(row, o + 82)
         for si in range(16):
             nn, j, h = si // 8, (si // 2) % 4, si % 2
             sc = np.int32(row[o + si])
@@ -209,10 +214,10 @@ def dot_q2_k(x, i3, i2, i1, v, n):
 def dot_q3_k(x, i3, i2, i1, v, n):
     row = x[i3, i2, i1]
     s = np.float32(0.0)
-    k16 = _opaque(16, n)  # noqa: F821
+    k16 = _opaque(16, n)
     for b in range(n // 256):
         o = b * 110
-        d = _half_row(row, o + 108)  # noqa: F821
+        d = _half_row(row, o + 108)
         for si in range(16):
             nn, j, h = si // 8, (si // 2) % 4, si % 2
             qo = o + 32 + nn * 32 + h * 16
@@ -231,11 +236,11 @@ def dot_q3_k(x, i3, i2, i1, v, n):
 def dot_q4_k(x, i3, i2, i1, v, n):
     row = x[i3, i2, i1]
     s = np.float32(0.0)
-    k32 = _opaque(32, n)  # noqa: F821
+    k32 = _opaque(32, n)
     for b in range(n // 256):
         o = b * 144
-        d = _half_row(row, o)  # noqa: F821
-        dmin = _half_row(row, o + 2)  # noqa: F821
+        d = _half_row(row, o)
+        dmin = _half_row(row, o + 2)
         for j in range(4):
             # the sub-block values d*sc*q - dmin*m formed in the loop: one accumulator (one
             # horizontal sum per 64 elements) costs no more flops than summing q*v and v apart
@@ -257,11 +262,11 @@ def dot_q4_k(x, i3, i2, i1, v, n):
 def dot_q5_k(x, i3, i2, i1, v, n):
     row = x[i3, i2, i1]
     s = np.float32(0.0)
-    k32 = _opaque(32, n)  # noqa: F821
+    k32 = _opaque(32, n)
     for b in range(n // 256):
         o = b * 176
-        d = _half_row(row, o)  # noqa: F821
-        dmin = _half_row(row, o + 2)  # noqa: F821
+        d = _half_row(row, o)
+        dmin = _half_row(row, o + 2)
         for j in range(4):  # as dot_q4_k: sub-block values formed in the loop
             d1 = d * _k4_scale(row, o + 4, 2 * j)
             m1 = dmin * _k4_min(row, o + 4, 2 * j)
@@ -282,10 +287,10 @@ def dot_q5_k(x, i3, i2, i1, v, n):
 def dot_q6_k(x, i3, i2, i1, v, n):
     row = x[i3, i2, i1]
     s = np.float32(0.0)
-    k16 = _opaque(16, n)  # noqa: F821
+    k16 = _opaque(16, n)
     for b in range(n // 256):
         o = b * 210
-        d = _half_row(row, o + 208)  # noqa: F821
+        d = _half_row(row, o + 208)
         for nn in range(2):
             for h in range(2):
                 lo = o + 64 * nn + 16 * h
@@ -315,7 +320,7 @@ def dot_q6_k(x, i3, i2, i1, v, n):
 def dot_iq4_nl(x, i3, i2, i1, v, n):
     row = x[i3, i2, i1]
     s = np.float32(0.0)
-    k16 = _opaque(16, n)  # noqa: F821
+    k16 = _opaque(16, n)
     for b in range(n // 32):
         o = b * 18
         vo = b * 32
@@ -323,17 +328,17 @@ def dot_iq4_nl(x, i3, i2, i1, v, n):
         for j in range(k16):
             q = np.int32(row[o + 2 + j])
             acc += IQ4NL_VALUES[q & 15] * v[vo + j] + IQ4NL_VALUES[q >> 4] * v[vo + j + 16]
-        s += acc * _half_row(row, o)  # noqa: F821
+        s += acc * _half_row(row, o)
     return s
 
 
 def dot_iq4_xs(x, i3, i2, i1, v, n):
     row = x[i3, i2, i1]
     s = np.float32(0.0)
-    k16 = _opaque(16, n)  # noqa: F821
+    k16 = _opaque(16, n)
     for b in range(n // 256):
         o = b * 136
-        d = _half_row(row, o)  # noqa: F821
+        d = _half_row(row, o)
         for ib in range(8):
             qo = o + 8 + 16 * ib
             eo = b * 256 + 32 * ib
@@ -389,7 +394,7 @@ def enc_iq4_nl(v, x, i3, i2, i1, n):
             sqx = np.float32(sqx + np.float32(wq * xj))
             sq2 = np.float32(sq2 + np.float32(wq * q))
         d = np.float32(sqx / sq2) if (live and sq2 > 0) else np.float32(0.0)
-        _put_half(x, i3, i2, i1, o, d)  # noqa: F821
+        _put_half(x, i3, i2, i1, o, d)
         for j in range(16):
             l0 = _best_iq4(np.float32(idd * v[b * 32 + j])) if live else 0
             l1 = _best_iq4(np.float32(idd * v[b * 32 + j + 16])) if live else 0
@@ -400,7 +405,7 @@ def enc_iq4_nl(v, x, i3, i2, i1, n):
 
 def _f32_row(row, o):
     """The little-endian float32 at byte o of a row, from its bits."""
-    u = _u32_row(row, o)  # noqa: F821
+    u = _u32_row(row, o)
     e = (u >> 23) & 255
     m = u & 0x7FFFFF
     if e == 255:
@@ -465,7 +470,7 @@ def enc_q8_k(v, x, i3, i2, i1, n):
 def dot_q8_k(x, i3, i2, i1, v, n):
     row = x[i3, i2, i1]
     s = np.float32(0.0)
-    k = _opaque(256, n)  # noqa: F821
+    k = _opaque(256, n)
     for b in range(n // 256):
         acc = np.float32(0.0)
         for j in range(k):

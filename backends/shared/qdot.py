@@ -14,6 +14,12 @@ binds LLVM vector versions in their place (backends/cpu/qsimd.py, same arguments
 names no qdot for (IQ4_NL, IQ4_XS: table lookups) keep the float path.
 """
 import numpy as np
+from .bound import bound
+
+# names each binding supplies (backends/shared/bound.py)
+(_f32_row, _half_row, _k4_min, _k4_scale, _q3_scale, _u32_row, f32_to_half, half_to_f32) = bound(
+    "_f32_row", "_half_row", "_k4_min", "_k4_scale", "_q3_scale", "_u32_row", "f32_to_half",
+    "half_to_f32")
 
 # ---- integer block sums (the CPU replaces these by vector IR) -----------------------------
 
@@ -94,7 +100,7 @@ def _k4_min_sum(row, so, q, bo, j):
 
 def _f16_round(x):
     """float32 x rounded to the nearest f16 and back (the CPU binds one vcvtps2ph/vcvtph2ps)."""
-    return half_to_f32(f32_to_half(x))  # noqa: F821
+    return half_to_f32(f32_to_half(x))
 
 
 def _i16_row(row, o):
@@ -111,7 +117,7 @@ def qdot_q4_0(x, i3, i2, i1, q, n):
     for b in range(n // 32):
         o, p = b * 18, b * 34
         t = _isum_q4(row, o + 2, 8, q, p + 2)
-        s += np.float32(t) * (_half_row(row, o) * _half_row(q, p))  # noqa: F821
+        s += np.float32(t) * (_half_row(row, o) * _half_row(q, p))
     return s
 
 
@@ -122,10 +128,10 @@ def qdot_q4_1(x, i3, i2, i1, q, n):
     s = np.float32(0.0)
     for b in range(n // 32):
         o, p = b * 20, b * 34
-        dq = _half_row(q, p)  # noqa: F821
+        dq = _half_row(q, p)
         sy = _f16_round(np.float32(dq * np.float32(_sum_i8(q, p + 2, 32))))
         t = _isum_q4(row, o + 4, 0, q, p + 2)
-        s += np.float32(t) * (_half_row(row, o) * dq) + _half_row(row, o + 2) * sy  # noqa: F821
+        s += np.float32(t) * (_half_row(row, o) * dq) + _half_row(row, o + 2) * sy
     return s
 
 
@@ -134,8 +140,8 @@ def qdot_q5_0(x, i3, i2, i1, q, n):
     s = np.float32(0.0)
     for b in range(n // 32):
         o, p = b * 22, b * 34
-        t = _isum_q5(row, o + 6, _u32_row(row, o + 2), 16, q, p + 2)  # noqa: F821
-        s += np.float32(t) * (_half_row(row, o) * _half_row(q, p))  # noqa: F821
+        t = _isum_q5(row, o + 6, _u32_row(row, o + 2), 16, q, p + 2)
+        s += np.float32(t) * (_half_row(row, o) * _half_row(q, p))
     return s
 
 
@@ -144,10 +150,10 @@ def qdot_q5_1(x, i3, i2, i1, q, n):
     s = np.float32(0.0)
     for b in range(n // 32):
         o, p = b * 24, b * 34
-        dq = _half_row(q, p)  # noqa: F821
+        dq = _half_row(q, p)
         sy = _f16_round(np.float32(dq * np.float32(_sum_i8(q, p + 2, 32))))
-        t = _isum_q5(row, o + 8, _u32_row(row, o + 4), 0, q, p + 2)  # noqa: F821
-        s += np.float32(t) * (_half_row(row, o) * dq) + _half_row(row, o + 2) * sy  # noqa: F821
+        t = _isum_q5(row, o + 8, _u32_row(row, o + 4), 0, q, p + 2)
+        s += np.float32(t) * (_half_row(row, o) * dq) + _half_row(row, o + 2) * sy
     return s
 
 
@@ -157,7 +163,7 @@ def qdot_q8_0(x, i3, i2, i1, q, n):
     for b in range(n // 32):
         o = b * 34
         t = _isum_i8(row, o + 2, q, o + 2, 32)
-        s += np.float32(t) * (_half_row(row, o) * _half_row(q, o))  # noqa: F821
+        s += np.float32(t) * (_half_row(row, o) * _half_row(q, o))
     return s
 
 
@@ -176,9 +182,9 @@ def qdot_q2_k(x, i3, i2, i1, q, n):
             t = _isum_nib(row, o + 16 + nn * 32 + h * 16, 2 * j, 3, 0, q, p + 4 + si * 16, 16)
             sumi += (sc & 15) * t
             summ += (sc >> 4) * _i16_row(q, p + 260 + 2 * si)
-        dq = _f32_row(q, p)  # noqa: F821
+        dq = _f32_row(q, p)
         s += dq * _half_row(row, o + 80) * np.float32(sumi) - \
-            dq * _half_row(row, o + 82) * np.float32(summ)  # noqa: F821
+            dq * _half_row(row, o + 82) * np.float32(summ)
     return s
 
 
@@ -192,8 +198,8 @@ def qdot_q3_k(x, i3, i2, i1, q, n):
             nn, j, h = si // 8, (si // 2) % 4, si % 2
             t = _isum_nib_h(row, o + 32 + nn * 32 + h * 16, 2 * j, 3, row, o + h * 16,
                             nn * 4 + j, 1, 2, 4, q, p + 4 + si * 16, 16)
-            sumi += np.int64(_q3_scale(row, o + 96, si)) * t  # noqa: F821
-        s += _f32_row(q, p) * _half_row(row, o + 108) * np.float32(sumi)  # noqa: F821
+            sumi += np.int64(_q3_scale(row, o + 96, si)) * t
+        s += _f32_row(q, p) * _half_row(row, o + 108) * np.float32(sumi)
     return s
 
 
@@ -207,12 +213,12 @@ def qdot_q4_k(x, i3, i2, i1, q, n):
         for j in range(4):
             qo = o + 16 + 32 * j
             eo = p + 4 + 64 * j
-            sumi += _isum_q4k(row, qo, np.int32(_k4_scale(row, o + 4, 2 * j)),  # noqa: F821
-                              np.int32(_k4_scale(row, o + 4, 2 * j + 1)), q, eo)  # noqa: F821
+            sumi += _isum_q4k(row, qo, np.int32(_k4_scale(row, o + 4, 2 * j)),
+                              np.int32(_k4_scale(row, o + 4, 2 * j + 1)), q, eo)
             summ += _k4_min_sum(row, o + 4, q, p + 260 + 8 * j, j)
-        dq = _f32_row(q, p)  # noqa: F821
+        dq = _f32_row(q, p)
         s += dq * _half_row(row, o) * np.float32(sumi) - \
-            dq * _half_row(row, o + 2) * np.float32(summ)  # noqa: F821
+            dq * _half_row(row, o + 2) * np.float32(summ)
     return s
 
 
@@ -229,11 +235,11 @@ def qdot_q5_k(x, i3, i2, i1, q, n):
             t1 = _isum_nib_h(row, qo, 0, 15, row, o + 16, 2 * j, 1, 4, 0, q, eo, 32)
             t2 = _isum_nib_h(row, qo, 4, 15, row, o + 16, 2 * j + 1, 1, 4, 0, q, eo + 32, 32)
             sumi += np.int64(_k4_scale(row, o + 4, 2 * j)) * t1 + \
-                np.int64(_k4_scale(row, o + 4, 2 * j + 1)) * t2  # noqa: F821
+                np.int64(_k4_scale(row, o + 4, 2 * j + 1)) * t2
             summ += _k4_min_sum(row, o + 4, q, p + 260 + 8 * j, j)
-        dq = _f32_row(q, p)  # noqa: F821
+        dq = _f32_row(q, p)
         s += dq * _half_row(row, o) * np.float32(sumi) - \
-            dq * _half_row(row, o + 2) * np.float32(summ)  # noqa: F821
+            dq * _half_row(row, o + 2) * np.float32(summ)
     return s
 
 
@@ -255,5 +261,5 @@ def qdot_q6_k(x, i3, i2, i1, q, n):
                 t4 = _isum_nib_h(row, lo + 32, 4, 15, row, ho, 6, 3, 4, 32, q, eo + 96, 16)
                 sumi += np.int64(np.int8(row[so])) * t1 + np.int64(np.int8(row[so + 2])) * t2 + \
                     np.int64(np.int8(row[so + 4])) * t3 + np.int64(np.int8(row[so + 6])) * t4
-        s += _f32_row(q, p) * _half_row(row, o + 208) * np.float32(sumi)  # noqa: F821
+        s += _f32_row(q, p) * _half_row(row, o + 208) * np.float32(sumi)
     return s
