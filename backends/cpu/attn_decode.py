@@ -58,15 +58,15 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
         s, g, c = u // (hkv * runs), (u // runs) % hkv, u % runs
         ks = s // rk3
         j0, j1 = c * CELLS, min(nkv, (c + 1) * CELLS)
-        # The cells hidden from every row of the unit at either end are dropped, and one
-        # hidden inside is skipped, its K not read nor its V added (llama.cpp's CPU kernel
-        # skips a masked cell per row the same way): a decode step's cache view is padded to
-        # 256 cells, most of them hidden early in a generation.
         # the unit's rows of the mask (flat, in mf2), found once: a division per cell and row
         # cost more than a short decode step's work
         mrows = np.empty(nr, np.int64)
         for r in range(nr):
             mrows[r] = ((s % m3) * m2 + (g * rk2 + r // nt) % m2) * nt + r % nt
+        # The cells hidden from every row of the unit at either end are dropped, and one
+        # hidden inside is skipped, its K not read nor its V added (llama.cpp's CPU kernel
+        # skips a masked cell per row the same way): a decode step's cache view is padded to
+        # 256 cells, most of them hidden early in a generation.
         if has_mask:
             lo, hi = j1, j0
             for r in range(nr):
