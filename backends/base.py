@@ -2,11 +2,11 @@
 
 A backend is a device (`Backend`: its kernel table, `supports(node)`, the weight copies its
 kernels read) with a buffer type (its memory: backends/buffer_type.py) and an executor (how
-bound calls run: backends/executor.py), the three parts ggml's backend interface separates.
-It only hands out memory (aligned arenas) and kernels; where each tensor lives is the
-allocator's plan. Pre-allocated tensors live elsewhere: leafs with host data are used in place
-(a weight in a read-only mmap stays there), leafs with a `buffer` name but no data (a KV cache)
-get zeroed static memory that a Session keeps between runs.
+bound calls run: backends/executor.py), the three parts ggml's backend interface separates. It
+hands out kernels, its buffer type hands out memory (aligned arenas); where each tensor lives is
+the allocator's plan. Pre-allocated tensors live elsewhere: leafs with host data are used in
+place (a weight in a read-only mmap stays there), leafs with a `buffer` name but no data (a KV
+cache) get zeroed static memory that a Session keeps between runs.
 
 A Session is safe to share between threads: run, read and write take its lock, and a read by
 a thread other than the one whose run produced the current values is refused (another run
@@ -60,7 +60,7 @@ class Backend:
 
     name = "base"
     kernels: dict[OpKind, Kernel] = {}
-    buffers: BufferType = HostBufferType("CPU", KINDS["cpu"].alignment)
+    buffers: BufferType = HostBufferType(KINDS["cpu"].label, KINDS["cpu"].alignment)
     executor: Executor = Executor()
 
     def supports(self, node: Tensor) -> bool:

@@ -40,7 +40,8 @@ class StageServer:
         self.name = name
         self.backend = get_backend(backend, **kw)
         self.session = self.backend.session(allocator=GraphAllocator(
-            alignment=self.backend.buffers.alignment, strategy=strategy, name=name, keep_order=True))
+            alignment=self.backend.buffers.alignment, strategy=strategy, name=name,
+            keep_order=True))
         self.tensors = StageTensors()
         self.model: Any = None
         self.graphs: dict[int, StageGraph] = {}

@@ -8,5 +8,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export NUMBA_ENABLE_CUDASIM=1 GGRAPH_CUDASIM_GEOMETRY=gpu
 python -m ggraph.tools.gpu_check --sections conformance --jobs 2 --json "${1:-/tmp/cudasim_gpu_geometry.json}"
-python -m pytest -q -p no:cacheprovider -m cudasim tests/backends/cuda/test_cuda_sim.py -k attention_graph
+python -m pytest -q -p no:cacheprovider -m cudasim tests/backends/cuda/test_cuda_sim.py \
+    -k attention_graph
 python -m pytest -q -p no:cacheprovider -m cudasim tests/backends/cuda/test_cuda_flash_attn.py

@@ -25,7 +25,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
+# tests/ (its helpers) and the test folders whose modules hold the inputs recorded here
+sys.path[:0] = [str(ROOT / "tests"), *(str(ROOT / "tests" / d) for d in (
+    "graphs/tokenizers", "graphs/runtime", "graphs/models", "graphs/testing")), str(ROOT)]
 
 import llama_cpp  # noqa: E402
 

@@ -6,4 +6,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 shopt -s nullglob
-NUMBA_ENABLE_CUDASIM=1 python -m pytest -q -m cudasim tests/backends/cuda/test_cuda_*.py tests/tools/test_gpu_*.py "$@"
+NUMBA_ENABLE_CUDASIM=1 python -m pytest -q -m cudasim tests/backends/cuda/test_cuda_*.py \
+    tests/tools/test_gpu_*.py "$@"

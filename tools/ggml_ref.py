@@ -276,7 +276,7 @@ def _tiny_deepseek2_graph(n_tokens: int, n_kv: int, flash: bool) -> Any:
 
 def alloc_graphs(model: bool = True) -> Iterator[AllocGraph]:
     """The graphs of part (b): at least 20 without the model, 30 with it."""
-    tests = _import_file(REPO / "tests" / "test_alloc_properties.py", "_ggraph_alloc_props")
+    tests = _import_file(REPO / "tests" / "plan_cases.py", "_ggraph_plan_cases")
     if tests is not None:
         for seed in range(8):
             yield AllocGraph(f"random-props-{seed}", "random (tests' generator)", "raw",

@@ -493,7 +493,8 @@ def run(args: argparse.Namespace) -> int:
             checks += len(graph_rows)
             failed += sum(r["status"] != "OK" for r in graph_rows)
 
-    backend.__dict__.pop("upload", None)  # stop keeping uploads alive: perf's are large
+    # stop keeping uploads alive: perf's are large
+    backend.buffers.upload_observers.remove(kept.append)
     if not args.ptx and ("conformance" in sections or "graphs" in sections):
         inputs = check_device_inputs(backend, kept)
         if child_inputs is not None:

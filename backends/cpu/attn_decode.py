@@ -2,12 +2,13 @@
 
 Decode reads the whole cache once per token, so its cost is memory: each K and V row must be
 read once, not once per query head. Work goes in units of (sequence, K/V head, run of CELLS
-cells): a unit converts each of its K rows once and dots it with the queries of every query
-head that maps to its K/V head (GQA), keeps its cells' scores, then adds each V row, converted
-once, times every head's weights. Each unit leaves its heads' partial softmax (running max,
-sum, weighted V sum); a second pass combines the runs of cells (the split-KV flash-attention
-recurrence). Units of one K/V head and sequence are consecutive, so a thread streams its own
-stretch of the cache; many units keep every thread busy even where K/V heads are few.
+cells): a unit converts each of its K rows once and dots it with the queries of every query head
+that maps to its K/V head (GQA), keeps its cells' scores, then adds each V row, converted once,
+times every head's weights. Each unit leaves its heads' partial softmax (running max, sum,
+weighted V sum); a second pass combines the runs of cells (the split-KV flash-attention
+recurrence), or, where one run holds every cell, the unit writes its rows itself. Units of one
+K/V head and sequence are consecutive, so a thread streams its own stretch of the cache; many
+units keep every thread busy even where K/V heads are few.
 
 kf / vf: the flat uint16 memory the K / V views span, row (s, h, j) at s*k3 + h*k2 + j*k1, each
 row a contiguous slice whose F16 conversion vectorizes. The names `half_to_f32`, `expf`,

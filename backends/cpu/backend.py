@@ -28,7 +28,7 @@ class CPUBackend(Backend):
 
     name = "cpu"
     kernels = KERNELS
-    buffers = HostBufferType("CPU", KINDS["cpu"].alignment)
+    buffers = HostBufferType(KINDS["cpu"].label, KINDS["cpu"].alignment)
 
     def __init__(self, n_threads: int | None = None, blas_threads: int = 1,
                  ggml_exact: bool = False, fuse: bool | None = None,

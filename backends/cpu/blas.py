@@ -1,7 +1,7 @@
 """Matrix products through BLAS (numpy's OpenBLAS) for batches of columns, split over the
 run's threads.
 
-OpenBLAS runs one thread per call here (backends/cpu/backend.py: its own pool spinning beside
+OpenBLAS runs one thread per call here (backends/cpu/executor.py: its own pool spinning beside
 numba's made prompts slower), so a product is cut into runs of RUN_ROWS weight rows, each
 dequantized and multiplied in a Python thread of a pool of our own, as many at once as the
 run has threads (numba.get_num_threads(): -t, or the thread governor's choice): numpy's

@@ -42,7 +42,8 @@ from .qvec import AVX2, VNNI, dot4_acc, f8_blk, f8_sum, f8_zero, i32_zero, ld32,
 from ..shared.bound import bound
 
 # names each binding supplies (backends/shared/bound.py)
-(ROUND_SUMS, SUB, _f16_round, _f32_row, _half_row, _k4_min, _k4_scale, acts, dec_b, enc_r, unpack) = bound(
+(ROUND_SUMS, SUB, _f16_round, _f32_row, _half_row, _k4_min, _k4_scale, acts, dec_b, enc_r,
+ unpack) = bound(
     "ROUND_SUMS", "SUB", "_f16_round", "_f32_row", "_half_row", "_k4_min", "_k4_scale", "acts",
     "dec_b", "enc_r", "unpack")
 

@@ -14,6 +14,7 @@ from typing import Any
 from ggraph.ir.tensor import Tensor
 from ..errors import BackendUnavailableError
 from ..base import Backend, Session
+from ..registry import KINDS
 from . import runtime as R
 from .buffers import CUDABufferType
 from .executor import CUDAExecutor
@@ -37,7 +38,7 @@ class CUDABackend(Backend):
             self.device = R.open_device(int(device))
         except ValueError as e:
             raise BackendUnavailableError(str(e)) from None
-        self.buffers = CUDABufferType(f"CUDA{int(device)}", self.device)
+        self.buffers = CUDABufferType(f"{KINDS['cuda'].label}{int(device)}", self.device)
         self.executor = CUDAExecutor(self.device)
 
     @property

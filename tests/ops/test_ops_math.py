@@ -370,7 +370,7 @@ def test_argsort_and_top_k_sorted(n, rows, k_frac, ties, seed):
 
 def test_every_op_has_an_independent_reference_test():
     """A guard for new ops: each OpKind is checked against torch, loops or hand formulas in
-    tests/test_ops_{attention,math,layout}.py. Add a test there before extending this set."""
+    tests/ops/test_ops_{attention,math,layout}.py. Add a test there before extending this set."""
     from ggraph import OpKind
     covered = {
         # test_ops_layout.py

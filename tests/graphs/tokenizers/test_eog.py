@@ -142,11 +142,3 @@ def test_generation_ends_on_any_eog(tiny, monkeypatch):
     monkeypatch.setattr(Engine, "eog", frozenset([last]))
     assert list(eng.generate([1, 3], 8)) == greedy[:greedy.index(last) + 1]
     assert last != eng.eos
-
-
-if __name__ == "__main__":  # record llama.cpp's sets again (needs llama-cpp-python)
-    import subprocess
-    import sys
-
-    sys.exit(subprocess.call([sys.executable, str(paths.ROOT / "scripts" /
-                                                  "record_llama_cpp.py"), "eog"]))
