@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import threading
 import types
 from dataclasses import dataclass, field
@@ -45,6 +46,46 @@ MODE = "sim" if SIM else "device"
 # GGRAPH_CUDASIM_GEOMETRY=gpu runs the simulator with the GPU's sizes (slow; for checking them).
 SMALL = SIM and config.cudasim_geometry() != "gpu"
 _PTX_CC: tuple[int, int] = (9, 0)
+
+
+def _atomic_shared_arrays() -> None:
+    """The simulator gives the threads of a block one shared array per `cuda.shared.array`
+    call site, found or made in a dict by a check and then a set (numba-cuda's
+    simulator/kernelapi.py, FakeCUDAShared.array). A thread switched out between the two makes
+    its own array: its writes never reach the others (a product then read garbage: the suite's
+    rare `MUL_MAT(type=q4_K,...,b=strided)` failure, nmse 0.23, reproduced every time with a
+    sleep put between the two). The lookup here is the same, keyed by the calling line, with
+    the check and the set under one lock; dynamic shared memory (shape 0) and alignment go to
+    the simulator's own method as before."""
+    from numba.core import types as nbtypes
+    from numba.cuda.simulator import kernelapi
+    from numba.np import numpy_support
+
+    shared = kernelapi.FakeCUDAShared
+    own = shared.array
+    if getattr(own, "ggraph_atomic", False):
+        return
+    lock = threading.Lock()
+
+    def array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
+        if shape == 0 or alignment is not None:
+            return own(self, shape, dtype, alignment)
+        frame = sys._getframe(1)
+        where = (frame.f_code.co_filename, frame.f_lineno)
+        if isinstance(dtype, nbtypes.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        with lock:
+            found = self._allocations.get(where)
+            if found is None:
+                found = self._allocations[where] = np.empty(shape, dtype)
+        return found
+
+    array.ggraph_atomic = True
+    shared.array = array
+
+
+if SIM:
+    _atomic_shared_arrays()
 
 
 @dataclass
