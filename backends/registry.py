@@ -36,6 +36,10 @@ class DeviceKind:
     def backend_class(self) -> Any:
         return getattr(importlib.import_module(self.module, __package__), self.cls)
 
+    def device_name(self, number: int) -> str:
+        """llama.cpp's name for device `number` of this kind: CUDA0, CPU1."""
+        return f"{self.label}{number}"
+
 
 KINDS: dict[str, DeviceKind] = {
     "cpu": DeviceKind("cpu", "CPU", 32, False, 0, True, ".cpu", "CPUBackend", ".cpu.kernels"),

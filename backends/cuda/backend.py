@@ -38,7 +38,7 @@ class CUDABackend(Backend):
             self.device = R.open_device(int(device))
         except ValueError as e:
             raise BackendUnavailableError(str(e)) from None
-        self.buffers = CUDABufferType(f"{KINDS['cuda'].label}{int(device)}", self.device)
+        self.buffers = CUDABufferType(KINDS["cuda"].device_name(int(device)), self.device)
         self.executor = CUDAExecutor(self.device)
 
     @property

@@ -126,9 +126,9 @@ def parse_devices(spec: str, max_devices: int | None = None,
                 if index in used:
                     raise ValueError(f"device list {spec!r} names {kind.label} {index} twice")
                 used.add(index)
-                name = f"{kind.label}{index}"
+                name = kind.device_name(index)
             else:  # a second CPU is CPU1 (the host is CPU); virtual devices count from 0
-                name = f"{kind.label}{i + (1 if ref is not None else 0)}"
+                name = kind.device_name(i + (1 if ref is not None else 0))
             out.append(Device(name, kind.name if ref is not None else "virtual", mem, index,
                               None, ref if ref is None else
                               registry.DeviceRef(kind, index if kind.indexed else None)))
