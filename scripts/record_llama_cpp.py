@@ -163,9 +163,28 @@ def greedy_smollm2() -> None:
         **La.llama_cpp_greedy(llama_cpp, path, La.GREEDY_PROMPT, La.N_GREEDY)})
 
 
+def seq_ops(d: Path) -> None:
+    """test_sequences' scripts of batches and sequence operations, through llama.cpp's
+    low-level API; the tiny Gemma 3 is made under the test's own arguments."""
+    import test_sequences as S
+    from llama_cpp_ref import llama_cpp_script
+
+    class Made:   # tests/conftest.py's tiny_models, writing into d
+        def made(self, writer, *args, **kw):
+            return writer(d / f"{writer.__module__}.gguf", *args, **kw)
+
+    for name, (path, script) in S.scripts(Made()).items():
+        logits = llama_cpp_script(llama_cpp, path, script, S.N_CTX_SCRIPT, 3)
+        stride = max(1, logits[0].size // 4096)   # every stride-th logit: small files
+        write(DATA / f"seq_ops_{name}.json", {
+            "recorded": provenance(), "model": model_info(path), "script": S.plain(script),
+            "stride": stride, "logits": [f32(x[::stride]) for x in logits]})
+
+
 PARTS = {"tokenizer": tokenizer, "eog": eog, "sampling": sampling, "qwen_tiny": qwen_tiny,
          "gemma3_tiny": gemma3_tiny, "synthetic_tiny": synthetic_tiny,
-         "deepseek2_tiny": deepseek2_tiny, "greedy_smollm2": greedy_smollm2}
+         "deepseek2_tiny": deepseek2_tiny, "greedy_smollm2": greedy_smollm2,
+         "seq_ops": seq_ops}
 
 
 def main(argv: list[str]) -> int:

@@ -93,3 +93,67 @@ def sure_steps(margins: list[float], min_margin: float = MIN_MARGIN) -> int:
     """How many greedy steps of a recording are safe to compare: those before the first whose
     top-2 logit margin is below `min_margin`."""
     return next((i for i, m in enumerate(margins) if m < min_margin), len(margins))
+
+
+def llama_cpp_script(llama_cpp: Any, path: str, script: list[tuple], n_ctx: int,
+                     n_seq_max: int, n_ubatch: int = 512, flash: bool = False
+                     ) -> list[np.ndarray]:
+    """Run a script of batches and sequence operations through llama.cpp's low-level API
+    (llama_decode on a llama_batch, llama_memory_seq_*), one unified KV cache: the logits of
+    each decode's flagged tokens. Steps: ("decode", tokens, seq_ids, pos, logits),
+    ("rm", s, p0, p1), ("cp", src, dst, p0, p1), ("keep", s), ("add", s, p0, p1, delta)."""
+    from llama_cpp._utils import suppress_stdout_stderr
+
+    lc = llama_cpp
+    lc.llama_backend_init()
+    mp = lc.llama_model_default_params()
+    with suppress_stdout_stderr(disable=False):
+        return _script(lc, path, script, n_ctx, n_seq_max, n_ubatch, flash, mp)
+
+
+def _script(lc: Any, path: str, script: list[tuple], n_ctx: int, n_seq_max: int,
+            n_ubatch: int, flash: bool, mp: Any) -> list[np.ndarray]:
+    model = lc.llama_model_load_from_file(path.encode(), mp)
+    cp = lc.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, n_ctx, n_ubatch, n_seq_max
+    cp.kv_unified = True
+    cp.flash_attn_type = 1 if flash else 0
+    cp.n_threads = cp.n_threads_batch = 2
+    ctx = lc.llama_init_from_model(model, cp)
+    mem = lc.llama_get_memory(ctx)
+    n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+    out: list[np.ndarray] = []
+    try:
+        for step in script:
+            op, args = step[0], step[1:]
+            if op == "decode":
+                toks, seqs, pos, flags = args
+                b = lc.llama_batch_init(len(toks), 0, n_seq_max)
+                b.n_tokens = len(toks)
+                for i, (t, ids, p, f) in enumerate(zip(toks, seqs, pos, flags)):
+                    b.token[i], b.pos[i], b.logits[i] = t, p, bool(f)
+                    b.n_seq_id[i] = len(ids)
+                    for j, s in enumerate(ids):
+                        b.seq_id[i][j] = s
+                rc = lc.llama_decode(ctx, b)
+                lc.llama_batch_free(b)
+                if rc != 0:
+                    raise RuntimeError(f"llama_decode returned {rc}")
+                for i, f in enumerate(flags):
+                    if f:
+                        row = lc.llama_get_logits_ith(ctx, i)
+                        out.append(np.ctypeslib.as_array(row, shape=(n_vocab,)).copy())
+            elif op == "rm":
+                lc.llama_memory_seq_rm(mem, *args)
+            elif op == "cp":
+                lc.llama_memory_seq_cp(mem, *args)
+            elif op == "keep":
+                lc.llama_memory_seq_keep(mem, *args)
+            elif op == "add":
+                lc.llama_memory_seq_add(mem, *args)
+            else:
+                raise ValueError(f"unknown step {op!r}")
+    finally:
+        lc.llama_free(ctx)
+        lc.llama_model_free(model)
+    return out

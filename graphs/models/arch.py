@@ -25,7 +25,9 @@ from ggraph.ir.tensor import Context, Tensor
 from ggraph.ir.types import GGMLType
 
 from ggraph.graphs.gguf.gguf_file import GGUFError, GGUFModel
-from ggraph.graphs.models.model_graph import ModelGraph
+from ggraph.graphs.models.batch import UBatch
+from ggraph.graphs.models.kv_cache import Slots
+from ggraph.graphs.models.model_graph import ModelGraph, ubatch_values
 from ggraph.graphs.models.hparams import read_hparams
 from ggraph.graphs.models.tensor_names import TensorNames, expect_tensor, vocab_size
 
@@ -53,10 +55,12 @@ class Architecture(ABC):
 
     @abstractmethod
     def new_cache(self, ctx: Context, size: int, type_k: str = "f16", type_v: str = "f16",
-                  flash_attn: bool = False, n_ubatch: int = 512, swa_full: bool = False) -> Any:
+                  flash_attn: bool = False, n_ubatch: int = 512, swa_full: bool = False,
+                  n_seq_max: int = 1) -> Any:
         """The KV cache of `size` cells (pre-allocated leafs in ctx; None without one).
         n_ubatch: the largest ubatch (a sliding-window cache holds n_swa + n_ubatch cells);
-        swa_full: a sliding-window cache of all `size` cells (llama.cpp's --swa-full)."""
+        swa_full: a sliding-window cache of all `size` cells (llama.cpp's --swa-full);
+        n_seq_max: the sequences its cells can hold (-np)."""
 
     @abstractmethod
     def graph_capacity(self, n_tokens: int, n_kv: int, amb_mib: int) -> int:
@@ -72,6 +76,12 @@ class Architecture(ABC):
     def batch_inputs(self, mg: ModelGraph[Any], cache: Any, tokens: np.ndarray, n_past: int,
                      out_rows: np.ndarray) -> dict[Tensor, np.ndarray]:
         """The values of mg's inputs for tokens at positions n_past.. (rows out_rows out)."""
+
+    def ubatch_inputs(self, mg: ModelGraph[Any], cache: Any, ub: UBatch, slots: Slots
+                      ) -> dict[Tensor, np.ndarray]:
+        """The values of mg's inputs for a ubatch the cache has placed (any mix of
+        sequences; model_graph.ubatch_values)."""
+        return ubatch_values(mg, cache, ub, slots)
 
     def load_hparams(self, gguf: GGUFModel, overrides: dict[str, Any]) -> Any:
         """Set self.gguf and self.hp (hparams_class read from gguf's metadata, overrides

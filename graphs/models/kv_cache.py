@@ -1,27 +1,25 @@
 """The KV caches: per-layer K and V tensors of a runtime-chosen type, pre-allocated leafs that
-set_rows writes (quantizing on write) and attention reads (dequantizing on read).
+set_rows writes (quantizing on write) and attention reads (dequantizing on read), and the
+cells that say what each row holds (graphs/models/kv_cells.py: position and sequences).
 
 Without flash attention V is stored transposed ([kv_size, n_embd_v]: one row per channel) so
 that V*softmax is a plain mul_mat; block types cannot hold one value per row, hence a
 quantized V cache requires flash attention.
 
-Two caches share one small protocol, so the engine never asks which it holds: `n_used` (the
-sequence's length; setting it lower cuts the sequence back), `k` / `v` (every layer's tensors,
-indexed by layer), `nbytes`, `summary_lines()` (llama.cpp's memory lines) and `discard(p0, p1)`
-(the sequence shift of a full context, below):
-- `KVCache`: one cache of `size` cells for every layer (cell = position);
+Two caches share one protocol, so the engine never asks which it holds: `place(ubatch)` finds
+and takes cells for a ubatch (Slots), `n_kv()` the cells a graph attends to, the sequence
+operations (seq_rm, seq_cp, seq_keep, seq_add, seq_div, seq_pos_min/max), `k_shifts()` the
+pending K-shift, `snapshot()/restore()`, `k` / `v` (every layer's tensors), `nbytes` and
+`summary_lines()` (llama.cpp's memory lines):
+- `KVCache`: one cache of `size` cells for every layer, shared by n_seq_max sequences (one
+  unified stream);
 - `IswaKVCache`: llama.cpp's iswa cache for interleaved sliding-window attention: a full
-  `KVCache` for the global layers and a smaller one for the sliding-window layers, used as a
-  ring (cell = position % size), with the position each ring cell holds.
+  `KVCache` for the global layers and a smaller one for the sliding-window layers, whose
+  cells are reused once outside the window (a ring, for one sequence).
 
-The sequence shift (llama.cpp's seq_rm(p0, p1) then seq_add(p1, n_used, p0 - p1), which
-llama-cli does when the context is full) drops positions p0..p1-1 and moves every later one
-down by p1 - p0. A cache here keeps cell = position (modulo the ring's size), so the shift
-moves cells: `discard` updates the bookkeeping and returns the CellMoves, and `shift_graph`
-builds the graph that carries them out, gathering each moved cell's K and V (get_rows),
-re-roping K by the position delta through the model's own rope (llama.cpp's K-shift) and
-scattering both to their new cells (set_rows). Moves are cells and deltas, nothing more, so a
-cache of several sequences can hand its own to the same graph.
+Sequence shifts move positions, not rows (llama.cpp's seq_add): the cells record each
+position's change, and `shift_graph` re-ropes those cells' K in place through the model's own
+rope (llama.cpp's K-shift) before the next evaluation.
 """
 from __future__ import annotations
 
@@ -36,6 +34,10 @@ from ggraph.ir.tensor import Context, Tensor
 from ggraph.ir.types import kv_types
 from ggraph.ir.types import GGMLType, row_size, MIB
 
+from ggraph.graphs.models.batch import UBatch
+from ggraph.graphs.models.kv_cells import KVCells
+
+KV_PAD = 256  # llama.cpp pads the attended cells to 256
 CACHE_TYPES = kv_types()  # -ctk/-ctv: the types whose record says kv=True
 
 
@@ -48,16 +50,23 @@ class KVCache:
     v_trans: bool
     k: list[Tensor] = field(default_factory=list)
     v: list[Tensor] = field(default_factory=list)
-    n_used: int = 0  # cells holding tokens (one sequence, positions 0..n_used-1)
     layer_ids: list[int] = field(default_factory=list)  # the model layer of each k/v entry
+    n_seq_max: int = 1
+    n_swa: int = 0    # > 0: the cells of a sliding window (reused once outside it)
+    cells: KVCells = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.cells = KVCells(self.size, self.n_seq_max, self.n_swa)
 
     @classmethod
     def create(cls, ctx: Context, n_layer: int, n_embd_k: int, n_embd_v: int, size: int,
                type_k: GGMLType | str = "f16", type_v: GGMLType | str = "f16",
-               flash_attn: bool = False, layer_ids: Sequence[int] | None = None) -> "KVCache":
-        """A cache of `size` cells for n_layer layers; `layer_ids` names the model layers
-        they are (default 0..n_layer-1), which the tensor names carry (cache_k_l{il}) so
-        placement puts each with its layer."""
+               flash_attn: bool = False, layer_ids: Sequence[int] | None = None,
+               n_seq_max: int = 1, n_swa: int = 0) -> "KVCache":
+        """A cache of `size` cells for n_layer layers and n_seq_max sequences; `layer_ids`
+        names the model layers they are (default 0..n_layer-1), which the tensor names carry
+        (cache_k_l{il}) so placement puts each with its layer; n_swa > 0 makes it a
+        sliding-window cache."""
         ids = list(range(n_layer)) if layer_ids is None else list(layer_ids)
         if len(ids) != n_layer:
             raise ValueError(f"{len(ids)} layer ids for a cache of {n_layer} layers")
@@ -70,7 +79,8 @@ class KVCache:
             if n % t.block_size:
                 raise ValueError(f"{role} rows of {n} values do not fit {t} blocks of "
                                  f"{t.block_size}")
-        c = cls(size, n_layer, tk, tv, v_trans=not flash_attn, layer_ids=ids)
+        c = cls(size, n_layer, tk, tv, v_trans=not flash_attn, layer_ids=ids,
+                n_seq_max=n_seq_max, n_swa=n_swa)
         for il in ids:
             k = ctx.new_tensor(tk, (n_embd_k, size), name=f"cache_k_l{il}")
             v = ctx.new_tensor(tv, (size, n_embd_v) if c.v_trans else (n_embd_v, size),
@@ -96,7 +106,7 @@ class KVCache:
         """llama.cpp's line: `llama_kv_cache: size = 90.00 MiB (4096 cells, 30 layers, 1/1
         seqs), K (f16): 45.00 MiB, V (f16): 45.00 MiB`."""
         return (f"llama_kv_cache: size = {self.nbytes / MIB:7.2f} MiB ({self.size:6d} cells, "
-                f"{self.n_layer:3d} layers,  1/1 seqs), K ({self.type_k}): "
+                f"{self.n_layer:3d} layers, {self.seqs_word()} seqs), K ({self.type_k}): "
                 f"{self.bytes_k / MIB:7.2f} MiB, V ({self.type_v}): {self.bytes_v / MIB:7.2f} MiB")
 
     def summary_lines(self) -> list[str]:
@@ -107,24 +117,104 @@ class KVCache:
         """The model layer of k[i] / v[i]."""
         return self.layer_ids[i] if self.layer_ids else i
 
-    def discard(self, p0: int, p1: int) -> list["CellMoves"]:
-        """Drop positions p0..p1-1 and shift the later ones down by p1 - p0 (cell =
-        position): n_used shrinks now, and the returned moves must be run (shift_graph)
-        before the next evaluation."""
-        check_discard(p0, p1, self.n_used)
-        src = np.arange(p1, self.n_used, dtype=np.int64)
-        self.n_used -= p1 - p0
-        return [CellMoves(self, src, src - (p1 - p0), p0 - p1)] if src.size else []
+    def seqs_word(self) -> str:
+        """llama.cpp's "n_seq_max/n_stream" (one unified stream here): "4/1"."""
+        return f"{self.n_seq_max:2d}/1"   # llama.cpp's "%2u/%u"
+
+    # -- cells and sequences (graphs/models/kv_cells.py) ----------------------------------------
+    @property
+    def n_used(self) -> int:
+        """Tokens of sequence 0 (its last position + 1): the single-sequence view."""
+        return self.cells.seq_pos_max(0) + 1
+
+    def n_kv(self) -> int:
+        """The cells a graph attends to: the used ones padded to KV_PAD (at least KV_PAD),
+        at most the cache (llama_kv_cache::get_n_kv)."""
+        return min(self.size, max(KV_PAD, -(-self.cells.used_max_p1 // KV_PAD) * KV_PAD))
+
+    def place(self, ub: UBatch) -> Slots | None:
+        """Find and take cells for the ubatch's tokens (None: no room, nothing changed)."""
+        cells = self.cells.find_slot(len(ub))
+        if cells is None:
+            return None
+        self.cells.apply(cells, ub.pos, ub.seq_ids)
+        return Slots(cells)
+
+    def n_free(self) -> int:
+        """Cells not holding any position."""
+        return self.size - self.cells.used
+
+    def mask(self, ub: UBatch, n_kv: int) -> np.ndarray:
+        return self.cells.mask(ub.pos, ub.seq, n_kv)
+
+    def snapshot(self) -> object:
+        return self.cells.snapshot()
+
+    def restore(self, snap: object) -> None:
+        self.cells.restore(snap)  # type: ignore[arg-type]
+
+    def clear(self) -> None:
+        self.cells.clear()
+
+    def seq_pos_min(self, s: int) -> int:
+        return self.cells.seq_pos_min(s)
+
+    def seq_pos_max(self, s: int) -> int:
+        return self.cells.seq_pos_max(s)
+
+    def seq_rm(self, s: int, p0: int = -1, p1: int = -1) -> None:
+        self.cells.seq_rm(s, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        self.cells.seq_cp(src, dst, p0, p1)
+
+    def seq_keep(self, s: int) -> None:
+        self.cells.seq_keep(s)
+
+    def seq_add(self, s: int, p0: int, p1: int, delta: int) -> None:
+        self.cells.seq_add(s, p0, p1, delta)
+
+    def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
+        self.cells.seq_div(s, p0, p1, d)
+
+    def check_cut(self, s: int, n: int) -> None:
+        """Whether sequence s can be cut back to its first n positions and go on from there
+        (a sliding-window cache must still hold the window before n)."""
+        if self.n_swa <= 0 or n == 0:
+            return
+        need = np.arange(max(0, n - self.n_swa + 1), n)
+        lost = np.setdiff1d(need, self.cells.seq_positions(s))
+        if lost.size:
+            raise ValueError(f"cannot cut sequence {s} back to {n} tokens: the "
+                             f"sliding-window cache ({self.size} cells) no longer holds "
+                             f"positions {lost[0]}..{lost[-1]} of its window")
+
+    def k_shifts(self) -> list["CellMoves"]:
+        """The pending K-shift (cells whose positions moved, re-roped in place); cleared by
+        `reset_shift` once run."""
+        cells, delta = self.cells.shifted()
+        return [CellMoves(self, cells, cells, delta)] if cells.size else []
+
+    def reset_shift(self) -> None:
+        self.cells.reset_shift()
+
+
+@dataclass
+class Slots:
+    """The cells a ubatch's tokens went to: of the cache, and of a sliding-window part."""
+    cells: np.ndarray
+    swa: np.ndarray | None = None
 
 
 @dataclass
 class CellMoves:
-    """One cache's share of a sequence shift: the K and V of cell src[i] go to cell dst[i]
-    (all read before any is written), K re-roped by `delta` positions."""
+    """One cache's share of a K-shift: the K of cell src[i] re-roped by delta[i] positions
+    goes to cell dst[i] (in place when src is dst); V moves only where cells do (all read
+    before any is written)."""
     cache: KVCache
     src: np.ndarray
     dst: np.ndarray
-    delta: int
+    delta: np.ndarray
 
 
 class RopeShift(Protocol):
@@ -132,12 +222,6 @@ class RopeShift(Protocol):
     the positions `pos` (I32 [m]), as its graph ropes K."""
 
     def __call__(self, layer: int, rows: Tensor, pos: Tensor) -> Tensor: ...
-
-
-def check_discard(p0: int, p1: int, n_used: int) -> None:
-    if not 0 <= p0 <= p1 <= n_used:
-        raise ValueError(f"cannot discard positions {p0}..{p1 - 1} of a sequence of "
-                         f"{n_used} tokens")
 
 
 def shift_graph(ctx: Context, moves: Sequence[CellMoves], rope: RopeShift
@@ -158,10 +242,12 @@ def shift_graph(ctx: Context, moves: Sequence[CellMoves], rope: RopeShift
         if not c.k:   # a cache part holding no layer (the global one when every layer slides)
             continue
         src, dst = index("shift_src", "i32", mv.src), index("shift_dst", "i64", mv.dst)
-        pos = index("shift_pos", "i32", np.full(m, mv.delta))
+        pos = index("shift_pos", "i32", np.broadcast_to(mv.delta, (m,)))
         for i, k in enumerate(c.k):
             rows = rope(c.layer(i), O.get_rows(k, src, name=f"k_shift_in-{c.layer(i)}"), pos)
             outs.append(O.set_rows(k, rows, dst, name=f"k_shifted-{c.layer(i)}"))
+        if np.array_equal(mv.src, mv.dst):   # in place: V stays where it is
+            continue
         if c.v_trans and c.v:   # value j of cell x is row j * size + x
             n_v = c.v[0].ne[1]
             chans = np.arange(n_v, dtype=np.int64)[:, None] * c.size
@@ -234,27 +320,24 @@ def swa_cache_size(size: int, n_swa: int, n_ubatch: int, swa_full: bool = False)
 
 @dataclass
 class IswaKVCache:
-    """llama.cpp's iswa cache for one sequence: `base` (n_ctx cells, cell = position) holds the
-    global layers, `swa` the sliding-window layers in a ring (cell = position % swa.size).
+    """llama.cpp's iswa cache: `base` (n_ctx cells) holds the global layers, `swa` the
+    sliding-window layers in pad256(n_swa + n_ubatch) cells, reused once outside the window
+    (for one sequence appending, cell = position % size: a ring). Both place every token and
+    take every sequence operation, as llama_kv_cache_iswa does.
 
-    A ring cell is overwritten only by a position at least swa.size later, and a query at
-    position q reads positions above q - n_swa, so the ring never loses a position a query of
-    the same or a later ubatch reads while swa.size >= n_swa + n_ubatch (checked by
-    `check_ubatch`). `cell_pos` is the position each ring cell holds (-1: empty), as
-    llama.cpp's cells record theirs; the sliding-window mask is built from it.
+    A ubatch never overwrites a cell one of its own queries reads while swa.size >= n_swa +
+    n_ubatch (checked by `check_ubatch`).
     """
     base: KVCache
     swa: KVCache
     n_swa: int
     is_swa: tuple[bool, ...]
-    cell_pos: np.ndarray
-    _n_used: int = 0
 
     @classmethod
     def create(cls, ctx: Context, is_swa: Sequence[bool], n_embd_k: int, n_embd_v: int,
                size: int, n_swa: int, n_ubatch: int, type_k: GGMLType | str = "f16",
                type_v: GGMLType | str = "f16", flash_attn: bool = False,
-               swa_full: bool = False) -> IswaKVCache:
+               swa_full: bool = False, n_seq_max: int = 1) -> IswaKVCache:
         """The two caches: is_swa[il] says which holds layer il."""
         if n_swa <= 0:
             raise ValueError(f"an iswa cache needs a sliding window, got n_swa={n_swa}")
@@ -262,11 +345,11 @@ class IswaKVCache:
         glob = [il for il, s in enumerate(flags) if not s]
         local = [il for il, s in enumerate(flags) if s]
         base = KVCache.create(ctx, len(glob), n_embd_k, n_embd_v, size, type_k, type_v,
-                              flash_attn, layer_ids=glob)
+                              flash_attn, layer_ids=glob, n_seq_max=n_seq_max)
         n_swa_cells = swa_cache_size(size, n_swa, n_ubatch, swa_full)
         swa = KVCache.create(ctx, len(local), n_embd_k, n_embd_v, n_swa_cells, type_k, type_v,
-                             flash_attn, layer_ids=local)
-        c = cls(base, swa, n_swa, flags, np.full(n_swa_cells, -1, np.int64))
+                             flash_attn, layer_ids=local, n_seq_max=n_seq_max, n_swa=n_swa)
+        c = cls(base, swa, n_swa, flags)
         c.check_ubatch(min(size, n_ubatch))
         return c
 
@@ -281,6 +364,10 @@ class IswaKVCache:
     @property
     def size(self) -> int:
         return self.base.size
+
+    @property
+    def n_seq_max(self) -> int:
+        return self.base.n_seq_max
 
     @property
     def n_layer(self) -> int:
@@ -334,71 +421,79 @@ class IswaKVCache:
     def summary(self) -> str:
         return "\n".join(self.summary_lines())
 
+    # -- cells and sequences: both parts ------------------------------------------------------
     @property
     def n_used(self) -> int:
-        """Tokens in the sequence (positions 0..n_used-1)."""
-        return self._n_used
+        """Tokens of sequence 0 (its last position + 1)."""
+        return self.base.n_used
 
-    @n_used.setter
-    def n_used(self, n: int) -> None:
-        """Append positions n_used..n-1, or cut the sequence back to n tokens (which needs
-        the ring to still hold the window before position n)."""
-        n = int(n)
-        if n >= self._n_used:
-            self.cell_pos = self.ring_after(self._n_used, n - self._n_used)
-        else:
-            need = np.arange(max(0, n - self.n_swa + 1), n)
-            lost = need[self.cell_pos[need % self.swa.size] != need]
-            if lost.size:
-                raise ValueError(f"cannot cut the sequence back to {n} tokens: the "
-                                 f"sliding-window cache ({self.swa.size} cells) no longer holds "
-                                 f"positions {lost[0]}..{lost[-1]} of its window")
-            self.cell_pos = np.where(self.cell_pos >= n, -1, self.cell_pos)
-        self._n_used = n
-        self.base.n_used = self.swa.n_used = n
-
-    def discard(self, p0: int, p1: int) -> list[CellMoves]:
-        """The sequence shift on both caches: the global one moves cells as positions move;
-        in the ring a position p >= p1 moves from cell p % size to (p - d) % size, where the
-        newest position wins a cell (as writing it would) and positions below p0 stay."""
-        check_discard(p0, p1, self._n_used)
-        d = p1 - p0
-        moves = self.base.discard(p0, p1)
-        pos, size = self.cell_pos, self.swa.size
-        new_pos = np.where((pos >= 0) & (pos < p0), pos, -1)
-        cells = np.nonzero(pos >= p1)[0]
-        new_p = pos[cells] - d
-        order = np.argsort(new_p, kind="stable")  # ascending: the newest is written last
-        new_pos[new_p[order] % size] = new_p[order]
-        won = new_pos[new_p % size] == new_p
-        self.cell_pos = new_pos
-        self._n_used -= d
-        self.swa.n_used = self._n_used
-        if won.any():
-            moves.append(CellMoves(self.swa, cells[won], new_p[won] % size, -d))
-        return moves
-
-    # -- cells and masks of a ubatch ---------------------------------------------------------------
-    def ring_after(self, n_past: int, n: int) -> np.ndarray:
-        """cell_pos once positions n_past..n_past+n-1 are written (cell = position % size)."""
-        # only the last `size` positions survive; each cell is then written once
-        pos = np.arange(max(n_past, n_past + n - self.swa.size), n_past + n, dtype=np.int64)
-        out = self.cell_pos.copy()
-        out[pos % self.swa.size] = pos
-        return out
+    def n_kv(self) -> int:
+        """Cells of the global cache a graph attends to; large enough that its first
+        min(n_kv, swa.size) ring cells cover the ring's used ones too (swa_n_kv)."""
+        return min(self.base.size, max(self.base.n_kv(), self.swa.n_kv()))
 
     def swa_n_kv(self, n_kv: int) -> int:
-        """The ring cells a graph attending to the first n_kv global cells reads: the ring's
-        used cells lie below min(n_kv, size) when n_kv covers the sequence."""
+        """The ring cells a graph attending to the first n_kv global cells reads."""
         return min(self.swa.size, n_kv)
 
-    def swa_cells_and_mask(self, n_past: int, n: int, n_kv_swa: int
-                           ) -> tuple[np.ndarray, np.ndarray]:
-        """The ring cells the ubatch writes and its mask over the first n_kv_swa cells: a
-        query at position q sees a cell holding position p when 0 <= p <= q and q - p < n_swa
-        (llama_hparams::is_masked_swa, standard type); empty cells are masked."""
-        pos = np.arange(n_past, n_past + n, dtype=np.int64)
-        p0 = self.ring_after(n_past, n)[:n_kv_swa][None, :]
-        q = pos[:, None]
-        seen = (p0 >= 0) & (p0 <= q) & (q - p0 < self.n_swa)
-        return pos % self.swa.size, np.where(seen, 0.0, -np.inf).astype(np.float32)
+    def place(self, ub: UBatch) -> Slots | None:
+        snap = self.swa.snapshot()
+        swa = self.swa.place(ub)
+        if swa is None:
+            return None
+        base = self.base.place(ub)
+        if base is None:
+            self.swa.restore(snap)
+            return None
+        return Slots(base.cells, swa.cells)
+
+    def n_free(self) -> int:
+        return self.base.n_free()
+
+    def snapshot(self) -> object:
+        return self.base.snapshot(), self.swa.snapshot()
+
+    def restore(self, snap: object) -> None:
+        b, w = snap  # type: ignore[misc]
+        self.base.restore(b)
+        self.swa.restore(w)
+
+    def clear(self) -> None:
+        self.base.clear()
+        self.swa.clear()
+
+    def seq_pos_min(self, s: int) -> int:
+        return self.base.seq_pos_min(s)
+
+    def seq_pos_max(self, s: int) -> int:
+        return self.base.seq_pos_max(s)
+
+    def seq_rm(self, s: int, p0: int = -1, p1: int = -1) -> None:
+        self.base.seq_rm(s, p0, p1)
+        self.swa.seq_rm(s, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        self.base.seq_cp(src, dst, p0, p1)
+        self.swa.seq_cp(src, dst, p0, p1)
+
+    def seq_keep(self, s: int) -> None:
+        self.base.seq_keep(s)
+        self.swa.seq_keep(s)
+
+    def seq_add(self, s: int, p0: int, p1: int, delta: int) -> None:
+        self.base.seq_add(s, p0, p1, delta)
+        self.swa.seq_add(s, p0, p1, delta)
+
+    def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
+        self.base.seq_div(s, p0, p1, d)
+        self.swa.seq_div(s, p0, p1, d)
+
+    def check_cut(self, s: int, n: int) -> None:
+        self.swa.check_cut(s, n)
+
+    def k_shifts(self) -> list[CellMoves]:
+        return self.base.k_shifts() + self.swa.k_shifts()
+
+    def reset_shift(self) -> None:
+        self.base.reset_shift()
+        self.swa.reset_shift()

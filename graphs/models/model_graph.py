@@ -4,10 +4,13 @@
 `ggraph plan` consume: the graph of one ubatch, its input leafs, the logits and the sizes it
 was built for. `GraphInputs` are the input leafs of a causal language model with a KV cache
 (tokens, positions, the KQ mask, the cache cells to write, the output rows), created in one
-place in llama.cpp's names; `causal_inputs` and `causal_batch` give their values for tokens of
-one sequence appended at n_past. `IswaInputs` add a second set (mask and cells) for the
-sliding-window layers of an iswa cache (graphs/models/kv_cache.py's IswaKVCache), and `iswa_batch`
-their values.
+place in llama.cpp's names. `IswaInputs` add a second set (mask and cells) for the
+sliding-window layers of an iswa cache (graphs/models/kv_cache.py's IswaKVCache).
+
+`ubatch_values` gives their values for a ubatch the cache has placed (any mix of sequences:
+the masks come from the cache's cells); `causal_batch` and `iswa_batch` give them, without
+a cache's bookkeeping, for tokens of one sequence appended at n_past into cells = positions
+(what scripts that build one graph by hand use).
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ from ggraph.ir.graph import Graph
 from ggraph.ir.tensor import Context, Tensor
 from ggraph.ir.types import GGMLType
 
-from ggraph.graphs.models.kv_cache import IswaKVCache, KVCache
+from ggraph.graphs.models.batch import UBatch
+from ggraph.graphs.models.kv_cache import IswaKVCache, KVCache, Slots
 
 InputsT = TypeVar("InputsT")
 
@@ -144,7 +148,34 @@ def iswa_batch(mg: ModelGraph[IswaInputs], cache: IswaKVCache, tokens: np.ndarra
     if cache.base.n_layer == 0:   # every layer slides: no graph reads the global mask or cells
         for t in (inp.kq_mask, inp.k_idxs, inp.v_idxs):
             values.pop(t, None)   # type: ignore[arg-type]
-    cells, mask = cache.swa_cells_and_mask(n_past, len(tokens), inp.n_kv_swa)
+    n = len(tokens)
+    cells = np.arange(n_past, n_past + n, dtype=np.int64) % cache.swa.size
+    q = np.arange(n_past, n_past + n, dtype=np.int64)[:, None]
+    p0 = np.arange(inp.n_kv_swa, dtype=np.int64)[None, :]
+    p0 = p0 + ((q.max() - p0) // cache.swa.size) * cache.swa.size   # the ring's positions
+    seen = (p0 >= 0) & (p0 <= q) & (q - p0 < cache.n_swa)
+    mask = np.where(seen, 0.0, -np.inf).astype(np.float32)
     values.update(cell_values(cache.swa, inp.swa.kq_mask, mask, inp.swa.k_idxs,
                               inp.swa.v_idxs, cells))
+    return values
+
+
+def ubatch_values(mg: ModelGraph[Any], cache: KVCache | IswaKVCache, ub: UBatch,
+                  slots: Slots) -> dict[Tensor, np.ndarray]:
+    """Input values of a ubatch the cache has placed (`slots`: cache.place(ub)): tokens,
+    positions, the rows to output, and per cache its cells and the mask its cells give."""
+    if len(ub) != mg.n_tokens:
+        raise ValueError(f"the graph was built for {mg.n_tokens} tokens, got {len(ub)}")
+    inp = mg.inputs
+    rows = ub.out_rows if ub.out.any() else np.array([len(ub) - 1], np.int32)
+    values: dict[Tensor, np.ndarray] = {inp.tokens: ub.tokens, inp.pos: ub.pos,
+                                        inp.out_ids: rows.astype(np.int32)}
+    base = cache.base if isinstance(cache, IswaKVCache) else cache
+    if base.n_layer:   # (an iswa cache whose every layer slides: no graph reads these)
+        values.update(cell_values(base, inp.kq_mask, base.mask(ub, mg.n_kv), inp.k_idxs,
+                                  inp.v_idxs, slots.cells))
+    if isinstance(cache, IswaKVCache):
+        assert isinstance(inp, IswaInputs) and slots.swa is not None
+        values.update(cell_values(cache.swa, inp.swa.kq_mask, cache.swa.mask(ub, inp.n_kv_swa),
+                                  inp.swa.k_idxs, inp.swa.v_idxs, slots.swa))
     return values

@@ -7,15 +7,18 @@ to KV_PAD) and are placed into the reserved offsets; a decode graph is reused wh
 holds, so a generated token costs one pass over bound kernel calls.
 
 The KV cache is whatever the architecture's `new_cache` gives (one cache, or llama.cpp's iswa
-pair for sliding-window models); the engine uses only what every cache offers (n_used, k/v,
-summary_lines: graphs/models/kv_cache.py). A model whose tokenizer ggraph cannot build yet still
+pair for sliding-window models), with cells for n_seq_max sequences; the engine uses only what
+every cache offers (place, n_kv, the sequence operations, k/v, summary_lines:
+graphs/models/kv_cache.py). `decode(batch)` evaluates a batch of tokens of any sequences
+(graphs/models/batch.py), as llama_decode; `eval` and `generate` are sequence 0 on top of it. A model whose tokenizer ggraph cannot build yet still
 loads and runs on token ids; `Engine.tokenizer` raises the tokenizer's error.
 
 Before anything is allocated the KV cache and compute buffer are compared with the memory
 available (ggraph/plan/host_memory.py); before every evaluation one fstat checks that the mapped
 file did not change (a truncated mapping would be SIGBUS). When generation fills the context,
-`make_room` shifts it as llama-cli does (keep n_keep tokens, discard half of the rest, re-rope
-the cached K: kv_cache.discard and shift_graph), or generation stops cleanly.
+`make_room` shifts it as llama-cli does (keep n_keep tokens, discard half of the rest: seq_rm
+and seq_add, then the K-shift re-ropes the moved cells: kv_cache.shift_graph), or generation
+stops cleanly.
 
 This file owns the model side (config, graphs, the KV cache's sequence, thread turns); the
 devices are one Runner (backends/runner.py): a Session on one backend or a MultiSession over
@@ -39,6 +42,7 @@ from ggraph.ir.tensor import Context
 
 from ggraph.graphs.models.arch import KShift, build_model, supports
 from ggraph.graphs.gguf.gguf_file import GGUFError, load_gguf, lock_memory
+from ggraph.graphs.models.batch import Batch, UBatch, prepare, split_simple
 from ggraph.graphs.models.kv_cache import shift_graph
 from ggraph.graphs.models.model_graph import ModelGraph
 from ggraph.graphs.runtime.memory_words import memory_lines
@@ -46,7 +50,11 @@ from ggraph.graphs.deploy.placement import LayerMap, layer_map, parse_devices, p
 from ggraph.graphs.gguf.tensor_check import check_tensors
 from ggraph.graphs.tokenizers.tokenizer import Tokenizer
 
-KV_PAD = 256  # llama.cpp pads the attended cells to 256
+
+
+class NoKVSlot(RuntimeError):
+    """The KV cache has too few free cells for a ubatch (llama_decode's return code 1); the
+    cache is as it was before the batch."""
 
 
 class TokenSampler(Protocol):
@@ -71,6 +79,10 @@ class EngineConfig:
     # a sliding-window cache of n_ctx cells instead of n_swa + n_ubatch (llama.cpp's
     # --swa-full): more memory, every position's K/V kept
     swa_full: bool = False
+    # sequences the KV cache holds (llama.cpp's -np / n_seq_max), in one unified stream of
+    # cells (--kv-unified); one region per sequence is not built yet
+    n_seq_max: int = 1
+    kv_unified: bool = True
     backend: str = "cpu"
     strategy: str = "default"
     n_threads: int | None = None
@@ -193,10 +205,14 @@ class Engine:
                 raise
             self._tokenizer_error = e
         self.ctx = Context("engine")
+        if cfg.n_seq_max > 1 and not cfg.kv_unified:
+            raise ValueError(f"n_seq_max={cfg.n_seq_max} without kv_unified: a KV cache region "
+                             f"per sequence is not built yet; use one unified cache "
+                             f"(--kv-unified)")
         # a sliding-window cache is sized from the ubatch (llama.cpp: n_swa + n_ubatch)
         self.cache = self.model.new_cache(self.ctx, cfg.n_ctx, cfg.type_k, cfg.type_v,
                                           cfg.flash_attn, n_ubatch=cfg.n_ubatch,
-                                          swa_full=cfg.swa_full)
+                                          swa_full=cfg.swa_full, n_seq_max=cfg.n_seq_max)
         kw: dict[str, Any] = {}
         host = registry.kind(cfg.backend).threads   # the CPU backend: threads, packed weights
         if host and cfg.n_threads:
@@ -325,55 +341,140 @@ class Engine:
         return memory_lines(self.memory_figures(), self.cache.summary_lines())
 
     # -- evaluation ---------------------------------------------------------------------------
+    def decode(self, batch: Batch) -> np.ndarray:
+        """Evaluate a batch of tokens of any sequences (llama_decode): the logits of the
+        tokens whose flag is set, one row each in batch order. The batch is checked first
+        (graphs/models/batch.py: a bad one changes nothing); a pending K-shift runs; then each
+        ubatch of n_ubatch tokens takes cells (NoKVSlot when they run out) and runs. On any
+        error the cache is as it was before the batch."""
+        with self.lock:
+            ub_all = prepare(batch, self.model.hp.n_vocab, self.cfg.n_seq_max, self.cache)
+            self.file.check_unchanged()  # one fstat: a truncated mapping would be SIGBUS
+            self.apply_k_shift()
+            self._kv_epoch += 1
+            snap = self.cache.snapshot()
+            out = []
+            try:
+                for ub in split_simple(ub_all, self.cfg.n_ubatch):
+                    logits = self._run_ubatch(ub)
+                    if logits is not None:
+                        out.append(logits)
+            except BaseException:
+                self.cache.restore(snap)
+                raise
+            if not out:
+                return np.zeros((0, self.model.hp.n_vocab), np.float32)
+            return np.concatenate(out)
+
+    def _run_ubatch(self, ub: UBatch) -> np.ndarray | None:
+        """Place and run one ubatch; its wanted rows of logits (None when none is wanted:
+        a runner with remote stages then overlaps the next ubatch with this one)."""
+        slots = self.cache.place(ub)
+        if slots is None:
+            raise NoKVSlot(f"no room in the KV cache for a ubatch of {len(ub)} tokens "
+                           f"({self.cache.n_free()} of {self.cache.size} cells free, "
+                           f"{self.cfg.n_seq_max} sequences): free cells with seq_rm, or make "
+                           f"the context larger (-c)")
+        rows = ub.out_rows if ub.out.any() else np.array([len(ub) - 1], np.int32)
+        mg = self.build(len(ub), self.cache.n_kv(), len(rows))
+        self.runner.run(mg.graph, self.model.ubatch_inputs(mg, self.cache, ub, slots))
+        if not ub.out.any():
+            return None
+        return self.runner.read(mg.logits).reshape(len(rows), -1)
+
     def eval(self, tokens: list[int], all_logits: bool = False, n_past: int | None = None
              ) -> np.ndarray:
-        """Append tokens to the sequence; logits of the last token (or of every token).
+        """Append tokens to sequence 0; logits of the last token (or of every token).
 
         With `n_past`, the sequence is first cut back to its first n_past tokens (llama.cpp's
         seq_rm), so `eval(tokens, n_past=0)` is self-contained: its result does not depend on
         what other callers evaluated before. Calls from several threads take turns."""
         with self.lock:
-            out = []
-            cfg = self.cfg
             toks = np.asarray(tokens)
             if toks.ndim != 1 or toks.size == 0 or toks.dtype.kind not in "iu":
                 raise ValueError(f"eval takes a non-empty list of integer token ids, got "
                                  f"{toks.dtype} values of shape {toks.shape}")
             if toks.min() < 0 or toks.max() >= self.model.hp.n_vocab:  # before any narrowing
                 raise ValueError(f"token id out of range [0, {self.model.hp.n_vocab})")
-            self.file.check_unchanged()  # one fstat: a truncated mapping would be SIGBUS
             if n_past is not None:
                 self.truncate(n_past)
-            if self.cache.n_used + len(toks) > cfg.n_ctx:
+            if self.cache.n_used + len(toks) > self.cfg.n_ctx:
                 raise ValueError(f"{self.cache.n_used + len(toks)} tokens exceed the context "
-                                 f"of {cfg.n_ctx}")
-            self._kv_epoch += 1
-            for start in range(0, len(toks), cfg.n_ubatch):
-                chunk = toks[start:start + cfg.n_ubatch].astype(np.int32)
-                n = len(chunk)
-                last = start + n == len(toks)
-                rows = np.arange(n) if all_logits else np.array([n - 1])
-                n_past_now = self.cache.n_used
-                n_kv = min(cfg.n_ctx, -(-(n_past_now + n) // KV_PAD) * KV_PAD)
-                mg = self.build(n, n_kv, len(rows))
-                self.runner.run(mg.graph, self.model.batch_inputs(mg, self.cache, chunk,
-                                                                  n_past_now, rows))
-                self.cache.n_used += n
-                if all_logits or last:  # an earlier ubatch's logits are never used: a runner
-                    # with remote stages overlaps the next ubatch with this one's last stages
-                    out.append(self.runner.read(mg.logits).reshape(len(rows), -1))
-            return np.concatenate(out) if all_logits else out[-1][-1]
+                                 f"of {self.cfg.n_ctx}")
+            wanted = np.ones(len(toks), bool) if all_logits else None
+            logits = self.decode(Batch(toks, logits=wanted))
+            return logits if all_logits else logits[-1]
 
     def truncate(self, n_past: int) -> None:
-        """Cut the sequence back to its first n_past tokens (llama.cpp's seq_rm(n_past, -1)).
-        A sliding-window cache refuses (ValueError) once its ring no longer holds the window
-        before n_past; the sequence is then unchanged."""
+        """Cut sequence 0 back to its first n_past tokens (llama.cpp's seq_rm(0, n_past, -1)).
+        A sliding-window cache refuses (ValueError) once it no longer holds the window before
+        n_past; the sequence is then unchanged."""
         with self.lock:
             if not 0 <= n_past <= self.cache.n_used:
                 raise ValueError(f"n_past={n_past}: the sequence holds "
                                  f"{self.cache.n_used} tokens")
-            self.cache.n_used = int(n_past)
+            self.cache.check_cut(0, int(n_past))
+            self.cache.seq_rm(0, int(n_past), -1)
             self._kv_epoch += 1
+
+    # -- sequences (llama.cpp's llama_memory_seq_*; ranges [p0, p1), negative = open) --------
+    def seq_rm(self, s: int, p0: int = -1, p1: int = -1) -> None:
+        with self.lock:
+            self.cache.seq_rm(s, p0, p1)
+            self._kv_epoch += 1
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        with self.lock:
+            self.cache.seq_cp(src, dst, p0, p1)
+            self._kv_epoch += 1
+
+    def seq_keep(self, s: int) -> None:
+        with self.lock:
+            self.cache.seq_keep(s)
+            self._kv_epoch += 1
+
+    def seq_add(self, s: int, p0: int, p1: int, delta: int) -> None:
+        """Move positions [p0, p1) of sequence s by delta; the next decode re-ropes their
+        cached K (the K-shift). A model that cannot re-rope refuses."""
+        with self.lock:
+            self._check_can_shift()
+            self.cache.seq_add(s, p0, p1, delta)
+            self._kv_epoch += 1
+
+    def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
+        with self.lock:
+            self._check_can_shift()
+            self.cache.seq_div(s, p0, p1, d)
+            self._kv_epoch += 1
+
+    def seq_pos_min(self, s: int) -> int:
+        return self.cache.seq_pos_min(s)
+
+    def seq_pos_max(self, s: int) -> int:
+        return self.cache.seq_pos_max(s)
+
+    def _check_can_shift(self) -> None:
+        if not self.can_shift:
+            raise ValueError(f"positions cannot move: ggraph's {self.file.arch} builder "
+                             f"cannot re-rope its cached K")
+
+    def apply_k_shift(self) -> None:
+        """Re-rope the cached K of cells whose positions moved (llama.cpp's K-shift, run at
+        the start of a decode)."""
+        with self.lock:
+            moves = self.cache.k_shifts()
+            if not moves:
+                return
+            built = shift_graph(self.ctx, moves, self.model.shift_k)
+            if built is not None:
+                graph, values = built
+                self._place(graph)
+                try:
+                    self.runner.run(graph, values)
+                except BaseException:
+                    self.reset()  # half-roped cells hold no sequence
+                    raise
+            self.cache.reset_shift()
 
     def warmup(self) -> float:
         """Evaluate a prompt-sized batch (the mat-mat and blockwise attention paths) and one
@@ -394,7 +495,7 @@ class Engine:
 
     def reset(self) -> None:
         with self.lock:
-            self.cache.n_used = 0
+            self.cache.clear()
             self._kv_epoch += 1
 
     @property
@@ -403,25 +504,21 @@ class Engine:
         return supports(type(self.model), KShift)
 
     def shift_context(self, n_keep: int, n_discard: int) -> None:
-        """llama-cli's context shift: positions n_keep..n_keep+n_discard-1 leave the cache
-        and the later ones move down by n_discard, their K re-roped by -n_discard (llama.cpp's
-        seq_rm + seq_add and K-shift; graphs/models/kv_cache.py's discard and shift_graph)."""
+        """llama-cli's context shift on sequence 0: positions n_keep..n_keep+n_discard-1
+        leave the cache and the later ones move down by n_discard (llama.cpp's seq_rm +
+        seq_add), their K re-roped by -n_discard (the K-shift, run now)."""
         with self.lock:
             if not self.can_shift:
                 raise ValueError(f"the context cannot shift: ggraph's {self.file.arch} builder "
                                  f"cannot re-rope its cached K")
-            moves = self.cache.discard(n_keep, n_keep + n_discard)
+            n = self.cache.n_used
+            if not 0 <= n_keep <= n_keep + n_discard <= n:
+                raise ValueError(f"cannot discard positions {n_keep}..{n_keep + n_discard - 1} "
+                                 f"of a sequence of {n} tokens")
+            self.cache.seq_rm(0, n_keep, n_keep + n_discard)
+            self.cache.seq_add(0, n_keep + n_discard, -1, -n_discard)
             self._kv_epoch += 1
-            built = shift_graph(self.ctx, moves, self.model.shift_k)
-            if built is None:
-                return
-            graph, values = built
-            self._place(graph)
-            try:
-                self.runner.run(graph, values)
-            except BaseException:
-                self.reset()  # half-moved cells hold no sequence
-                raise
+            self.apply_k_shift()
 
     def make_room(self, n: int, n_keep: int | None) -> bool:
         """Room for n more tokens as llama-cli makes it (n_used + n < n_ctx): shift while

@@ -156,7 +156,7 @@ def decode_speed(backend: Any, tiny: bool, weight_type: str = "q8_0",
     per-step GPU time by CUDA events where they carry time; kernel launches per token (the
     Session's bound calls, one launch each: a fused group is one kernel) beside the graph's
     nodes."""
-    from ggraph.graphs.runtime.engine import KV_PAD
+    from ggraph.graphs.models.kv_cache import KV_PAD
     from ggraph.tools.gpu.gpu_perf import CudaEvent, backend_stream, on_device
 
     shape = TINY if tiny else SMOLLM2_135M

@@ -61,7 +61,8 @@ class MLACache(KVCache):
 
     @classmethod
     def create_mla(cls, ctx: Context, n_layer: int, row: int, size: int,
-                   type_k: GGMLType | str = "f16", flash_attn: bool = False) -> MLACache:
+                   type_k: GGMLType | str = "f16", flash_attn: bool = False,
+                   n_seq_max: int = 1) -> MLACache:
         tk = cache_type("K", type_k)
         if row % tk.block_size:
             raise ValueError(f"MLA cache rows of {row} values (kv_lora_rank + n_rot) do not fit "
@@ -70,7 +71,7 @@ class MLACache(KVCache):
             raise ValueError(f"a quantized MLA cache ({tk}) needs flash attention (--fa): "
                              f"without it the latent is read transposed, one value per row, "
                              f"which blocks of 32 values cannot give")
-        c = cls(size, n_layer, tk, tk, v_trans=False)
+        c = cls(size, n_layer, tk, tk, v_trans=False, n_seq_max=n_seq_max)
         for il in range(n_layer):
             k = ctx.new_tensor(tk, (row, size), name=f"cache_k_l{il}")
             k.buffer = "kv_cache"
@@ -79,7 +80,7 @@ class MLACache(KVCache):
 
     def summary(self) -> str:
         return (f"llama_kv_cache: size = {self.nbytes / MIB:7.2f} MiB ({self.size:6d} cells, "
-                f"{self.n_layer:3d} layers,  1/1 seqs), K ({self.type_k}): "
+                f"{self.n_layer:3d} layers, {self.seqs_word()} seqs), K ({self.type_k}): "
                 f"{self.bytes_k / MIB:7.2f} MiB, V: none (MLA: a view of K's latent part)")
 
 
@@ -196,11 +197,11 @@ class DeepSeek2Model(Architecture, MLAPlanner):
     # -- cache, shapes, paths ------------------------------------------------------------------
     def new_cache(self, ctx: Context, size: int, type_k: str = "f16", type_v: str = "f16",
                   flash_attn: bool = False, n_ubatch: int = 512,
-                  swa_full: bool = False) -> MLACache:
+                  swa_full: bool = False, n_seq_max: int = 1) -> MLACache:
         """type_v, n_ubatch and swa_full are accepted for the engine's signature and ignored:
         MLA has no V cache, and its cache does not slide."""
         return MLACache.create_mla(ctx, self.hp.n_layer, self.hp.mla_row, size, type_k,
-                                   flash_attn)
+                                   flash_attn, n_seq_max)
 
     def mla_shape(self, n_tokens: int, n_kv: int) -> MLAShape:
         hp = self.hp

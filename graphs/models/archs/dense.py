@@ -125,10 +125,10 @@ class DenseDecoder(Architecture, KShift):
 
     def new_cache(self, ctx: Context, size: int, type_k: str = "f16", type_v: str = "f16",
                   flash_attn: bool = False, n_ubatch: int = 512,
-                  swa_full: bool = False) -> KVCache:
+                  swa_full: bool = False, n_seq_max: int = 1) -> KVCache:
         check_head_blocks(self.hp.head_dim, self.hp.head_dim, type_k, type_v)
         return KVCache.create(ctx, self.hp.n_layer, self.hp.n_embd_gqa, self.hp.n_embd_gqa,
-                              size, type_k, type_v, flash_attn)
+                              size, type_k, type_v, flash_attn, n_seq_max=n_seq_max)
 
     def rope(self) -> dict[str, Any]:
         """rope_ext's settings for Q and K (every layer's)."""

@@ -162,7 +162,7 @@ class Gemma3Model(Architecture, KShift):
     # -- the cache ------------------------------------------------------------------------------
     def new_cache(self, ctx: Context, size: int, type_k: str = "f16", type_v: str = "f16",
                   flash_attn: bool = False, n_ubatch: int = 512,
-                  swa_full: bool = False) -> KVCache | IswaKVCache:
+                  swa_full: bool = False, n_seq_max: int = 1) -> KVCache | IswaKVCache:
         """The iswa cache (a full cache for the global layers, a ring of
         pad256(min(size, n_swa + n_ubatch)) cells for the sliding ones, or of all `size` cells
         with swa_full), or a single cache when no layer slides."""
@@ -170,9 +170,10 @@ class Gemma3Model(Architecture, KShift):
         check_head_blocks(hp.head_dim, hp.head_dim, type_k, type_v)
         if not self.iswa:
             return KVCache.create(ctx, hp.n_layer, hp.n_embd_gqa, hp.n_embd_gqa, size, type_k,
-                                  type_v, flash_attn)
+                                  type_v, flash_attn, n_seq_max=n_seq_max)
         return IswaKVCache.create(ctx, hp.is_swa, hp.n_embd_gqa, hp.n_embd_gqa, size, hp.n_swa,
-                                  n_ubatch, type_k, type_v, flash_attn, swa_full=swa_full)
+                                  n_ubatch, type_k, type_v, flash_attn, swa_full=swa_full,
+                                  n_seq_max=n_seq_max)
 
     def batch_inputs(self, mg: ModelGraph[Any], cache: KVCache | IswaKVCache,
                      tokens: np.ndarray, n_past: int, out_rows: np.ndarray

@@ -142,13 +142,28 @@ def test_cutting_back_inside_and_outside_the_ring(engine):
 
 
 def test_swa_mask_of_a_ubatch():
+    """One sequence appended 8 tokens at a time: the sliding-window cells become a ring
+    (cell = position % 256), and a ubatch's mask sees the window only."""
+    from ggraph.graphs.models.batch import UBatch
     from ggraph.ir.tensor import Context
 
     c = IswaKVCache.create(Context(), [True, False], 8, 8, 512, n_swa=4, n_ubatch=8)
     assert c.swa.size == 256 and c.base.size == 512 and c.swa_n_kv(256) == 256
-    c.n_used = 300        # positions 44..299 in the ring, 0..43 overwritten
-    cells, mask = c.swa_cells_and_mask(300, 3, 256)
-    assert list(cells) == [300 % 256, 301 % 256, 302 % 256]
+
+    def ub(p0: int, n: int) -> UBatch:
+        pos = np.arange(p0, p0 + n, dtype=np.int32)
+        return UBatch(pos.copy(), pos, ((0,),) * n, np.zeros(n, bool))
+
+    for p0 in range(0, 296, 8):        # positions 0..295
+        c.place(ub(p0, 8))
+    c.place(ub(296, 4))                # 296..299: positions 44..299 in the ring
+    assert c.swa.seq_pos_min(0) == 44 and c.swa.seq_pos_max(0) == 299
+    assert c.base.seq_pos_min(0) == 0
+    u = ub(300, 3)
+    slots = c.place(u)
+    assert list(slots.swa) == [300 % 256, 301 % 256, 302 % 256]
+    assert list(slots.cells) == [300, 301, 302]
+    mask = c.swa.mask(u, 256)
     seen = [np.flatnonzero(row == 0).tolist() for row in mask]
     # query 300 sees 297, 298, 299, 300; query 302 sees 299..302
     assert seen[0] == sorted(p % 256 for p in (297, 298, 299, 300))
