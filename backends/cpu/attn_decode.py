@@ -12,9 +12,13 @@ units keep every thread busy even where K/V heads are few.
 
 kf / vf: the flat uint16 memory the K / V views span, row (s, h, j) at s*k3 + h*k2 + j*k1, each
 row a contiguous slice whose F16 conversion vectorizes. The names `half_to_f32`, `expf`,
-`dec_m` (the mask's row decoder), `alibi_slope`, CELLS, VB (V rows a block) and PFC (cells
-prefetched ahead: a long cache streams from memory) are bound per binding
-(backends/cpu/kernels.py).
+`dec_m` (the mask's row decoder), `alibi_slope`, CELLS, VB (V rows a block), SL (the lanes of
+a softmax sum, a power of two) and PFC (cells prefetched ahead: a long cache streams from
+memory) are bound per binding (backends/cpu/kernels.py).
+
+A row's result does not depend on the other rows of its batch: hidden cells add exact zeros,
+the softmax sum runs in fixed lanes and every block of V rows is summed by the same code, so a
+token evaluated in a batch (a speculative draft checked at once) gets the logits it gets alone.
 """
 from __future__ import annotations
 
@@ -27,8 +31,8 @@ from .qlanes import prefetch
 from ..shared.bound import bound
 
 # names each binding supplies (backends/shared/bound.py)
-(CELLS, PFC, VB, alibi_slope, dec_m, expf, half_to_f32) = bound(
-    "CELLS", "PFC", "VB", "alibi_slope", "dec_m", "expf", "half_to_f32")
+(CELLS, PFC, SL, VB, alibi_slope, dec_m, expf, half_to_f32) = bound(
+    "CELLS", "PFC", "SL", "VB", "alibi_slope", "dec_m", "expf", "half_to_f32")
 
 
 def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, scale,
@@ -125,21 +129,35 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
                 if softcap != 0.0:
                     x = softcap * math.tanh(x)
                 sc[r, j] = x + mr[r, j]   # a hidden cell: -inf
+        # Each row's softmax sum in SL lanes, lane l taking cells j0 + l, j0 + l + SL, ...
+        # in order, then a fixed tree: a hidden cell adds an exact zero, so the sum is the
+        # same whichever cells other rows of the batch keep in the unit (a vectorized sum
+        # over nc cells would group them by nc: a token's logits would then depend on the
+        # batch it came in)
+        tl = np.empty(SL, np.float32)
         for r in range(nr):
             mx = np.float32(-np.inf)
             for j in range(nc):
                 mx = max(mx, sc[r, j])
             pm[u, r] = mx
-            t = np.float32(0.0)
-            if mx != -np.inf:
-                for j in range(nc):
-                    e = expf(sc[r, j] - mx)
-                    sc[r, j] = e
-                    t += e
-            else:
-                for j in range(nc):
-                    sc[r, j] = 0.0
-            ps[u, r] = t
+            for j in range(nc):
+                x = sc[r, j]
+                sc[r, j] = expf(x - mx) if x != -np.inf else np.float32(0.0)
+            for ll in range(SL):
+                tl[ll] = 0.0
+            jb = 0
+            while jb + SL <= nc:
+                for ll in range(SL):
+                    tl[ll] += sc[r, jb + ll]
+                jb += SL
+            for ll in range(nc - jb):
+                tl[ll] += sc[r, jb + ll]
+            w = SL
+            while w > 1:
+                w //= 2
+                for ll in range(w):
+                    tl[ll] += tl[ll + w]
+            ps[u, r] = tl[0]
         # V rows VB at a time: converted into a block, then each row's weighted sum over the
         # block in one pass over its accumulator (the block loop unrolls, so the sums stay in
         # registers), not one pass per cell
@@ -162,19 +180,24 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
                         wb[r, n] = sc[r, j]
                     n += 1
                 j += 1
+            # a last block short of VB is padded with zero weights and rows, so that every
+            # block is summed by the same code: a row's sums then do not depend on which
+            # cells other rows of the batch see after its own (a token's logits are the same
+            # evaluated alone or in a batch: speculative decoding's greedy output relies on it)
+            for jj in range(n, VB):
+                for i in range(dv):
+                    vb[jj, i] = 0.0
+                for r in range(nr):
+                    wb[r, jj] = 0.0
+            if n == 0:
+                continue
             for r in range(nr):
                 ar, wr = acc[r], wb[r]
-                if n == VB:
-                    for i in range(dv):
-                        a = ar[i]
-                        for jj in range(VB):
-                            a += wr[jj] * vb[jj, i]
-                        ar[i] = a
-                else:
-                    for jj in range(n):
-                        wgt = wr[jj]
-                        for i in range(dv):
-                            ar[i] += wgt * vb[jj, i]
+                for i in range(dv):
+                    a = ar[i]
+                    for jj in range(VB):
+                        a += wr[jj] * vb[jj, i]
+                    ar[i] = a
         if runs == 1:   # the unit holds every cell: its rows are the output, no second pass
             for r in range(nr):
                 inv = np.float32(1.0) / ps[u, r] if ps[u, r] > 0.0 else np.float32(0.0)

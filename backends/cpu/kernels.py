@@ -167,6 +167,7 @@ def _rope(node: Tensor, s: Session) -> None:
 DECODE_CELLS = 256
 DECODE_VB = 8
 DECODE_PREFETCH = 8
+DECODE_SUM_LANES = 16   # a softmax sum's lanes (attn_decode.py): one AVX-512 vector
 
 
 def _flash_attn(node: Tensor, s: Session):
@@ -182,7 +183,7 @@ def _flash_attn(node: Tensor, s: Session):
                            _SERIAL_FAST if _small(node) else _KERNEL_FAST,
                            f"m{mt}{'_serial' if _small(node) else ''}",
                            dec_m=TARGET.codec(mt).dec, expf=_EXPF, CELLS=DECODE_CELLS,
-                           VB=DECODE_VB, PFC=DECODE_PREFETCH)
+                           VB=DECODE_VB, PFC=DECODE_PREFETCH, SL=DECODE_SUM_LANES)
         return partial(kern, s.arr(q), fk[0], *fk[1], fv[0], *fv[1], *K_.shape[:3],
                        s.arr(mask) if mask is not None else _DUMMY,
                        s.arr(node).reshape(node.shape), *args, mask is not None)
