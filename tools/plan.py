@@ -41,6 +41,13 @@ def register(subparsers: Any) -> None:
                    help="V cache type (default: the K cache's; a quantized V needs --fa)")
     add_flash_attn_flag(p)
     add_swa_full_flag(p)
+    p.add_argument("-np", "--parallel", type=int, default=1, metavar="N",
+                   help="sequences the KV cache holds (llama.cpp's -np; default 1)")
+    p.add_argument("-kvu", "--kv-unified", dest="kv_unified", action="store_true",
+                   default=True, help="one unified cache of cells for every sequence (the "
+                   "default: the only layout ggraph runs yet)")
+    p.add_argument("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false",
+                   help="a cache region per sequence (not built yet: refused with -np > 1)")
     p.add_argument("--path", choices=("absorbed", "absorbed-fa", "decompress-fa"),
                    help="force an MLA attention path (default: by --fa and the ubatch)")
     p.add_argument("--weights", "--bytes-per-weight", dest="weights", metavar="FORMAT|BPW",
@@ -111,7 +118,8 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError("--tensor-split, -ngl, --pipeline-copies and --png need --devices")
     r = plan_model(model, source, args.ctx_size, args.ubatch_size, amb, args.cache_type_k,
                    args.cache_type_v, args.fa, args.path, args.strategy, wbytes,
-                   swa_full=args.swa_full)
+                   swa_full=args.swa_full, n_seq_max=args.parallel,
+                   kv_unified=args.kv_unified)
     if args.json:
         text = json.dumps(to_json(r, args.parts), indent=1)
         if args.json == "-":

@@ -83,9 +83,11 @@ REPORTED_CACHE_TYPES = ("f16", "q8_0", "q4_0")
 def plan_model(model: Any, source: str, n_ctx: int, n_ubatch: int = 512, amb_mib: int = 0,
                type_k: str = "f16", type_v: str | None = None, flash: bool = False,
                path: str | None = None, strategy: str = "ggml", weight_bytes: int = 0,
-               alignment: int | None = None, swa_full: bool = False) -> PlanResult:
+               alignment: int | None = None, swa_full: bool = False, n_seq_max: int = 1,
+               kv_unified: bool = True) -> PlanResult:
     """Plan the worst-case graph of `model` (metadata-only weights welcome), in buffers of
-    `alignment` (default: the CPU's, as `ggraph plan` sizes the host's compute buffer)."""
+    `alignment` (default: the CPU's, as `ggraph plan` sizes the host's compute buffer), with a
+    KV cache for n_seq_max sequences (-np; one unified stream of cells, as the engine runs)."""
     if alignment is None:
         alignment = registry.alignment("cpu")
     hp = model.hp
@@ -98,13 +100,17 @@ def plan_model(model: Any, source: str, n_ctx: int, n_ubatch: int = 512, amb_mib
     if path is not None and not mla:
         raise ValueError(f"--path chooses an MLA attention path; {model.arch_name} has one "
                          f"attention path")
+    if n_seq_max > 1 and not kv_unified:
+        raise ValueError(f"-np {n_seq_max} without --kv-unified: a KV cache region per "
+                         f"sequence is not built yet; plan one unified cache (-kvu)")
     tk = GGMLType.parse(type_k)
     tv = GGMLType.parse(type_v if type_v is not None else type_k)
     n_tokens = min(n_ctx, n_ubatch)
     t0 = time.perf_counter()
     ctx = Context("plan")
     # an iswa cache sizes its window from the ubatch (llama.cpp's rule)
-    cache = model.new_cache(ctx, n_ctx, tk, tv, flash, n_ubatch=n_ubatch, swa_full=swa_full)
+    cache = model.new_cache(ctx, n_ctx, tk, tv, flash, n_ubatch=n_ubatch, swa_full=swa_full,
+                            n_seq_max=n_seq_max)
     kw = {"path": path} if mla else {}
     mg = model.build(ctx, cache, n_tokens, n_ctx, n_tokens, flash, amb_mib, **kw)
     t1 = time.perf_counter()

@@ -170,3 +170,15 @@ def test_llama_cpp_fa_spellings(capsys):
           for fa in (["-fa", "on"], ["--flash-attn"], ["--fa"], ["-fa", "auto"])]
     off = _plan_json(capsys, "default", "-c", "1024", "-fa", "off")["flash_attn"]
     assert on == [True] * 4 and off is False
+
+
+def test_parallel_sequences_in_one_unified_cache(capsys):
+    """-np 4: the same cells, llama.cpp's "4/1 seqs" (one unified stream); a cache region
+    per sequence is refused in one line until it is built."""
+    assert main(["plan", "default", "-c", "1024", "-np", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "(  1024 cells,  30 layers,  4/1 seqs)" in out
+    assert main(["plan", "default", "-c", "1024"]) == 0
+    assert "1/1 seqs" in capsys.readouterr().out
+    assert main(["plan", "default", "-c", "1024", "-np", "4", "-no-kvu"]) == 1
+    assert "a KV cache region per sequence is not built yet" in capsys.readouterr().err
