@@ -16,6 +16,7 @@ lifetime (a compiled kernel's flags) call the function once when they load.
 | GGRAPH_CUDA_TORCH | 1 | 0: no torch tensor-core GEMMs |
 | GGRAPH_CUDASIM_GEOMETRY | small | gpu: the GPU's kernel geometry under numba's simulator |
 | GGRAPH_LIBGGML | llama-cpp-python's build | the libggml the ggml comparisons load |
+| GGRAPH_LLAMA_BIN | ~/.cache/llamacpp-tools/build/bin | the folder of llama.cpp's programs (llama-batched-bench) the benchmarks run as peers |
 | GGRAPH_CHECK_TENSORS | 0 | 1: scan weights for inf/NaN at load (the test suite sets it) |
 | GGRAPH_FUZZ_MEM_GB | 8 | each fuzzing child's address-space limit |
 
@@ -123,6 +124,13 @@ def libggml() -> str | None:
     """GGRAPH_LIBGGML: a directory holding libggml-base and libggml-cpu for the comparisons
     with the real ggml (default: llama-cpp-python's build)."""
     return os.environ.get(LIBGGML_VAR) or None
+
+
+def llama_bin() -> Path:
+    """GGRAPH_LLAMA_BIN: the folder of llama.cpp's programs (default: where
+    ../shared/tools/llamacpp-tools.sh builds them)."""
+    v = os.environ.get("GGRAPH_LLAMA_BIN")
+    return Path(v) if v else Path.home() / ".cache" / "llamacpp-tools" / "build" / "bin"
 
 
 def check_tensors() -> bool:
