@@ -7,6 +7,12 @@ MODEL is a path or a model name (`default` = smollm2, `gemma3`), given positiona
 `--frequency-penalty`, `--presence-penalty`, `--seed`, ...; `--temp 0` is greedy) and
 `-cnv`/`-i` (an interactive chat that keeps the KV cache between turns).
 
+`-md DRAFT` generates with speculative decoding (graphs/runtime/speculative.py): the draft
+model proposes up to `--spec-draft-n-max` tokens (default 3; `--spec-draft-n-min`,
+`--draft-p-min` as llama.cpp's), the model checks them in one batch, and the text is the
+model's own (greedy: token for token). llama-speculative-simple's acceptance figures follow
+the timings.
+
 Messages come in llama.cpp's order: the memory lines at load (stderr), then the text (stdout),
 then llama_perf's timings (stderr).
 """
@@ -100,6 +106,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--no-warmup", action="store_true",
                    help="skip the warmup run at load (kernels then compile, on a first run, "
                         "inside the prompt's time)")
+    s = p.add_argument_group("speculative decoding (llama.cpp's draft model flags)")
+    s.add_argument("-md", "--model-draft", default=None, metavar="MODEL",
+                   help="draft model (a path or a model name) sharing the vocabulary")
+    s.add_argument("--spec-draft-n-max", type=int, default=3, metavar="N",
+                   help="most tokens drafted per step (default 3)")
+    s.add_argument("--spec-draft-n-min", type=int, default=0, metavar="N",
+                   help="a shorter draft is dropped (default 0)")
+    s.add_argument("--draft-p-min", type=float, default=0.0, metavar="P",
+                   help="stop drafting below this probability (default 0.0)")
+    for old, new in (("--draft-max", "--spec-draft-n-max"), ("--draft-min",
+                                                             "--spec-draft-n-min")):
+        s.add_argument(old, dest=f"removed_{old[2:].replace('-', '_')}", default=None,
+                       help=f"removed in llama.cpp: use {new}")
     d.add_argument("--list-devices", action="store_true", help="list the backends and exit")
     d.add_argument("--version", action="store_true", help="print the version and exit")
     add_sampling_args(p)
@@ -144,6 +163,13 @@ def check_options(args: argparse.Namespace) -> None:
         raise ValueError(f"two models given: {args.model!r} and -m {args.model_opt!r}")
     if args.prompt is not None and args.file:
         raise ValueError("give the prompt with -p or -f, not both")
+    for old, new in (("draft_max", "--spec-draft-n-max"), ("draft_min", "--spec-draft-n-min")):
+        if getattr(args, f"removed_{old}", None) is not None:
+            raise ValueError(f"--{old.replace('_', '-')} was removed (as in llama.cpp); use "
+                             f"{new}")
+    if args.model_draft and (args.conversation or args.interactive):
+        raise ValueError("-md drafts for a prompt (-p/-f); the interactive chat does not "
+                         "speculate yet")
 
 
 def list_devices() -> list[str]:
@@ -249,8 +275,18 @@ def main(args: argparse.Namespace) -> int:
     # llama.cpp's load messages once the prompt is known to be good: an error stays one line
     for line in notes + eng.memory_lines():   # on a terminal or not
         print(line, file=sys.stderr)
+    spec = None
+    if args.model_draft:
+        from ggraph.graphs.runtime.speculative import SpecParams, Speculator
+
+        params = SpecParams(args.spec_draft_n_max, args.spec_draft_n_min, args.draft_p_min)
+        draft = Engine(resolve_model(args.model_draft), cfg)
+        spec = Speculator(eng, draft, params)
     with profiled(eng, args.profile) as prof:
-        if interactive:
+        if spec is not None:
+            status = generate_text(eng, user, ids, Limits(args.n_predict, None), sampling,
+                                   echo=not args.chat, stops=args.reverse_prompt, spec=spec)
+        elif interactive:
             bos = eng.tokenizer.bos  # a chat starts with BOS (llama-cli keeps it)
             first = [bos] if eng.tokenizer.add_bos and bos is not None else []
             status = Conversation(eng, sampling, args.system_prompt,
@@ -267,6 +303,8 @@ def main(args: argparse.Namespace) -> int:
         print("\n".join(prof.table(by="name", top=15)), file=sys.stderr)
     for line in perf_lines(eng, load_s):
         print(line, file=sys.stderr)
+    if spec is not None:
+        print("\n".join(["", *spec.stats.lines(spec.params.n_max)]), file=sys.stderr)
     return status
 
 

@@ -92,6 +92,10 @@ def test_version_and_devices(capsys):
     (["default", "-m", "gemma3"], "two models"),
     (["--top-p", "1.5"], "top_p (--top-p)"),
     (["--sampler-seq", "q"], "--sampler-seq"),
+    (["-md", "default", "--draft-max", "4"], "--draft-max was removed (as in llama.cpp); use "
+                                             "--spec-draft-n-max"),
+    (["-md", "default", "-cnv"], "the interactive chat does not speculate yet"),
+    (["-md", "default", "--draft-p-min", "2"], "--draft-p-min must be in [0, 1]"),
 ])
 def test_bad_flags_are_one_line_errors(capsys, argv, msg):
     assert main(["run", *argv, "-n", "1", "-c", "64"]) == 1
@@ -143,3 +147,12 @@ def test_escapes_reverse_prompt_and_single_turn(capsys, monkeypatch):
     out, _ = run(capsys, "default", "-cnv", "-st", "-p", "Hi!", "-n", "3", "-c", "256",
                  "--temp", "0", "--no-warmup")
     assert out.startswith("> Hi!") and "never read" not in out
+
+
+def test_model_draft_gives_the_same_text_and_llama_cpps_figures(capsys):
+    args = ("default", "-p", "def quicksort(arr):", "-n", "24", "-c", "256", "--temp", "0")
+    plain, _ = run(capsys, *args)
+    spec, err = run(capsys, *args, "-md", "default", "--spec-draft-n-max", "4")
+    assert spec == plain
+    assert "n_draft   = 4" in err and "n_predict = 24" in err
+    assert re.search(r"accept    = \d+\.\d{3}%", err)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -102,12 +103,43 @@ def prompt_ids(eng: Any, path: str, user: str, text: str) -> list[int]:
     return prompt
 
 
+def stream_speculative(spec: Any, prompt: list[int], limits: Limits, sampling: Any,
+                       out: TextStream) -> None:
+    """`stream` with a draft model (graphs/runtime/speculative.py's Speculator): the same
+    text, the context never shifting (generation stops when it is full). The timings go to
+    the engine's, as llama_perf counts a verify batch's tokens as generated."""
+    from ggraph.graphs.runtime.sampling import Sampler
+
+    eng = spec.target
+    ends = eng.eog
+    t0 = time.perf_counter()
+    first = True
+    for tok in spec.generate(prompt, limits.tokens(), Sampler(sampling), stop_at_eos=False):
+        now = time.perf_counter()
+        if first:   # the prompt's share: up to the first token
+            eng.timings.prompt_tokens += len(prompt)
+            eng.timings.prompt_s += now - t0
+            first = False
+        else:
+            eng.timings.gen_tokens += 1
+            eng.timings.gen_s += now - t0
+        t0 = now
+        if tok in ends:
+            break
+        out.add(tok)
+        if out.done:
+            break
+
+
 def generate_text(eng: Any, user: str, prompt: list[int], limits: Limits, sampling: Any,
-                  echo: bool, stops: list[str] | None = None) -> int:
+                  echo: bool, stops: list[str] | None = None, spec: Any = None) -> int:
     """One prompt: print it (unless it is wrapped in a chat template), then the generated
-    text. The exit status."""
+    text (with a draft model when `spec` is given). The exit status."""
     print(user if echo else "", end="", flush=True)
-    stream(eng, prompt, limits, sampling, TextStream(eng, stops))
+    if spec is not None:
+        stream_speculative(spec, prompt, limits, sampling, TextStream(eng, stops))
+    else:
+        stream(eng, prompt, limits, sampling, TextStream(eng, stops))
     print("\n", flush=True)
     return 0
 
