@@ -81,6 +81,19 @@ class Backend:
         return []
 
 
+@dataclass
+class BoundGraph:
+    """A graph a Session ran: its plan and bound calls, valid while the arena they view is
+    the Session's arena."""
+    plan: BufferPlan
+    calls: list[Callable[[], None]]
+    groups: list[tuple[Tensor, ...]]
+    arena: Any
+
+
+BOUND_GRAPHS = 4   # graphs a Session keeps bound (a prompt's, a decode step's, a draft's ...)
+
+
 class Session(ThreadGuard):
     """Runs graphs on one backend: holds the compute arena, static (cache) buffers and the
     plan of the last graph. Reuse one Session for graphs of the same topology (decode steps).
@@ -101,6 +114,9 @@ class Session(ThreadGuard):
         self._graph: Graph | None = None          # the graph whose calls are bound
         self._calls: list[Callable[[], None]] | None = None
         self._groups: list[tuple[Tensor, ...]] = []  # the nodes each bound call computes
+        # the last few graphs run, by identity: alternating between graphs (a batch's ubatch
+        # widths, a speculative draft and its check) then costs no planning or binding
+        self._bound: dict[int, tuple[Graph, BoundGraph]] = {}
         # a Profile every run records into while set (Profile.attach); run(profile=) for one
         self.profile: Profile | None = None
         # leafs with host data that a write changed: this Session's copy of their bytes, so
@@ -136,6 +152,7 @@ class Session(ThreadGuard):
             # bound calls hold views at the old plan's offsets: the next run plans again
             # (the last run's values stay readable until then: self.plan is kept)
             self._calls = None
+            self._bound.clear()
             self._reserved = [ComputeBuffer(self.name, plan)]
             return list(self._reserved)
 
@@ -275,16 +292,24 @@ class Session(ThreadGuard):
         from the same thread, or hold `with session:` around run and read. With `profile`
         (or one attached to the session), every kernel call is timed into it."""
         with self._lock:
-            if graph is not self._graph or self._calls is None:
+            if (graph is not self._graph or self._calls is None) and not self._rebind(graph):
                 self._graph = None
                 self.prepare(graph)
             self._feed(graph, inputs or {})
             if self._graph is not graph or self._own_changed:
                 # bound calls hold views of the arena (valid until the next plan) and of leaf
-                # data: a copy-on-write made by this feed must be bound in
+                # data: a copy-on-write made by this feed must be bound in (and every other
+                # graph's calls see the old array: they are dropped)
+                if self._own_changed:
+                    self._bound.clear()
                 self._calls = self._bind(graph)
                 self._graph = graph
                 self._own_changed = False
+                self._bound.pop(id(graph), None)
+                self._bound[id(graph)] = (graph, BoundGraph(self.plan, self._calls,
+                                                            self._groups, self.arena))
+                while len(self._bound) > BOUND_GRAPHS:
+                    self._bound.pop(next(iter(self._bound)))
             self.mark_run()
             profile = profile if profile is not None else self.profile
             with self.running(), self.backend.executor.run_context(graph):
@@ -293,6 +318,17 @@ class Session(ThreadGuard):
                 else:
                     profile.time_calls(self._calls, self._groups, self.backend.executor.synchronize)
             return self
+
+    def _rebind(self, graph: Graph) -> bool:
+        """Make `graph` the bound graph again from the ones kept, if its calls still view
+        this arena."""
+        kept = self._bound.get(id(graph))
+        if kept is None or kept[0] is not graph or kept[1].arena is not self.arena or \
+                self.arena is None:
+            return False
+        b = kept[1]
+        self.plan, self._calls, self._groups, self._graph = b.plan, b.calls, b.groups, graph
+        return True
 
     @property
     def bound_calls(self) -> list[Callable[[], None]] | None:

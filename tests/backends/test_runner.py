@@ -144,3 +144,23 @@ def test_engine_memory_lines_one_device_and_two(tiny):
     # one device places every weight and cache tensor on device 0, through the same call
     assert one.runner.placement and set(one.runner.placement.values()) == {0}
     assert one.runner.placement[one.cache.k[0]] == 0
+
+
+def test_a_session_keeps_the_last_graphs_bound():
+    """Alternating between graphs (ubatch widths, a draft and its check) binds each once;
+    a graph whose arena was replaced (a bigger graph ran) is planned and bound again."""
+    s = CPUBackend(n_threads=1).session()
+    (ga, xa, oa), (gb, xb, ob) = _chain(8), _chain(16)
+    calls = {}
+    for rep in range(3):
+        for g, x, o, n in ((ga, xa, oa, 8), (gb, xb, ob, 16)):
+            v = np.arange(n, dtype=np.float32) + rep
+            assert np.array_equal(s.run(g, {x: v}).read(o).reshape(-1), 2 * v + 1)
+            if rep <= 1:   # (the second graph outgrew the first arena: both bound again once)
+                calls[n] = s.bound_calls
+            assert s.bound_calls is calls[n]        # the same bound calls, not bound again
+    gc, xc, oc = _chain(1 << 16)                    # outgrows the arena: a new one
+    s.run(gc, {xc: np.zeros(1 << 16, np.float32)})
+    v = np.ones(8, np.float32)
+    assert np.array_equal(s.run(ga, {xa: v}).read(oa).reshape(-1), 2 * v + 1)
+    assert s.bound_calls is not calls[8]
