@@ -331,12 +331,12 @@ def packed_call(kernel: Any, packed: np.ndarray, a: T, B: np.ndarray, D: np.ndar
 def packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_L1,
                    l2: int = PACKED_L2):
     """k_mul_mat_packed bound to `a`'s tile function (backends/cpu/qtiles.py) for groups of
-    r rows, for one column and for 4 at a time, with its activation sums and the codecs that
+    r rows, for one column, 2 and 4 at a time, with its activation sums and the codecs that
     quantize b's columns to a's vec_dot_type; l1 and l2 size its cache blocks."""
     tile = TILES[a]
     tag = f"R{r}_{qlanes.flavor()}_pf{PREFETCH}_{qlanes.PF_LOCALITY}"
     tiles = {}
-    for c in (1, 4):
+    for c in (1, 2, 4):
         names: dict = {"R": r, "C": c, "PF": PREFETCH}
         for h in tile.helpers:
             names[h.__name__] = TARGET.bind(h, _INLINE_FAST, f"C{c}_{tag}", **names)

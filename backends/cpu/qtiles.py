@@ -4,7 +4,7 @@ rows at once, and the product of a packed weight with any number of columns buil
 Each type has one tile function, `tile_<type>(acc, w, t, q, ysb, ysi, ysf, b)` -> acc plus
 block b of the tile's R rows dotted with each of the C activation rows of q (2-D: the bytes
 of the weights' vec_dot_type, Q8_0 blocks of 34 bytes or Q8_K blocks of 292), lane j R + l
-being row l times column j (backends/cpu/qlanes.py); each is bound for C = 1 and C = 4
+being row l times column j (backends/cpu/qlanes.py); each is bound for C = 1, 2 and 4
 (backends/cpu/kernels.py). Prefetches run PF bytes ahead of every step. The integer sums are
 ggml's (backends/shared/qdot.py computes the same; the tests compare them): unsigned weight
 values times int8 quants summed by vpdpbusd, an offset (Q4_0's 8, Q5_0's 16, Q8_0's 128,
@@ -19,7 +19,8 @@ threads take runs of row groups, so each streams its own contiguous part of the 
 dotting each group with the columns 4 at a time while it is in L1/L2 (cache blocks and runs
 of blocks: see the kernel). The helpers `_half_row`, `_f32_row`, `_i16_row`, `_sum_i8`,
 `_f16_round` are the shared codec helpers the CPU target binds (backends/jit.py); `tile1`,
-`tile4`, `aux`, `quantize_column`, R, C, PF, TILE and the cache sizes are bound per type.
+`tile2`, `tile4`, `aux`, `quantize_column`, R, C, PF, TILE and the cache sizes are bound per
+type.
 """
 from __future__ import annotations
 
@@ -36,9 +37,9 @@ from ..shared.bound import bound
 
 # names each binding supplies (backends/shared/bound.py)
 (ACT_BYTES, C, KC, OFF, PF, SUB, TILE, W_BYTES, _f16_round, _half_row, _i16_row, _sum_i8, aux,
- dec_b, enc_r, tile1, tile4) = bound(
+ dec_b, enc_r, tile1, tile2, tile4) = bound(
     "ACT_BYTES", "C", "KC", "OFF", "PF", "SUB", "TILE", "W_BYTES", "_f16_round", "_half_row",
-    "_i16_row", "_sum_i8", "aux", "dec_b", "enc_r", "tile1", "tile4")
+    "_i16_row", "_sum_i8", "aux", "dec_b", "enc_r", "tile1", "tile2", "tile4")
 
 # IQ4_NL's 16 values + 128: unsigned bytes for vpdpbusd (128 * sum(quants) is taken off)
 IQ4_U8 = (np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
@@ -229,8 +230,9 @@ def k_mul_mat_packed(w, b, q, ysb, ysi, ysf, d, kk, nb, m):
     """d[i3, i2, n, :m] = packed weight w (m rows, nb blocks of kk / nb elements) times
     column b[i3, i2, n]: the columns quantized first (in parallel when there are many), then
     threads take runs of row groups, each streaming its own part of the weight and dotting
-    every group with the columns 4 at a time (`tile4`: each weight load serves 4 columns)
-    and the rest one by one (`tile1`) while the group is in L1/L2."""
+    every group with the columns 4 at a time (`tile4`: each weight load serves 4 columns),
+    then 2 (`tile2`: a batched decode step of 2 or 3 sequences), then one (`tile1`), while
+    the group is in L1/L2. A column's sums are the same whichever tile takes it."""
     n3, n2, nn = d.shape[0], d.shape[1], d.shape[2]
     cols = n3 * n2 * nn
     if cols >= 8:
@@ -244,6 +246,14 @@ def k_mul_mat_packed(w, b, q, ysb, ysi, ysf, d, kk, nb, m):
     q2, yb, yi = q.reshape(cols, q.shape[3]), ysb.reshape(cols, ysb.shape[3]), \
         ysi.reshape(cols, ysi.shape[3])
     yf, d2 = ysf.reshape(cols, ysf.shape[3]), d.reshape(cols, d.shape[3])
+    # 3 columns left over (a batched decode step of 3 or 7 sequences) take one 4-column tile
+    # with the last column repeated: one pass over the weights, not a tile2 and a tile1
+    pad = 1 if cols % 4 == 3 else 0
+    if pad:
+        q2 = np.concatenate((q2, q2[cols - 1:cols]))
+        yb = np.concatenate((yb, yb[cols - 1:cols]))
+        yi = np.concatenate((yi, yi[cols - 1:cols]))
+        yf = np.concatenate((yf, yf[cols - 1:cols]))
     # Prompt-sized batches are blocked for the caches: the columns in chunks whose quantized
     # activations for kc blocks stay in L2, and each group's rows kc blocks at a time, which
     # stay in L1 while every column block of the chunk passes over them. A run of at most KC
@@ -255,10 +265,11 @@ def k_mul_mat_packed(w, b, q, ysb, ysi, ysf, d, kk, nb, m):
     chunk = cols if cols < 4 else max(4, ACT_BYTES // ((q.shape[3] // nb) * kc) // 4 * 4)  # noqa
     for c0 in range(0, cols, chunk):
         c1 = min(cols, c0 + chunk)
-        full = c0 + (c1 - c0) // 4 * 4
+        ce = c1 + pad if c1 == cols else c1   # the columns computed, the repeated one too
+        full = c0 + (ce - c0) // 4 * 4
         for g in prange((m + R - 1) // R):
             base, r0 = g * nb * TILE, g * R
-            part = np.empty((c1 - c0, R), np.float32)
+            part = np.empty((ce - c0, R), np.float32)
             for k0 in range(0, nb, kc):
                 k1 = min(nb, k0 + kc)
                 for c in range(c0, full, 4):
@@ -268,7 +279,15 @@ def k_mul_mat_packed(w, b, q, ysb, ysi, ysf, d, kk, nb, m):
                         acc = tile4(acc, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
                     fstore(part, c - c0, 0, acc if k0 == 0 else
                            fadd(fload(part, c - c0, R, 4), acc))
-                for c in range(full, c1):
+                pair = full + (ce - full) // 2 * 2
+                for c in range(full, pair, 2):
+                    acc2 = fzero(R, 2)
+                    qc, bc, ic, fc = q2[c:c + 2], yb[c:c + 2], yi[c:c + 2], yf[c:c + 2]
+                    for blk in range(k0, k1):
+                        acc2 = tile2(acc2, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
+                    fstore(part, c - c0, 0, acc2 if k0 == 0 else
+                           fadd(fload(part, c - c0, R, 2), acc2))
+                for c in range(pair, ce):
                     acc1 = fzero(R, 1)
                     qc, bc, ic, fc = q2[c:c + 1], yb[c:c + 1], yi[c:c + 1], yf[c:c + 1]
                     for blk in range(k0, k1):

@@ -78,7 +78,8 @@ def test_packed_matvec_equals_the_row_dots(t):
 
 @pytest.mark.parametrize("t", PACKED, ids=str)
 def test_packed_product_of_many_columns(t):
-    """Columns 4 at a time and the rest one by one, quantized in parallel from 8 columns;
+    """Columns 4 at a time, then 2, then one (3 left: a padded 4), quantized in parallel
+    from 8 columns;
     with tiny cache blocks the rows are taken a block at a time (their sums kept between)
     and the columns in chunks of 4: every path of a prompt's product."""
     k = 1024
@@ -87,6 +88,21 @@ def test_packed_product_of_many_columns(t):
         xb = np.random.default_rng(nn).standard_normal((1, 1, nn, k)).astype(np.float32)
         _close(*_products(t, A, xb, qlanes.R))
         _close(*_products(t, A, xb, qlanes.R, l1=1, l2=1))
+
+
+@pytest.mark.parametrize("t", PACKED, ids=str)
+def test_a_column_gets_the_same_sums_whichever_tile_takes_it(t):
+    """1 to 7 columns take tile4, tile2 (2 or 3 left: a batched decode step), a padded tile4
+    (3 left) and tile1: each column's result is the one column's alone, bit for bit (a token's
+    logits must not depend on its batch: speculative decoding's greedy output)."""
+    k = 512
+    A = _weights(t, qlanes.R + 5, k, seed=11)
+    xb = np.random.default_rng(5).standard_normal((1, 1, 7, k)).astype(np.float32)
+    alone = [_products(t, A, xb[:, :, j:j + 1], qlanes.R)[0] for j in range(7)]
+    for nn in range(2, 8):
+        got = _products(t, A, xb[:, :, :nn], qlanes.R)[0]
+        for j in range(nn):
+            assert np.array_equal(got[:, :, j], alone[j][:, :, 0]), f"{nn} columns, column {j}"
 
 
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K], ids=str)
