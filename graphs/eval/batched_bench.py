@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -165,17 +166,24 @@ def parse_llama_cpp(text: str) -> list[BatchedRow]:
         line = line.strip()
         if not (line.startswith("{") and '"speed_tg"' in line):
             continue
-        r = json.loads(line)
+        # printf's inf / nan (a run too short for the clock) are not JSON
+        r = json.loads(re.sub(r":\s*(-?)inf\b", r": \1Infinity", line).replace(": nan", ": NaN"))
         rows.append(BatchedRow(r["pp"], r["tg"], r["pl"], r["n_kv"], r["t_pp"], r["speed_pp"],
                                r["t_tg"], r["speed_tg"], r["t"], r["speed"]))
     return rows
 
 
-def llama_cpp_rows(cmd: list[str], timeout: float = 3600.0) -> list[BatchedRow]:
+def llama_cpp_rows(cmd: list[str], timeout: float = 3600.0, tries: int = 3
+                   ) -> list[BatchedRow]:
     """Run llama-batched-bench and parse its records; a failure is one line with its exit
-    status and the last of its output."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    rows = parse_llama_cpp(proc.stdout + "\n" + proc.stderr)
+    status and the last of its output. A run that exits 0 having printed none of its log is
+    run again (its log is written by a thread, and a short run sometimes ends before it
+    writes anything: seen 1 in ~50 on a tiny model)."""
+    for _ in range(tries):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        rows = parse_llama_cpp(proc.stdout + "\n" + proc.stderr)
+        if rows or proc.returncode != 0 or "n_kv_max" in proc.stdout + proc.stderr:
+            break
     if proc.returncode != 0 or not rows:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise RuntimeError(f"llama-batched-bench exited with status {proc.returncode}: "

@@ -35,9 +35,9 @@ class KVCells:
     size: int
     n_seq_max: int = 1
     n_swa: int = 0   # > 0: a sliding window of n_swa positions (standard type)
-    pos: np.ndarray = field(init=False)     # int64 [size]: -1 empty
+    pos: np.ndarray = field(init=False)     # int32 [size] (llama_pos): -1 empty
     seq: np.ndarray = field(init=False)     # bool [size, n_seq_max]
-    shift: np.ndarray = field(init=False)   # int64 [size]: position change since the K-shift
+    shift: np.ndarray = field(init=False)   # int32 [size]: position change since the K-shift
     head: int = 0
 
     def __post_init__(self) -> None:
@@ -48,17 +48,21 @@ class KVCells:
         self.clear()
 
     def clear(self) -> None:
-        self.pos = np.full(self.size, -1, np.int64)
+        self.pos = np.full(self.size, -1, np.int32)
         self.seq = np.zeros((self.size, self.n_seq_max), bool)
-        self.shift = np.zeros(self.size, np.int64)
+        self.shift = np.zeros(self.size, np.int32)
         self.head = 0
 
-    def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        return self.pos.copy(), self.seq.copy(), self.shift.copy(), self.head
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
+        """The state to go back to (a decode's, taken every step: the shifts are usually all
+        zero then, and not copied)."""
+        shift = self.shift.copy() if self.shift.any() else None
+        return self.pos.copy(), self.seq.copy(), shift, self.head
 
-    def restore(self, snap: tuple[np.ndarray, np.ndarray, np.ndarray, int]) -> None:
-        self.pos, self.seq, self.shift, self.head = (snap[0].copy(), snap[1].copy(),
-                                                      snap[2].copy(), snap[3])
+    def restore(self, snap: tuple[np.ndarray, np.ndarray, np.ndarray | None, int]) -> None:
+        self.pos, self.seq = snap[0].copy(), snap[1].copy()
+        self.shift = snap[2].copy() if snap[2] is not None else np.zeros(self.size, np.int32)
+        self.head = snap[3]
 
     # -- what the cells hold -------------------------------------------------------------------
     @property
@@ -119,8 +123,9 @@ class KVCells:
                 owner = self.seq[one].argmax(axis=1)
                 nxt = self.seq_pos_maxes() + 1
                 free[one] |= np.asarray(self.swa_masked(self.pos[one], nxt[owner]))
-        order = np.roll(np.arange(self.size), -head)
-        cells = order[free[order]][:n_tokens]
+        cells = np.flatnonzero(free[head:])[:n_tokens] + head
+        if cells.size < n_tokens:   # around the end, from cell 0
+            cells = np.concatenate((cells, np.flatnonzero(free[:head])[:n_tokens - cells.size]))
         return cells if cells.size == n_tokens else None
 
     def apply(self, cells: np.ndarray, pos: np.ndarray, seq_ids: Sequence[Sequence[int]]

@@ -55,6 +55,8 @@ def test_llama_cpp_records_and_command():
             '"speed": 153.6}\nllama_perf_context_print: ...\n')
     assert parse_llama_cpp(text) == [BatchedRow(128, 64, 2, 384, 0.5, 512.0, 2.0, 64.0, 2.5,
                                                 153.6)]
+    fast = text.replace('"t_tg": 2.0, "speed_tg": 64.0', '"t_tg": 0.000000, "speed_tg": inf')
+    assert parse_llama_cpp(fast)[0].s_tg == float("inf")
     cmd = llama_cpp_command("/bin/llama-batched-bench", "m.gguf", [128], [64], [1, 2], 4096,
                             2, False, True, False, True, 2048, 512)
     assert cmd[:9] == ["/bin/llama-batched-bench", "-m", "m.gguf", "-npp", "128", "-ntg", "64",
@@ -79,8 +81,9 @@ def test_cli_table_and_json(tiny, tmp_path, capsys):
         pass
     rc = main(["batched-bench", "-m", tiny, "-npp", "8", "-ntg", "2", "-npl", "1,2", "-c",
                "64", "-t", "1", "-fa", "off", "--json", str(out)] + vs)
-    text = capsys.readouterr().out
-    assert rc == 0
+    cap = capsys.readouterr()
+    text = cap.out
+    assert rc == 0, cap.err[-2000:]
     assert "|    PP |     TG |    B |   N_KV |" in text and "cpu: " in text
     rec = json.loads(out.read_text())
     assert [r["pl"] for r in rec["ggraph"]] == [1, 2]
