@@ -87,7 +87,8 @@ def llama_runs(bin_dir: Path, target: str, draft: str, n: int, threads: int,
         base = [str(bin_dir / "llama-completion"), "-m", target, "-p", text, "-no-cnv",
                 "--no-display-prompt", *common]
         spec = [str(bin_dir / "llama-speculative-simple"), "-m", target, "-md", draft,
-                "-p", text, "--spec-draft-n-max", str(n_max), *common]
+                "-p", text, "--spec-type", "draft-simple", "--spec-draft-n-max", str(n_max),
+                *common]
         r1 = subprocess.run(base, capture_output=True, text=True, timeout=1200)
         m1 = re.search(r"eval time =\s*[\d.]+ ms /\s*(\d+) runs.*?([\d.]+) tokens per second",
                        r1.stderr)
