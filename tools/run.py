@@ -7,6 +7,10 @@ MODEL is a path or a model name (`default` = smollm2, `gemma3`), given positiona
 `--frequency-penalty`, `--presence-penalty`, `--seed`, ...; `--temp 0` is greedy) and
 `-cnv`/`-i` (an interactive chat that keeps the KV cache between turns).
 
+`-np N` generates N sequences together in one KV cache (llama-parallel): the lines of `-f`
+as N prompts at a time, or N samples of `-p` (seed, seed + 1, ...); each sequence's text is
+printed when all are done.
+
 `-md DRAFT` generates with speculative decoding (graphs/runtime/speculative.py): the draft
 model proposes up to `--spec-draft-n-max` tokens (default 3; `--spec-draft-n-min`,
 `--draft-p-min` as llama.cpp's), the model checks them in one batch, and the text is the
@@ -106,6 +110,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--no-warmup", action="store_true",
                    help="skip the warmup run at load (kernels then compile, on a first run, "
                         "inside the prompt's time)")
+    p.add_argument("-np", "--parallel", type=int, default=1, metavar="N",
+                   help="generate N sequences together: the lines of -f, N at a time, or N "
+                        "samples of -p (default 1)")
     s = p.add_argument_group("speculative decoding (llama.cpp's draft model flags)")
     s.add_argument("-md", "--model-draft", default=None, metavar="MODEL",
                    help="draft model (a path or a model name) sharing the vocabulary")
@@ -167,6 +174,10 @@ def check_options(args: argparse.Namespace) -> None:
         if getattr(args, f"removed_{old}", None) is not None:
             raise ValueError(f"--{old.replace('_', '-')} was removed (as in llama.cpp); use "
                              f"{new}")
+    if args.parallel < 1:
+        raise ValueError(f"-np/--parallel must be >= 1, got {args.parallel}")
+    if args.parallel > 1 and (args.conversation or args.interactive or args.model_draft):
+        raise ValueError("-np generates from prompts (-p/-f); not with -cnv or -md")
     if args.model_draft and (args.conversation or args.interactive):
         raise ValueError("-md drafts for a prompt (-p/-f); the interactive chat does not "
                          "speculate yet")
@@ -216,6 +227,7 @@ def engine_config(args: argparse.Namespace) -> Any:
                         n_gpu_layers=args.n_gpu_layers,
                         tensor_split=tuple(split) if split else None,
                         check_tensors=args.check_tensors, warmup=not args.no_warmup,
+                        n_seq_max=args.parallel,
                         use_mmap=args.mmap, use_mlock=args.mlock)
 
 
@@ -246,6 +258,10 @@ def main(args: argparse.Namespace) -> int:
     cfg = engine_config(args)
     sampling = sampler_params(args)
     path = resolve_model(args.model_opt or args.model or "default")
+    if args.parallel > 1:
+        from ggraph.tools.common.parallel_text import run_parallel
+
+        return run_parallel(args, cfg, sampling, path)
     if args.file:
         with open(args.file, encoding="utf-8", errors="replace") as f:
             user = f.read()

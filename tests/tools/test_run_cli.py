@@ -156,3 +156,25 @@ def test_model_draft_gives_the_same_text_and_llama_cpps_figures(capsys):
     assert spec == plain
     assert "n_draft   = 4" in err and "n_predict = 24" in err
     assert re.search(r"accept    = \d+\.\d{3}%", err)
+
+
+def test_parallel_sequences_give_each_prompts_own_text(capsys, tmp_path):
+    """-np 2 over three prompt lines (two waves): greedy, each text is the one `run -p` gives
+    alone (flash attention off: its sums do not depend on the other sequence's cells; short
+    prompts stay on the mat-vec path)."""
+    prompts = ["The capital of France is", "def add(a, b):", "Roses are red,"]
+    f = tmp_path / "prompts.txt"
+    f.write_text("\n".join(prompts) + "\n\n")
+    common = ("-n", "10", "-c", "256", "--temp", "0", "-fa", "off")
+    out, err = run(capsys, "default", "-np", "2", "-f", str(f), *common)
+    assert "parallel: 3 sequences, 2 at a time" in err
+    for i, p in enumerate(prompts):
+        alone, _ = run(capsys, "default", "-p", p, *common)
+        assert f"Sequence {i} (prompt" in out
+        assert alone.strip() in out, p
+    seeds, _ = run(capsys, "default", "-np", "3", "-p", "Once upon a time", "-n", "12", "-c",
+                   "256", "--seed", "5")
+    texts = seeds.split("Sequence ")[1:]
+    assert len(texts) == 3 and len(set(t.split("\n", 1)[1] for t in texts)) > 1
+    assert main(["run", "-np", "0", "-n", "1"]) == 1
+    assert "-np/--parallel must be >= 1" in capsys.readouterr().err

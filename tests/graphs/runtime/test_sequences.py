@@ -259,3 +259,22 @@ def plain(x):
     if isinstance(x, (list, tuple)):
         return [plain(v) for v in x]
     return x
+
+
+def test_parallel_generation_is_each_sequence_alone(tiny):
+    """graphs/runtime/parallel.py: greedy, each sequence's tokens are its own generate()'s;
+    a sequence that runs out of cells stops with "context full"; too many is refused."""
+    from ggraph.graphs.runtime.parallel import generate_parallel
+
+    eng = Engine(tiny, EngineConfig(n_ctx=64, n_seq_max=3))
+    prompts = [PROMPTS[0][:5], PROMPTS[1][:3], PROMPTS[2]]
+    res = generate_parallel(eng, prompts, 6, stop_at_eos=False)
+    for p, r in zip(prompts, res):
+        eng.reset()
+        assert r.tokens == list(eng.generate(p, 6, stop_at_eos=False))
+        assert r.stop == "n_predict"
+    full = generate_parallel(eng, prompts, 100, stop_at_eos=False)
+    assert {r.stop for r in full} == {"context full"}
+    assert sum(len(p) + len(r.tokens) for p, r in zip(prompts, full)) <= 64 + 3
+    with pytest.raises(ValueError, match="4 sequences do not fit a cache of 3"):
+        generate_parallel(eng, prompts + [prompts[0]], 2)
