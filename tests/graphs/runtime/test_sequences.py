@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ggraph.check.conformance import nmse
-from ggraph.graphs.gguf.fetch import default_model
+from ggraph.graphs.gguf.fetch import default_model, fetch_model
 from ggraph.graphs.models.batch import Batch
 from ggraph.graphs.runtime.engine import Engine, EngineConfig, NoKVSlot
 from ggraph.graphs.testing.tiny import write_tiny_gguf
@@ -211,25 +211,36 @@ def ggraph_script(eng: Engine, script: list[tuple]) -> list[np.ndarray]:
     return out
 
 
+def text_script(path: str) -> list[tuple]:
+    tok = Engine(path, EngineConfig(n_ctx=64)).tokenizer.encode
+    return seq_ops_script(tok("You are a helpful assistant. Answer briefly and"),
+                          tok(" with a poem about"), tok(" in French:"))
+
+
 def scripts(tiny_models) -> dict[str, tuple[str, list[tuple]]]:
-    """SmolLM2 on text; tiny Gemma 3 (a window of 16) on sequences that pass it."""
-    smol = str(default_model())
-    tok = Engine(smol, EngineConfig(n_ctx=64)).tokenizer.encode
-    gemma = tiny_models.made(write_tiny_gemma3, n_swa=16)
+    """SmolLM2 and Gemma 3 270M (its iswa cache) on text; tiny Gemma 3 (a window of 16) on
+    sequences that pass its window."""
+    smol, gemma = str(default_model()), str(fetch_model("gemma3"))
+    tiny_gemma = tiny_models.made(write_tiny_gemma3, n_swa=16)
     return {
-        "smollm2": (smol, seq_ops_script(tok("You are a helpful assistant. Answer briefly and"),
-                                         tok(" with a poem about"), tok(" in French:"))),
-        "gemma3_tiny": (gemma, seq_ops_script(PROMPTS[3][:30], PROMPTS[1][:12], PROMPTS[0])),
+        "smollm2": (smol, text_script(smol)),
+        "gemma3": (gemma, text_script(gemma)),
+        "gemma3_tiny": (tiny_gemma, seq_ops_script(PROMPTS[3][:30], PROMPTS[1][:12],
+                                                   PROMPTS[0])),
     }
 
 
-@pytest.mark.parametrize("name", ["smollm2", "gemma3_tiny"])
+REAL = ("smollm2", "gemma3")   # bit for bit with ggml_exact; checked by size when recorded
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3", "gemma3_tiny"])
 def test_batches_and_sequence_operations_match_llama_cpp_bit_for_bit(tiny_models, name):
     """Batches of several sequences, copy, remove, keep and shift give llama.cpp's logits
     with ggml_exact (its low-level API on the same model and script; recorded where
     llama-cpp-python is absent: then within 1e-6, another machine's SIMD may round
-    differently): bit for bit on SmolLM2; on tiny Gemma 3 (f32 weights, where ggml_exact
-    agrees with llama.cpp to nmse ~1e-8 on one sequence's prompt alone) within 1e-7."""
+    differently): bit for bit on SmolLM2 and Gemma 3 270M (its sliding-window cache too); on
+    tiny Gemma 3 (f32 weights, where ggml_exact agrees with llama.cpp to nmse ~1e-8 on one
+    sequence's prompt alone) within 1e-7."""
     from llama_cpp_ref import array, live, llama_cpp_script, recorded
 
     path, script = scripts(tiny_models)[name]
@@ -240,12 +251,12 @@ def test_batches_and_sequence_operations_match_llama_cpp_bit_for_bit(tiny_models
         ref = llama_cpp_script(llama_cpp, path, script, N_CTX_SCRIPT, 3)
         assert len(got) == len(ref)
         for i, (g, r) in enumerate(zip(got, ref)):
-            if name == "smollm2":
+            if name in REAL:
                 assert np.array_equal(g, r), f"output {i}: nmse {nmse(r, g):.2e}"
             else:
                 assert nmse(r, g) < 1e-7, f"output {i}: nmse {nmse(r, g):.2e}"
         return
-    rec = recorded(f"seq_ops_{name}", path, exact=name != "smollm2")
+    rec = recorded(f"seq_ops_{name}", path, exact=name not in REAL)
     assert rec["script"] == plain(script)
     ref = [array(r) for r in rec["logits"]]   # every stride-th logit: the files stay small
     assert len(got) == len(ref)
