@@ -173,7 +173,8 @@ def seq_ops(d: Path) -> None:
         def made(self, writer, *args, **kw):
             return writer(d / f"{writer.__module__}.gguf", *args, **kw)
 
-    for name, (path, script) in S.scripts(Made()).items():
+    for name in S.SCRIPTS:
+        path, script = S.script_for(name, Made())
         logits = llama_cpp_script(llama_cpp, path, script, S.N_CTX_SCRIPT, 3)
         stride = max(1, logits[0].size // 4096)   # every stride-th logit: small files
         write(DATA / f"seq_ops_{name}.json", {

@@ -216,28 +216,31 @@ def ggraph_script(eng: Engine, script: list[tuple]) -> list[np.ndarray]:
 
 
 def text_script(path: str) -> list[tuple]:
-    tok = Engine(path, EngineConfig(n_ctx=64)).tokenizer.encode
+    from ggraph.graphs.gguf.gguf_reader import read_header
+    from ggraph.graphs.tokenizers.tokenizer import Tokenizer
+
+    tok = Tokenizer(read_header(path).metadata, path).encode
     return seq_ops_script(tok("You are a helpful assistant. Answer briefly and"),
                           tok(" with a poem about"), tok(" in French:"))
 
 
-def scripts(tiny_models) -> dict[str, tuple[str, list[tuple]]]:
+SCRIPTS = ("smollm2", "gemma3", "gemma3_tiny")
+
+
+def script_for(name: str, tiny_models) -> tuple[str, list[tuple]]:
     """SmolLM2 and Gemma 3 270M (its iswa cache) on text; tiny Gemma 3 (a window of 16) on
     sequences that pass its window."""
-    smol, gemma = str(default_model()), str(fetch_model("gemma3"))
-    tiny_gemma = tiny_models.made(write_tiny_gemma3, n_swa=16)
-    return {
-        "smollm2": (smol, text_script(smol)),
-        "gemma3": (gemma, text_script(gemma)),
-        "gemma3_tiny": (tiny_gemma, seq_ops_script(PROMPTS[3][:30], PROMPTS[1][:12],
-                                                   PROMPTS[0])),
-    }
+    if name == "gemma3_tiny":
+        return (tiny_models.made(write_tiny_gemma3, n_swa=16),
+                seq_ops_script(PROMPTS[3][:30], PROMPTS[1][:12], PROMPTS[0]))
+    path = str(default_model()) if name == "smollm2" else str(fetch_model("gemma3"))
+    return path, text_script(path)
 
 
 REAL = ("smollm2", "gemma3")   # bit for bit with ggml_exact; checked by size when recorded
 
 
-@pytest.mark.parametrize("name", ["smollm2", "gemma3", "gemma3_tiny"])
+@pytest.mark.parametrize("name", SCRIPTS)
 def test_batches_and_sequence_operations_match_llama_cpp_bit_for_bit(tiny_models, name):
     """Batches of several sequences, copy, remove, keep and shift give llama.cpp's logits
     with ggml_exact (its low-level API on the same model and script; recorded where
@@ -247,7 +250,7 @@ def test_batches_and_sequence_operations_match_llama_cpp_bit_for_bit(tiny_models
     sequence's prompt alone) within 1e-7."""
     from llama_cpp_ref import array, live, llama_cpp_script, recorded
 
-    path, script = scripts(tiny_models)[name]
+    path, script = script_for(name, tiny_models)
     eng = Engine(path, EngineConfig(n_ctx=N_CTX_SCRIPT, n_seq_max=3, ggml_exact=True))
     got = ggraph_script(eng, script)
     llama_cpp = live()
