@@ -75,20 +75,27 @@ def prepare(batch: Batch, n_vocab: int, n_seq_max: int, mem: SeqPositions) -> UB
     tokens of several sequences need those sequences to hold the same positions.
     (llama.cpp's check that a sequence's tokens share a set of sequences cannot fail: every
     such set holds the sequence itself.)"""
-    toks = np.asarray(batch.tokens)
+    toks = check_tokens(batch.tokens, n_vocab)
     n = toks.size
-    if toks.ndim != 1 or n == 0 or toks.dtype.kind not in "iu":
+    seq_ids = _seq_ids(batch.seq_ids, n, n_seq_max)
+    pos = _positions(batch.pos, seq_ids, n, mem)
+    out = _outputs(batch.logits, n)
+    _check_sequences(pos, seq_ids, n_seq_max, mem)
+    return UBatch(toks.astype(np.int32), pos, seq_ids, out)
+
+
+def check_tokens(tokens: Sequence[int] | np.ndarray, n_vocab: int) -> np.ndarray:
+    """The token ids as an array: a non-empty 1-D list of integers in [0, n_vocab), checked
+    before any narrowing (a bad one is named by its index)."""
+    toks = np.asarray(tokens)
+    if toks.ndim != 1 or toks.size == 0 or toks.dtype.kind not in "iu":
         raise ValueError(f"a batch takes a non-empty list of integer token ids, got "
                          f"{toks.dtype} values of shape {toks.shape}")
     bad = np.flatnonzero((toks < 0) | (toks >= n_vocab))
     if bad.size:
         i = int(bad[0])
         raise ValueError(f"invalid token[{i}] = {int(toks[i])}: ids are in [0, {n_vocab})")
-    seq_ids = _seq_ids(batch.seq_ids, n, n_seq_max)
-    pos = _positions(batch.pos, seq_ids, n, mem)
-    out = _outputs(batch.logits, n)
-    _check_sequences(pos, seq_ids, n_seq_max, mem)
-    return UBatch(toks.astype(np.int32), pos, seq_ids, out)
+    return toks
 
 
 def _seq_ids(given: Sequence[Sequence[int]] | None, n: int, n_seq_max: int

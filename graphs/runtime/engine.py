@@ -42,7 +42,7 @@ from ggraph.ir.tensor import Context
 
 from ggraph.graphs.models.arch import KShift, build_model, supports
 from ggraph.graphs.gguf.gguf_file import GGUFError, load_gguf, lock_memory
-from ggraph.graphs.models.batch import Batch, UBatch, prepare, split_simple
+from ggraph.graphs.models.batch import Batch, UBatch, check_tokens, prepare, split_simple
 from ggraph.graphs.models.kv_cache import shift_graph
 from ggraph.graphs.models.model_graph import ModelGraph
 from ggraph.graphs.runtime.memory_words import memory_lines
@@ -390,12 +390,8 @@ class Engine:
         seq_rm), so `eval(tokens, n_past=0)` is self-contained: its result does not depend on
         what other callers evaluated before. Calls from several threads take turns."""
         with self.lock:
-            toks = np.asarray(tokens)
-            if toks.ndim != 1 or toks.size == 0 or toks.dtype.kind not in "iu":
-                raise ValueError(f"eval takes a non-empty list of integer token ids, got "
-                                 f"{toks.dtype} values of shape {toks.shape}")
-            if toks.min() < 0 or toks.max() >= self.model.hp.n_vocab:  # before any narrowing
-                raise ValueError(f"token id out of range [0, {self.model.hp.n_vocab})")
+            # checked before the cut: a bad list leaves the sequence as it was
+            toks = check_tokens(tokens, self.model.hp.n_vocab)
             if n_past is not None:
                 self.truncate(n_past)
             if self.cache.n_used + len(toks) > self.cfg.n_ctx:
