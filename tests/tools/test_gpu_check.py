@@ -251,6 +251,7 @@ def test_json_report_has_every_section(sim, tmp_path):
     rc = gpu_check.main(["--tiny", "--ops", "scale", "--no-graphs", "--json", str(path)])
     rep = json.loads(path.read_text())
     assert rc == 0 and rep["failed"] == 0 and rep["mode"] == "sim"
+    assert "simulator" in rep["device"]
     geo = rep["geometry"]
     assert geo["kind"].startswith("small") and geo["templates"]["EW_NT"] > 0
     assert geo["templates_mm"]["MM_NT"] > 0 and geo["MAX_BLOCKS"] > 0
@@ -258,7 +259,7 @@ def test_json_report_has_every_section(sim, tmp_path):
     assert rep["inputs"]["status"] == "OK" and rep["inputs"]["checked"] >= 3
     assert {r["case"].split("(")[0] for r in rep["perf"]} == {"mul_mat", "flash_attn_ext"}
     for r in rep["perf"]:  # the simulator's events carry no time: wall clock alone
-        assert r["event_us"] is None and r["wall_us"] > 0 and r["launches"] >= 1
+        assert "gflops" in r and r["event_us"] is None and r["wall_us"] > 0 and r["launches"] >= 1
     assert "not on a GPU" in rep["torch"]["skipped"]
     assert "not on a GPU" in rep["sanitizer"]["skipped"]
     assert set(rep["skipped"]) == {"torch", "sanitizer"}

@@ -8,7 +8,8 @@ GGRAPH_CUDASIM_ALL=1 for every case), strided and permuted sources, odd sizes ac
 edges, the attention graphs of graphs/models/attention.py (plain, split over head groups, flash,
 quantized K/V) planned by the real allocator (in-place softmax), device memory behaviour
 (uploads cached by tensor identity, static caches kept across runs, strided reads/writes,
-128-byte alignment), and tools/gpu_check.py --tiny.
+128-byte alignment), and the scheduler splitting a model across CPU and CUDA
+(tools/gpu_check.py --tiny itself: tests/tools/test_gpu_check.py).
 """
 from __future__ import annotations
 
@@ -334,18 +335,7 @@ def test_decode_steps_reuse_the_session():
         assert ok, err
 
 
-# -- the GPU check script ---------------------------------------------------------------------
-
-def test_gpu_check_tiny_runs(tmp_path):
-    path = tmp_path / "gpu.json"
-    rc = gpu_check.main(["--tiny", "--ops", "scale,get_rows", "--no-graphs", "--no-decode",
-                         "--json", str(path)])
-    report = json.loads(path.read_text())
-    assert rc == 0 and report["mode"] == "sim" and "simulator" in report["device"]
-    assert report["conformance"]["passed"] == report["conformance"]["tested"] > 0
-    assert {r["case"].split("(")[0] for r in report["perf"]} == {"mul_mat", "flash_attn_ext"}
-    assert all("gflops" in r for r in report["perf"])
-
+# -- a model across devices --------------------------------------------------------------------
 
 def test_scheduler_splits_a_model_across_cpu_and_cuda(tmp_path):
     """The tiny llama with its last layer of 2 on CUDA (the scheduler copies activations and
@@ -360,11 +350,12 @@ def test_scheduler_splits_a_model_across_cpu_and_cuda(tmp_path):
     cpu = Engine(str(p), EngineConfig(**cfg))
     split = Engine(str(p), EngineConfig(devices="cuda", n_gpu_layers=1, **cfg))
     a, b = cpu.eval([5, 6, 7, 8]), split.eval([5, 6, 7, 8])
-    for _ in range(3):
+    for step in range(2):   # the prompt, then one decode step (each simulated step costs s)
         assert nmse(a, b) < 1e-6
         tok = int(np.argmax(a))
         assert tok == int(np.argmax(b))
-        a, b = cpu.eval([tok]), split.eval([tok])
+        if step == 0:
+            a, b = cpu.eval([tok]), split.eval([tok])
     sch = split.session.schedule(split.worst_case.graph)
     assert [split.device_names[s.device] for s in sch.splits] == ["CPU", "CUDA0", "CPU"]
     assert split.session.placement[split.cache.k[1]] == 0
