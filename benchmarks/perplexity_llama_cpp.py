@@ -58,21 +58,26 @@ def llama_cpp_ppl(model: str, n_ctx: int, threads: int):
                            threads=threads, logits_all=True)
 
 
-def llama_cpp_evaluate(llm):
-    def evaluate(toks: list[int]) -> np.ndarray:
-        llm.reset()  # n_tokens = 0: eval removes every cell of the KV cache first
-        llm.eval(toks)
-        return np.array(llm.scores[:len(toks)], dtype=np.float32)
+def llama_cpp_evaluate(llm, first: int):
+    """Each chunk alone from an empty cache; its logits from position `first` on (the
+    perplexity Evaluate of graphs/eval/perplexity.py)."""
+    def evaluate(chunks: list[list[int]]) -> list[np.ndarray]:
+        out = []
+        for toks in chunks:
+            llm.reset()  # n_tokens = 0: eval removes every cell of the KV cache first
+            llm.eval(toks)
+            out.append(np.array(llm.scores[first:len(toks)], dtype=np.float32))
+        return out
     return evaluate
 
 
-def ggraph_evaluate(model: str, n_ctx: int, threads: int, exact: bool = False):
+def ggraph_evaluate(model: str, n_ctx: int, threads: int, first: int, exact: bool = False):
     from ggraph.graphs.runtime.engine import Engine, EngineConfig
     from ggraph.graphs.eval.perplexity import engine_evaluate
 
     eng = Engine(model, EngineConfig(n_ctx=n_ctx, n_ubatch=min(n_ctx, 512), n_threads=threads,
                                      ggml_exact=exact))
-    return engine_evaluate(eng)
+    return engine_evaluate(eng, first)
 
 
 def ppl_of(values: list[np.ndarray]) -> dict:
@@ -109,12 +114,12 @@ def mode_base(args: argparse.Namespace, model: str) -> None:
     _, tokens, chunking = load_tokens(model, args.ctx, args.chunks)
     if args.mode == "llama-base":
         llm = llama_cpp_ppl(model, args.ctx, args.threads)
-        evaluate, n_vocab = llama_cpp_evaluate(llm), llm.n_vocab()
+        evaluate, n_vocab = llama_cpp_evaluate(llm, chunking.first), llm.n_vocab()
     else:
         from ggraph.graphs.gguf.gguf_reader import read_header
         from ggraph.backends.cpu import kernels
 
-        evaluate = ggraph_evaluate(model, args.ctx, args.threads)
+        evaluate = ggraph_evaluate(model, args.ctx, args.threads, chunking.first)
         n_vocab = len(read_header(model).metadata["tokenizer.ggml.tokens"])
         print(f"round activations: {kernels.ROUND_ACTIVATIONS}", file=sys.stderr)
     print(json.dumps(write_base(evaluate, tokens, chunking, n_vocab, args.base_out)))
@@ -130,9 +135,9 @@ def compare(evaluate, tokens, chunking, bases: dict, chunks: int | None = None) 
     nll, times, logits_kept = [], [], []
     for i in range(chunks or chunking.n_chunk):
         t0 = time.perf_counter()
-        lg = evaluate(chunking.chunk(tokens, i))
+        (lg,) = evaluate([chunking.chunk(tokens, i)])
         times.append(time.perf_counter() - t0)
-        scored = lg[chunking.first:chunking.first + chunking.n_scored]
+        scored = lg[:chunking.n_scored]
         tgt = chunking.targets(tokens, i)
         nll.append(token_nll(scored, tgt))
         for k, f in files.items():
@@ -202,15 +207,17 @@ def main() -> None:
         print("llama.cpp ...", file=sys.stderr, flush=True)
         llm = llama_cpp_ppl(model, args.ctx, args.threads)
         cpp_toks = llm.tokenize(read_bytes(TEXT), add_bos=False, special=False)
-        cpp = write_base(llama_cpp_evaluate(llm), tokens, chunking, llm.n_vocab(), cpp_base)
+        cpp = write_base(llama_cpp_evaluate(llm, chunking.first), tokens, chunking,
+                         llm.n_vocab(), cpp_base)
         print("reference (GGRAPH_EXACT_ACTIVATIONS=1, subprocess) ...", file=sys.stderr,
               flush=True)
         ref = run_sub(args, "ggraph-base", ref_base, {"GGRAPH_EXACT_ACTIVATIONS": "1"})
         print("llama.cpp against the reference ...", file=sys.stderr, flush=True)
-        cpp_vs_ref = compare(llama_cpp_evaluate(llm), tokens, chunking, {"ref": ref_base})
+        cpp_vs_ref = compare(llama_cpp_evaluate(llm, chunking.first), tokens, chunking,
+                             {"ref": ref_base})
         print("ggraph default ...", file=sys.stderr, flush=True)
-        dflt = compare(ggraph_evaluate(model, args.ctx, args.threads), tokens, chunking,
-                       {"ref": ref_base, "llama_cpp": cpp_base})
+        dflt = compare(ggraph_evaluate(model, args.ctx, args.threads, chunking.first), tokens,
+                       chunking, {"ref": ref_base, "llama_cpp": cpp_base})
         print("ggraph perplexity --kl-divergence on llama.cpp's base file ...",
               file=sys.stderr, flush=True)
         cli = cli_kld(args, model, cpp_base)
@@ -218,11 +225,11 @@ def main() -> None:
         exact = exact_max_diff = None
         if n_ex:  # --exact-chunks 0 skips it (the exact engine of a 1.5B model is slow and big)
             print(f"ggraph --ggml-exact over {n_ex} chunk(s) ...", file=sys.stderr, flush=True)
-            exact = compare(ggraph_evaluate(model, args.ctx, args.threads, exact=True), tokens,
-                            chunking, {"ref": ref_base, "llama_cpp": cpp_base}, chunks=n_ex)
-            cpp_logits = [llama_cpp_evaluate(llm)(chunking.chunk(tokens, i))
-                          [chunking.first:chunking.first + chunking.n_scored]
-                          for i in range(n_ex)]
+            exact = compare(ggraph_evaluate(model, args.ctx, args.threads, chunking.first,
+                                            exact=True), tokens, chunking,
+                            {"ref": ref_base, "llama_cpp": cpp_base}, chunks=n_ex)
+            cpp_logits = [lg[:chunking.n_scored] for lg in llama_cpp_evaluate(
+                llm, chunking.first)([chunking.chunk(tokens, i) for i in range(n_ex)])]
             exact_max_diff = max(float(np.abs(a - b).max())
                                  for a, b in zip(exact["logits"], cpp_logits))
     finally:

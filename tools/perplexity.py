@@ -11,9 +11,10 @@ format (files written by llama-perplexity are read, and the other way round); wi
 --kl-divergence as well the text and chunking come from BASE and the logits are compared with
 it: KL divergence, Δp and top-token agreement, as llama.cpp prints them.
 
-Differences from llama-perplexity: chunks run one at a time (-b does not pack several chunks
-into one batch; the figures are the same); "Final estimate" goes to standard output; the
-informational lines go to standard error, as llama.cpp's do.
+As llama-perplexity, -b packs n_seq = b / c chunks into one batch (each its own sequence,
+attending to its own chunk only, so the figures are those of one chunk at a time): the KV
+cache holds n_seq * c cells. "Final estimate" goes to standard output; the informational lines
+go to standard error, as llama.cpp's do.
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_context_flags(p, n_ctx=None, ctx_help=f"tokens per chunk (default {N_CTX_PERPLEXITY}; with "
                       f"--kl-divergence, the base file's)")
     p.add_argument("-b", "--batch-size", type=int, default=N_BATCH,
-                   help=f"logical batch (default {N_BATCH}); the evaluated batch is the "
-                        f"smallest of -b, -ub and -c")
+                   help=f"logical batch (default {N_BATCH}): b / c chunks are evaluated "
+                        f"together, in ubatches of -ub tokens")
     add_flash_attn_flag(p)
     p.add_argument("--chunks", type=int, default=-1, help="at most N chunks (default: all)")
     p.add_argument("--kl-divergence-base", "--save-all-logits", metavar="FILE",
@@ -104,22 +105,31 @@ def check_options(args: argparse.Namespace) -> None:
         raise ValueError("give the text with -f FILE")
 
 
-def load_engine(args: argparse.Namespace, n_ctx: int) -> Engine:
+def load_engine(args: argparse.Namespace, n_ctx: int, n_seq: int) -> Engine:
+    """The engine for passes of n_seq chunks of n_ctx tokens (llama-perplexity's context:
+    n_seq * n_ctx cells, a batch of at most that, ubatches of -ub)."""
     from ggraph.graphs.runtime.engine import Engine, EngineConfig
     from ggraph.graphs.gguf.fetch import resolve_model
 
     from ggraph.tools.common.defaults import flash_attn_on
 
     path = resolve_model(args.model)
+    n_batch = min(args.batch_size, n_seq * n_ctx)
     # warmup: kernels compile before the first chunk, whose time is the pass estimate
-    cfg = EngineConfig(n_ctx=n_ctx, n_ubatch=min(args.batch_size, args.ubatch_size, n_ctx),
-                       n_threads=args.threads, ggml_exact=args.ggml_exact,
+    cfg = EngineConfig(n_ctx=n_seq * n_ctx, n_ubatch=min(n_batch, args.ubatch_size),
+                       n_seq_max=n_seq, n_threads=args.threads, ggml_exact=args.ggml_exact,
                        flash_attn=flash_attn_on(args.fa), warmup=True, use_mmap=args.mmap,
                        use_mlock=args.mlock)
     eng = Engine(path, cfg, progress=sys.stderr.isatty())
     for line in eng.load_notes():
         info(line)
     return eng
+
+
+def eta_words(seconds: int) -> str:
+    """llama.cpp's ETA: "1 hours 2.50 minutes" from an hour on, else "2.50 minutes"."""
+    hours = f"{seconds // 3600} hours " if seconds >= 3600 else ""
+    return f"{hours}{seconds % 3600 / 60:.2f} minutes"
 
 
 def info(msg: str) -> None:
@@ -138,13 +148,14 @@ def run_ppl(args: argparse.Namespace) -> int:
     import numpy as np
 
     from ggraph.graphs.eval.perplexity import (BaseWriter, ChunkDone, engine_evaluate, plan_chunks,
-                                          read_text, run_perplexity)
+                                               read_text, run_perplexity, seq_count)
 
     from ggraph.tools.common.defaults import N_CTX_PERPLEXITY
 
     n_ctx = args.ctx_size or N_CTX_PERPLEXITY
+    n_seq = seq_count(args.batch_size, n_ctx)
     text = read_text(args.file)  # before the model loads: a missing file fails at once
-    eng = load_engine(args, n_ctx)
+    eng = load_engine(args, n_ctx, n_seq)
     tok = eng.tokenizer
     if tok.add_eos:
         raise ValueError("the model adds an EOS token to every text; llama-perplexity refuses "
@@ -156,7 +167,7 @@ def run_ppl(args: argparse.Namespace) -> int:
     bos = tok.bos if tok.add_bos else None
     chunking = plan_chunks(len(tokens), n_ctx, args.chunks, bos)
     info(f"perplexity: calculating perplexity over {chunking.n_chunk} chunks, n_ctx={n_ctx}, "
-         f"batch_size={eng.cfg.n_ubatch}, n_seq=1")
+         f"batch_size={min(args.batch_size, n_seq * n_ctx)}, n_seq={n_seq}")
     base = None
     if args.kl_divergence_base:
         info(f"perplexity: saving all logits to {args.kl_divergence_base}")
@@ -168,13 +179,14 @@ def run_ppl(args: argparse.Namespace) -> int:
     def on_chunk(d: ChunkDone) -> None:
         bar.clear()
         if d.index == 0:
-            eta = d.seconds * d.n_chunk
-            info(f"perplexity: {d.seconds:.2f} seconds per pass - ETA {eta / 60:.2f} minutes")
+            info(f"perplexity: {d.seconds:.2f} seconds per pass - ETA "
+                 f"{eta_words(d.eta_seconds)}")
         print(f"[{d.index + 1}]{d.stats.ppl:.4f},", end="", flush=True)
         bar.draw(d.index + 1, d.n_chunk, time.perf_counter() - started)
 
     try:
-        stats = run_perplexity(engine_evaluate(eng), tokens, chunking, on_chunk, base)
+        stats = run_perplexity(engine_evaluate(eng, chunking.first), tokens, chunking, on_chunk,
+                               base, n_seq)
     finally:
         bar.clear()
         if base is not None:
@@ -191,7 +203,7 @@ def run_ppl(args: argparse.Namespace) -> int:
 
 def run_kl_divergence(args: argparse.Namespace) -> int:
     from ggraph.graphs.eval.kl_divergence import CHUNK_HEADER, KldStats, token_kld
-    from ggraph.graphs.eval.perplexity import BaseFile, Chunking
+    from ggraph.graphs.eval.perplexity import BaseFile, Chunking, engine_evaluate, seq_count
 
     base = BaseFile.read(args.kl_divergence_base)
     if args.ctx_size is not None and args.ctx_size < base.n_ctx:
@@ -199,7 +211,8 @@ def run_kl_divergence(args: argparse.Namespace) -> int:
                          f"context is {args.ctx_size}. Increase it with -c and retry")
     if args.file:
         info(f"kl_divergence: the text and chunks come from {base.path}; -f is not read")
-    eng = load_engine(args, base.n_ctx)
+    n_seq = seq_count(args.batch_size, base.n_ctx)
+    eng = load_engine(args, base.n_ctx, n_seq)
     n_vocab = eng.model.hp.n_vocab
     if base.n_vocab != n_vocab:
         raise ValueError(f"inconsistent vocabulary ({base.n_vocab} in {base.path} vs "
@@ -208,25 +221,28 @@ def run_kl_divergence(args: argparse.Namespace) -> int:
     n_chunk = base.n_chunk if args.chunks < 0 else min(args.chunks, base.n_chunk)
     chunking = Chunking(base.n_ctx, n_chunk, tok.bos if tok.add_bos else None)
     info(f"kl_divergence: computing over {n_chunk} chunks, n_ctx={base.n_ctx}, "
-         f"batch_size={eng.cfg.n_ubatch}, n_seq=1")
+         f"batch_size={min(args.batch_size, n_seq * base.n_ctx)}, n_seq={n_seq}")
+    evaluate = engine_evaluate(eng, chunking.first)
     stats = KldStats()
     bar = Progress()
     started = time.perf_counter()
     bar.draw(0, n_chunk, 0.0)
     try:
-        for i in range(n_chunk):
+        for i0 in range(0, n_chunk, n_seq):
+            ids = range(i0, min(i0 + n_seq, n_chunk))
             t0 = time.perf_counter()
-            logits = eng.eval(chunking.chunk(base.tokens, i), all_logits=True, n_past=0)
+            outs = evaluate([chunking.chunk(base.tokens, i) for i in ids])
             dt = time.perf_counter() - t0
-            scored = logits[chunking.first:chunking.first + chunking.n_scored]
-            stats.add(token_kld(scored, base.chunk_rows(i), chunking.targets(base.tokens, i)))
-            bar.clear()
-            if i == 0:
-                info(f"kl_divergence: {dt:.2f} seconds per pass - ETA "
-                     f"{dt * n_chunk / 60:.2f} minutes")
-                print(f"\n{CHUNK_HEADER}", flush=True)
-            print(stats.chunk_line(i), flush=True)
-            bar.draw(i + 1, n_chunk, time.perf_counter() - started)
+            for i, logits in zip(ids, outs):
+                scored = logits[:chunking.n_scored]
+                stats.add(token_kld(scored, base.chunk_rows(i), chunking.targets(base.tokens, i)))
+                bar.clear()
+                if i == 0:
+                    info(f"kl_divergence: {dt:.2f} seconds per pass - ETA "
+                         f"{eta_words(int(dt * n_chunk / n_seq))}")
+                    print(f"\n{CHUNK_HEADER}", flush=True)
+                print(stats.chunk_line(i), flush=True)
+                bar.draw(i + 1, n_chunk, time.perf_counter() - started)
     finally:
         bar.clear()
     print(flush=True)

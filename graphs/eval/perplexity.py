@@ -17,9 +17,12 @@ per vocabulary entry: log p = scale * q + min_log_prob, over the 16 nats below t
 largest logit (anything lower stores 0). All little-endian, as on the x86/ARM machines llama.cpp
 writes them on.
 
-Differences from llama-perplexity: chunks are evaluated one at a time (llama.cpp packs
-n_batch / n_ctx chunks into one batch as parallel sequences; each still attends only to its
-own chunk, so the scores are the same).
+Several chunks in one batch, as llama.cpp: n_seq = n_batch / n_ctx chunks (at least one) are
+evaluated together, chunk j of a pass as sequence j of one batch (graphs/models/batch.py), each
+attending to its own cells only, so the scores are those of one chunk at a time. Only the rows
+from position `first` on are computed (llama.cpp's need_logits). One difference: the sequences
+share one unified cache of n_seq * n_ctx cells, where llama-perplexity gives each its own
+stream (the scores are the same either way).
 
 The KL-divergence statistics that compare logits with such a file live in
 graphs/eval/kl_divergence.py. Log-softmax here is float64; the file's quantization repeats
@@ -35,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable
 
 import numpy as np
+
+from ggraph.graphs.models.batch import Batch
 
 BASE_MAGIC = b"_logits_"
 # rows of log-softmax at a time: 64 rows of a 49k vocabulary are 25 MiB of float64
@@ -276,12 +281,34 @@ class BaseFile:
 
 
 # -- the run --------------------------------------------------------------------------------
-Evaluate = Callable[[list[int]], np.ndarray]  # a chunk's tokens -> its (n_ctx, n_vocab) logits
+# the tokens of up to n_seq chunks -> each chunk's logits from position `first` on
+# (n_ctx - first rows of n_vocab; the last row predicts nothing and is not scored)
+Evaluate = Callable[[list[list[int]]], list[np.ndarray]]
 
 
-def engine_evaluate(engine: Any) -> Evaluate:
-    """An Engine's logits of every position of a chunk, from an empty KV cache."""
-    return lambda toks: engine.eval(toks, all_logits=True, n_past=0)
+def seq_count(n_batch: int, n_ctx: int) -> int:
+    """Chunks per pass: llama-perplexity's n_seq = max(1, n_batch / n_ctx)."""
+    return max(1, n_batch // n_ctx)
+
+
+def engine_evaluate(engine: Any, first: int) -> Evaluate:
+    """An Engine evaluating chunks from an empty KV cache, chunk j of a call as sequence j of
+    one batch (the engine must hold as many sequences and n_ctx cells per chunk); only the
+    rows from position `first` on are asked for."""
+    def evaluate(chunks: list[list[int]]) -> list[np.ndarray]:
+        if not chunks:
+            return []
+        n = len(chunks[0])
+        if any(len(c) != n for c in chunks):
+            raise ValueError(f"chunks of different lengths: {sorted({len(c) for c in chunks})}")
+        engine.reset()
+        pos = np.tile(np.arange(n, dtype=np.int32), len(chunks))
+        batch = Batch([t for c in chunks for t in c], pos,
+                      [(j,) for j in range(len(chunks)) for _ in range(n)], pos >= first)
+        rows = engine.decode(batch)
+        per = n - first
+        return [rows[j * per:(j + 1) * per] for j in range(len(chunks))]
+    return evaluate
 
 
 @dataclass
@@ -289,31 +316,46 @@ class ChunkDone:
     """What the progress callback gets after each chunk."""
     index: int          # 0-based
     n_chunk: int
-    seconds: float      # this chunk's evaluation
+    seconds: float      # this chunk's pass (n_seq chunks evaluated together)
     stats: PplStats     # running totals after it
     logits: np.ndarray  # the chunk's scored rows (n_scored, n_vocab), float32
+    n_seq: int = 1      # chunks per pass
+
+    @property
+    def eta_seconds(self) -> int:
+        """The whole run's time from this pass's, as llama.cpp's ETA: t * n_chunk / n_seq."""
+        return int(self.seconds * self.n_chunk / self.n_seq)
 
 
 def run_perplexity(evaluate: Evaluate, tokens: np.ndarray | list[int], chunking: Chunking,
                    on_chunk: Callable[[ChunkDone], None] | None = None,
-                   base: BaseWriter | None = None) -> PplStats:
-    """Evaluate every chunk, score its second half; with `base`, store the scored rows.
-    on_chunk is called after each chunk (printing, progress bars, benchmarks' logits)."""
+                   base: BaseWriter | None = None, n_seq: int = 1) -> PplStats:
+    """Evaluate every chunk, n_seq at a time, and score its second half; with `base`, store
+    the scored rows. on_chunk is called after each chunk (printing, progress bars,
+    benchmarks' logits)."""
+    if n_seq < 1:
+        raise ValueError(f"n_seq must be at least 1, got {n_seq}")
     stats = PplStats()
-    first, n_scored = chunking.first, chunking.n_scored
-    for i in range(chunking.n_chunk):
+    n_scored, n_rows = chunking.n_scored, chunking.n_ctx - chunking.first
+    for i0 in range(0, chunking.n_chunk, n_seq):
+        ids = range(i0, min(i0 + n_seq, chunking.n_chunk))
         t0 = time.perf_counter()
-        logits = np.asarray(evaluate(chunking.chunk(tokens, i)))
+        outs = evaluate([chunking.chunk(tokens, i) for i in ids])
         dt = time.perf_counter() - t0
-        if logits.ndim != 2 or logits.shape[0] != chunking.n_ctx:
-            raise ValueError(f"chunk {i}: the evaluator returned logits of shape "
-                             f"{logits.shape}, expected ({chunking.n_ctx}, n_vocab)")
-        scored = logits[first:first + n_scored]
-        stats.add(token_nll(scored, chunking.targets(tokens, i)))
-        if base is not None:
-            base.write_chunk(scored)
-        if on_chunk is not None:
-            on_chunk(ChunkDone(i, chunking.n_chunk, dt, stats, scored))
+        if len(outs) != len(ids):
+            raise ValueError(f"chunks {ids[0]}..{ids[-1]}: the evaluator returned "
+                             f"{len(outs)} results for {len(ids)} chunks")
+        for i, logits in zip(ids, outs):
+            logits = np.asarray(logits)
+            if logits.ndim != 2 or logits.shape[0] != n_rows:
+                raise ValueError(f"chunk {i}: the evaluator returned logits of shape "
+                                 f"{logits.shape}, expected ({n_rows}, n_vocab)")
+            scored = logits[:n_scored]
+            stats.add(token_nll(scored, chunking.targets(tokens, i)))
+            if base is not None:
+                base.write_chunk(scored)
+            if on_chunk is not None:
+                on_chunk(ChunkDone(i, chunking.n_chunk, dt, stats, scored, n_seq))
     return stats
 
 

@@ -86,7 +86,7 @@ def test_perplexity_loads_as_run_does(tiny):
 
     args = build_parser().parse_args(["perplexity", "-m", tiny, "-f", "x", "--no-mmap",
                                       "--mlock"])
-    eng = load_engine(args, 32)
+    eng = load_engine(args, 32, 1)
     assert eng.file.mapped is None and eng.cfg.use_mlock and eng.cfg.warmup
     assert eng.cfg.flash_attn and eng.warmup_s > 0
 

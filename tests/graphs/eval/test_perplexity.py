@@ -68,7 +68,7 @@ def test_ppl_and_error_match_numpy(engine):
     tokens = engine.tokenizer.encode(TEXT, special=False)
     c = plan_chunks(len(tokens), N_CTX, bos=1)  # BOS substituted, as for a model that adds it
     seen = []
-    stats = run_perplexity(engine_evaluate(engine), tokens, c,
+    stats = run_perplexity(engine_evaluate(engine, c.first), tokens, c,
                            on_chunk=lambda d: seen.append((d.index, d.stats.count)))
     assert seen == [(i, (i + 1) * c.n_scored) for i in range(c.n_chunk)]
     nll = []
@@ -84,6 +84,32 @@ def test_ppl_and_error_match_numpy(engine):
     assert stats.ppl == pytest.approx(ppl, rel=1e-9)
     assert stats.error == pytest.approx(err, rel=1e-6)
     assert np.isfinite(stats.ppl) and stats.ppl > 1 and stats.error > 0
+
+
+def test_several_chunks_in_one_batch_score_as_one_at_a_time(tiny, engine):
+    """llama-perplexity's n_seq: 4 chunks as 4 sequences of one batch (ubatches mixing them)
+    give each chunk's rows of one chunk at a time, within the spread of products of other
+    widths (as tests/graphs/runtime/test_sequences.py), and so the same statistics."""
+    from ggraph.check.conformance import nmse
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+
+    tokens = engine.tokenizer.encode(TEXT, special=False)
+    c = plan_chunks(len(tokens), N_CTX, bos=1)
+    assert c.n_chunk >= 6                  # a last pass of fewer than n_seq chunks, too
+    one, seen = [], []
+    alone = run_perplexity(engine_evaluate(engine, c.first), tokens, c,
+                           on_chunk=lambda d: one.append(d.logits))
+    four = Engine(tiny, EngineConfig(n_ctx=4 * N_CTX, n_ubatch=24, n_seq_max=4))
+    batched = run_perplexity(engine_evaluate(four, c.first), tokens, c, n_seq=4,
+                             on_chunk=lambda d: seen.append((d.index, d.n_seq, d.logits)))
+    assert [(i, n) for i, n, _ in seen] == [(i, 4) for i in range(c.n_chunk)]
+    for a, (_, _, b) in zip(one, seen):
+        assert a.shape == b.shape and nmse(a, b) < 1e-6
+    # (a random model's PPL of ~2e6 magnifies the products' rounding: 7e-6 relative here)
+    assert batched.ppl == pytest.approx(alone.ppl, rel=1e-4)
+    assert batched.error == pytest.approx(alone.error, rel=1e-4)
+    with pytest.raises(ValueError, match="n_seq must be at least 1"):
+        run_perplexity(engine_evaluate(four, c.first), tokens, c, n_seq=0)
 
 
 # -- the base file ------------------------------------------------------------------------
@@ -189,18 +215,19 @@ def test_cli_ppl_then_kl_divergence_against_itself(tiny, engine, tmp_path, capsy
     text = tmp_path / "t.txt"
     text.write_text(TEXT * 2 + "\n")
     base = tmp_path / "base.kld"
-    # -ub 8 -fa off: the fixture's engine, so the figures are the same bits
-    assert main(["perplexity", "-m", tiny, "-f", str(text), "-c", str(N_CTX), "-ub", "8",
-                 "-fa", "off", "--kl-divergence-base", str(base)]) == 0
-    out = capsys.readouterr().out
+    # -b 16 -ub 8 -fa off: one chunk a pass in the fixture's engine, so the same bits
+    assert main(["perplexity", "-m", tiny, "-f", str(text), "-c", str(N_CTX), "-b", "16",
+                 "-ub", "8", "-fa", "off", "--kl-divergence-base", str(base)]) == 0
+    out, err = capsys.readouterr()
+    assert "n_ctx=16, batch_size=16, n_seq=1" in err
     tokens = engine.tokenizer.encode(TEXT * 2, special=False)
     c = plan_chunks(len(tokens), N_CTX)
-    stats = run_perplexity(engine_evaluate(engine), tokens, c)
+    stats = run_perplexity(engine_evaluate(engine, c.first), tokens, c)
     assert f"[{c.n_chunk}]{stats.ppl:.4f}," in out and "[1]" in out
     assert f"Final estimate: PPL = {stats.ppl:.4f} +/- {stats.error:.5f}" in out
     assert BaseFile.read(base).n_chunk == c.n_chunk
-    assert main(["perplexity", "-m", tiny, "--kl-divergence-base", str(base), "-ub", "8",
-                 "-fa", "off", "--kl-divergence"]) == 0
+    assert main(["perplexity", "-m", tiny, "--kl-divergence-base", str(base), "-b", "16",
+                 "-ub", "8", "-fa", "off", "--kl-divergence"]) == 0
     out = capsys.readouterr().out
     assert "Same top p" in out and f"{c.n_chunk:4d}    {stats.ppl:9.4f}" in out
     assert c.n_chunk * c.n_scored >= 100  # enough tokens for llama.cpp's closing report
@@ -209,6 +236,29 @@ def test_cli_ppl_then_kl_divergence_against_itself(tiny, engine, tmp_path, capsy
     mean_kld = float(re.search(r"Mean    KLD:\s+(-?[0-9.]+)", out).group(1))
     assert abs(mean_kld) < 1e-4 and "Same top p: 100.000 ±" in out
     assert f"Mean PPL(Q)                   : {stats.ppl:10.6f}" in out
+
+
+def test_cli_packs_b_over_c_chunks_per_pass(tiny, tmp_path, capsys):
+    """-b 64 -c 16: 4 chunks a pass (llama.cpp's n_seq line and ETA), the PPL of one at a
+    time, and --kl-divergence against the one-at-a-time base file: KLD within the file's
+    rounding and the same top token everywhere."""
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT * 2 + "\n")
+    base = tmp_path / "base.kld"
+    common = ["perplexity", "-m", tiny, "-c", str(N_CTX), "-fa", "off"]
+    ppl = []
+    for b in ("16", "64"):
+        extra = ["--kl-divergence-base", str(base)] if b == "16" else []
+        assert main(common + ["-f", str(text), "-b", b] + extra) == 0
+        out, err = capsys.readouterr()
+        ppl.append(float(re.search(r"Final estimate: PPL = ([0-9.]+)", out).group(1)))
+    assert "batch_size=64, n_seq=4" in err and "seconds per pass - ETA" in err
+    assert ppl[1] == pytest.approx(ppl[0], rel=1e-4)
+    assert main(common + ["-b", "64", "--kl-divergence-base", str(base), "--kl-divergence"]) == 0
+    out, err = capsys.readouterr()
+    assert "n_seq=4" in err
+    mean_kld = float(re.search(r"Mean    KLD:\s+(-?[0-9.]+)", out).group(1))
+    assert abs(mean_kld) < 1e-4 and "Same top p: 100.000 ±" in out
 
 
 @pytest.mark.parametrize("argv, words", [
