@@ -48,29 +48,46 @@ def decode_heads(arr: np.ndarray, t: Tensor, dec) -> np.ndarray:
     return out
 
 
-def visible_ranges(M: np.ndarray, nt: int, nkv: int) -> dict[tuple[int, int, int], tuple[int, int]]:
+# Below this share of its [lo, hi) range actually visible to its queries, a block's product
+# is mostly hidden work: several sequences' tokens in one batch (a batched decode step), each
+# seeing its own cells only. Such a mask goes to the per-row kernel (attn_decode.py), which
+# skips each row's hidden cells. A causal prompt sees half or more of its blocks' ranges.
+SPARSE_SHARE = 0.25
+
+
+def visible_ranges(M: np.ndarray, nt: int, nkv: int
+                   ) -> tuple[dict[tuple[int, int, int], tuple[int, int]], float]:
     """(mask slice i3, i2, query block) -> the [lo, hi) of cells some query of the block sees
-    (the whole row where none does)."""
+    (the whole row where none does); and the share of those ranges' (query, cell) pairs that
+    are visible (1.0 when nothing is)."""
     out = {}
+    seen_n = range_n = 0
     for i3 in range(M.shape[0]):
         for i2 in range(M.shape[1]):
             seen = ~np.isneginf(M[i3, i2, :nt, :nkv])
             for b in range(0, nt, Q_BLOCK):
                 cols = np.flatnonzero(seen[b:b + Q_BLOCK].any(axis=0))
                 out[i3, i2, b] = (int(cols[0]), int(cols[-1]) + 1) if cols.size else (0, nkv)
-    return out
+                if cols.size:
+                    lo, hi = out[i3, i2, b]
+                    seen_n += int(np.count_nonzero(seen[b:b + Q_BLOCK, lo:hi]))
+                    range_n += (hi - lo) * seen[b:b + Q_BLOCK].shape[0]
+    return out, (seen_n / range_n if range_n else 1.0)
 
 
 @dataclass
 class SharedMask:
     """A mask as the attention nodes of one graph read it, computed by the first of them each
-    run (the layers share it): float32 values and each query block's visible range."""
+    run (the layers share it): float32 values, each query block's visible range, and whether
+    the blocks see so little of their ranges (SPARSE_SHARE) that per-row work is cheaper."""
     m: np.ndarray | None = None
     ranges: dict = field(default_factory=dict)
+    sparse: bool = False
 
     def update(self, raw: np.ndarray, t: Tensor, nt: int, nkv: int) -> None:
         self.m = raw.view(np.float16).astype(np.float32) if t.type == T.F16 else raw
-        self.ranges = visible_ranges(self.m, nt, nkv)
+        self.ranges, share = visible_ranges(self.m, nt, nkv)
+        self.sparse = share < SPARSE_SHARE
 
 
 # ---- numba templates (round_half: F16C's round trip; expf: backends/cpu/fastmath.py) ------

@@ -16,6 +16,10 @@ row a contiguous slice whose F16 conversion vectorizes. The names `half_to_f32`,
 a softmax sum, a power of two) and PFC (cells prefetched ahead: a long cache streams from
 memory) are bound per binding (backends/cpu/kernels.py).
 
+Rows of several sequences (a batched decode step over a shared cache) each work on their own
+cells: a cell hidden from a row is neither dotted with its query nor added to its sum, and a
+block of V rows none of which the row sees is passed over.
+
 A row's result does not depend on the other rows of its batch: hidden cells add exact zeros,
 the softmax sum runs in fixed lanes and every block of V rows is summed by the same code, so a
 token evaluated in a batch (a speculative draft checked at once) gets the logits it gets alone.
@@ -121,6 +125,9 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
             for i in range(dk):
                 kr[i] = half_to_f32(src[i])
             for r in range(nr):
+                if mr[r, j] == -np.inf:   # hidden from this row (another sequence's cell)
+                    sc[r, j] = -np.inf
+                    continue
                 x = np.float32(0.0)
                 qr = qs[r]
                 for i in range(dk):
@@ -128,7 +135,7 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
                 x = x * scale
                 if softcap != 0.0:
                     x = softcap * math.tanh(x)
-                sc[r, j] = x + mr[r, j]   # a hidden cell: -inf
+                sc[r, j] = x + mr[r, j]
         # Each row's softmax sum in SL lanes, lane l taking cells j0 + l, j0 + l + SL, ...
         # in order, then a fixed tree: a hidden cell adds an exact zero, so the sum is the
         # same whichever cells other rows of the batch keep in the unit (a vectorized sum
@@ -193,6 +200,11 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
                 continue
             for r in range(nr):
                 ar, wr = acc[r], wb[r]
+                seen = False   # a row none of the block's cells is visible to adds zeros
+                for jj in range(n):
+                    seen = seen or wr[jj] != 0.0
+                if not seen:
+                    continue
                 for i in range(dv):
                     a = ar[i]
                     for jj in range(VB):

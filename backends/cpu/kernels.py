@@ -173,28 +173,41 @@ DECODE_SUM_LANES = 16   # a softmax sum's lanes (attn_decode.py): one AVX-512 ve
 def _flash_attn(node: Tensor, s: Session):
     q, k, v, mask = node.src
     args = flash_attn_args(node)
+    rows = _flash_attn_rows(node, s, args)
     if q.ne[1] >= BLOCK_MIN_QUERIES:
-        return _flash_attn_blocks(node, s, *args)
+        return _flash_attn_blocks(node, s, rows, *args)
+    if rows is not None:
+        return rows
     mt = mask.type if mask is not None else T.F32
-    K_, V_ = s.arr(k), s.arr(v)
-    if k.type == v.type == T.F16 and (fk := _flat_rows(K_)) is not None and (
-            fv := _flat_rows(V_)) is not None:
-        kern = TARGET.bind(attn_decode.k_flash_attn_decode,
-                           _SERIAL_FAST if _small(node) else _KERNEL_FAST,
-                           f"m{mt}{'_serial' if _small(node) else ''}",
-                           dec_m=TARGET.codec(mt).dec, expf=_EXPF, CELLS=DECODE_CELLS,
-                           VB=DECODE_VB, PFC=DECODE_PREFETCH, SL=DECODE_SUM_LANES)
-        return partial(kern, s.arr(q), fk[0], *fk[1], fv[0], *fv[1], *K_.shape[:3],
-                       s.arr(mask) if mask is not None else _DUMMY,
-                       s.arr(node).reshape(node.shape), *args, mask is not None)
     kern = _compiled(K.k_flash_attn, _small(node), k=k.type, v=v.type, m=mt)
     return partial(kern, s.arr(q), s.arr(k), s.arr(v), s.arr(mask) if mask is not None else _DUMMY,
                    s.arr(node).reshape(node.shape), *args, mask is not None)
 
 
-def _flash_attn_blocks(node: Tensor, s: Session, scale, max_bias, softcap, h0, n_head):
+def _flash_attn_rows(node: Tensor, s: Session, args: tuple):
+    """The per-row kernel over an F16 cache (attn_decode.py: a decode step, or queries of
+    several sequences that each see their own cells); None for other K/V types or layouts."""
+    q, k, v, mask = node.src
+    K_, V_ = s.arr(k), s.arr(v)
+    if not (k.type == v.type == T.F16 and (fk := _flat_rows(K_)) is not None and (
+            fv := _flat_rows(V_)) is not None):
+        return None
+    mt = mask.type if mask is not None else T.F32
+    kern = TARGET.bind(attn_decode.k_flash_attn_decode,
+                       _SERIAL_FAST if _small(node) else _KERNEL_FAST,
+                       f"m{mt}{'_serial' if _small(node) else ''}",
+                       dec_m=TARGET.codec(mt).dec, expf=_EXPF, CELLS=DECODE_CELLS,
+                       VB=DECODE_VB, PFC=DECODE_PREFETCH, SL=DECODE_SUM_LANES)
+    return partial(kern, s.arr(q), fk[0], *fk[1], fv[0], *fv[1], *K_.shape[:3],
+                   s.arr(mask) if mask is not None else _DUMMY,
+                   s.arr(node).reshape(node.shape), *args, mask is not None)
+
+
+def _flash_attn_blocks(node: Tensor, s: Session, rows, scale, max_bias, softcap, h0, n_head):
     """A prompt's flash attention by query blocks (backends/cpu/attention.py): K and V decoded
-    to float32 each run, the mask's visible ranges computed by the first layer of a run."""
+    to float32 each run, the mask's visible ranges computed by the first layer of a run. A
+    run whose blocks see little of their ranges (several sequences' tokens, SharedMask.sparse)
+    takes the per-row kernel `rows` instead, where there is one."""
     q, k, v, mask = node.src
     Kr, Vr, Q, D = s.arr(k), s.arr(v), s.arr(q), s.arr(node).reshape(node.shape)
     shared = first = None
@@ -211,7 +224,11 @@ def _flash_attn_blocks(node: Tensor, s: Session, scale, max_bias, softcap, h0, n
     def call() -> None:
         if first:
             shared.update(Mr, mask, Q.shape[2], Kr.shape[2])
-        flash_attn_blocks(Q, decode_heads(Kr, k, dk), decode_heads(Vr, v, dv), shared, D, math)
+        if rows is not None and shared is not None and shared.sparse:
+            rows()
+        else:
+            flash_attn_blocks(Q, decode_heads(Kr, k, dk), decode_heads(Vr, v, dv), shared, D,
+                              math)
     return call
 
 

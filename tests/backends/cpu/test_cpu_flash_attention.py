@@ -106,3 +106,38 @@ def test_decode_rows_do_not_depend_on_their_batch(start):
         batch = _causal_rows(nt, start, n_kv, q_all, kv)
         alone = np.stack([_causal_rows(1, start + t, n_kv, q_all, kv)[0] for t in range(nt)])
         assert np.array_equal(batch, alone), f"{nt} queries from {start}"
+
+
+def test_sequences_decoding_together_take_the_per_row_kernel(monkeypatch):
+    """A batched decode step: 12 sequences, one query each (at least BLOCK_MIN_QUERIES), each
+    seeing its own prompt stretch and its own generated cells, interleaved after the prompts
+    as a shared cache leaves them. The mask is sparse, so the per-row kernel runs it (not the
+    query blocks, whose products would span every sequence's cells): the reference's output,
+    and each row bit for bit what its query gets alone."""
+    n_seq, n_prompt, n_gen, nh, nkvh, dk = 12, 40, 9, 6, 2, 64
+    assert n_seq >= kernels.BLOCK_MIN_QUERIES
+    n_kv = n_seq * (n_prompt + n_gen)
+
+    def own(s: int) -> np.ndarray:
+        gen = n_seq * n_prompt + np.arange(n_gen) * n_seq + s
+        return np.concatenate((np.arange(s * n_prompt, (s + 1) * n_prompt), gen))
+
+    seen = []
+    monkeypatch.setattr(kernels, "flash_attn_blocks", lambda *a: seen.append("blocks"))
+    got = _case(n_seq, n_kv, nh, nkvh, 1, lambda h, t: own(t))
+    assert not seen                       # the query blocks never ran
+    rng = np.random.default_rng(0)        # _case's inputs, to run each query alone
+    q_all = rng.uniform(-1, 1, (nh, n_seq, dk)).astype(np.float32)
+    k, v = (rng.uniform(-1, 1, (nkvh, n_kv, dk)).astype(np.float32) for _ in range(2))
+    for s in (0, 5, n_seq - 1):
+        ctx = Context()
+        q1 = ctx.new_tensor("f32", (dk, 1, nh), name="q").set_input()
+        k1 = ctx.new_tensor("f16", (dk, n_kv, nkvh), name="k").set_input()
+        v1 = ctx.new_tensor("f16", (dk, n_kv, nkvh), name="v").set_input()
+        m1 = ctx.new_tensor("f16", (n_kv, 1, 1), name="mask").set_input()
+        out = ops.flash_attn_ext(q1, k1, v1, m1, scale=dk ** -0.5).set_output()
+        mm = np.full((1, 1, n_kv), -np.inf, np.float32)
+        mm[0, 0, own(s)] = 0.0
+        alone = get_backend("cpu", n_threads=2).session().run(
+            build_graph(out), {q1: q_all[:, s:s + 1].copy(), k1: k, v1: v, m1: mm}).read(out)
+        assert np.array_equal(got.reshape(n_seq, nh, dk)[s], alone.reshape(nh, dk)), s
