@@ -7,7 +7,8 @@ test, so it runs on one core beside the CPU tests (which spend most of their tim
 single-threaded), and its test is moved last, where it waits for the process: the two halves
 overlap instead of adding up. The PTX gate (tests/backends/cuda/test_ptx_gate.py, ~2.5 minutes
 of NVVM compiling where a CUDA toolkit is present) runs the same way, on the same core after
-the simulator's processes."""
+the simulator's processes, and so do BESIDE_MODULES after it (tests/test_beside.py): a cold
+run (CI's: numba compiles every kernel) otherwise leaves that core idle for its last minutes."""
 import os
 import subprocess
 import sys
@@ -21,7 +22,13 @@ os.environ.setdefault("GGRAPH_CHECK_TENSORS", "1")
 
 CUDASIM_TEST = "test_cudasim_suite.py::test_cuda_backend_under_simulator"
 PTX_TEST = "test_ptx_gate.py::test_every_kernel_variant_the_checks_launch_passes_the_gate"
+BESIDE_TEST = "test_beside.py::test_modules_run_beside_pass"
 HERE = Path(__file__).parent
+# CPU modules that compile many kernels of their own (the ggml-exact variants: 2 of a cold
+# run's minutes, measured): in a whole run they go to the background chain's process once the
+# simulator and the PTX gate are done, where a core is free while this process still compiles
+# alone (tests/test_beside.py waits for them); named on their own they run here
+BESIDE_MODULES = ("backends/cpu/test_ggml_exact.py",)
 
 
 def cudasim_files() -> list[str]:
@@ -96,8 +103,18 @@ class PtxRun(BackgroundRun):
                             self.json], dict(os.environ))], after=after)
 
 
+class BesideRun(BackgroundRun):
+    """BESIDE_MODULES in a pytest process of their own (no simulator)."""
+
+    def __init__(self, after: BackgroundRun | None = None) -> None:
+        super().__init__([([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            *(str(HERE / m) for m in BESIDE_MODULES)], dict(os.environ))],
+                         after=after)
+
+
 _RUN = pytest.StashKey[CudasimRun]()
 _PTX = pytest.StashKey[PtxRun]()
+_BESIDE = pytest.StashKey[BesideRun]()
 
 
 def _move_last(items: list, nodeid_end: str):
@@ -118,6 +135,15 @@ def pytest_collection_modifyitems(session, config, items):
     ptx = _move_last(items, PTX_TEST)
     if ptx is not None and ptx.module.toolkit_missing() is None:
         config.stash[_PTX] = PtxRun(after=config.stash.get(_RUN, None))
+    if _move_last(items, BESIDE_TEST) is not None:
+        beside = [it for it in items if any(it.nodeid.startswith(f"tests/{m}") or
+                                            it.nodeid.startswith(m) for m in BESIDE_MODULES)]
+        if beside:
+            for it in beside:
+                items.remove(it)
+            config.hook.pytest_deselected(items=beside)
+            config.stash[_BESIDE] = BesideRun(
+                after=config.stash.get(_PTX, None) or config.stash.get(_RUN, None))
 
 
 class TinyModels:
@@ -163,8 +189,14 @@ def ptx_run(request) -> PtxRun:
     return request.config.stash.get(_PTX, None) or PtxRun()
 
 
+@pytest.fixture
+def beside_run(request) -> BesideRun | None:
+    """BESIDE_MODULES' process started at collection (None: they ran in this process)."""
+    return request.config.stash.get(_BESIDE, None)
+
+
 def pytest_unconfigure(config):
-    for key in (_PTX, _RUN):  # the run ended early: no orphan
+    for key in (_BESIDE, _PTX, _RUN):  # the run ended early: no orphan
         run = config.stash.get(key, None)
         if run is not None:
             run.runs.clear()
