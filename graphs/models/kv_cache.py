@@ -309,12 +309,14 @@ def kv_cache_bytes(n_layer: int, n_embd_k: int, n_embd_v: int, size: int, type_k
 SWA_PAD = 256  # llama.cpp always pads the sliding-window cache to 256 cells
 
 
-def swa_cache_size(size: int, n_swa: int, n_ubatch: int, swa_full: bool = False) -> int:
-    """Cells of the sliding-window cache as llama.cpp sizes it (llama_kv_cache_iswa):
-    pad256(min(n_ctx, n_swa + n_ubatch)), or the full context with swa_full."""
+def swa_cache_size(size: int, n_swa: int, n_ubatch: int, swa_full: bool = False,
+                   n_seq_max: int = 1) -> int:
+    """Cells of the sliding-window cache as llama.cpp sizes it (llama_kv_cache_iswa, one
+    unified stream): pad256(min(n_ctx, n_swa * n_seq_max + n_ubatch)), every sequence keeping
+    its own window, or the full context with swa_full."""
     if swa_full:
         return size
-    n = min(size, n_swa + n_ubatch)
+    n = min(size, n_swa * n_seq_max + n_ubatch)
     return -(-n // SWA_PAD) * SWA_PAD
 
 
@@ -346,7 +348,7 @@ class IswaKVCache:
         local = [il for il, s in enumerate(flags) if s]
         base = KVCache.create(ctx, len(glob), n_embd_k, n_embd_v, size, type_k, type_v,
                               flash_attn, layer_ids=glob, n_seq_max=n_seq_max)
-        n_swa_cells = swa_cache_size(size, n_swa, n_ubatch, swa_full)
+        n_swa_cells = swa_cache_size(size, n_swa, n_ubatch, swa_full, n_seq_max)
         swa = KVCache.create(ctx, len(local), n_embd_k, n_embd_v, n_swa_cells, type_k, type_v,
                              flash_attn, layer_ids=local, n_seq_max=n_seq_max, n_swa=n_swa)
         c = cls(base, swa, n_swa, flags)

@@ -182,3 +182,16 @@ def test_parallel_sequences_in_one_unified_cache(capsys):
     assert "1/1 seqs" in capsys.readouterr().out
     assert main(["plan", "default", "-c", "1024", "-np", "4", "-no-kvu"]) == 1
     assert "a KV cache region per sequence is not built yet" in capsys.readouterr().err
+
+
+def test_parallel_sequences_each_keep_their_window(capsys):
+    """Gemma 3's sliding-window cache with -np 4 holds every sequence's window: llama.cpp's
+    lines for `llama-batched-bench -c 4096 -npl 4 -kvu` (0.3.36's source), KV buffers of
+    12.00 and 37.50 MiB, the second of pad256(512 * 4 + 512) = 2560 cells."""
+    assert main(["plan", "gemma3", "-c", "4096", "-np", "4"]) == 0
+    out = capsys.readouterr().out
+    assert ("llama_kv_cache: size =   12.00 MiB (  4096 cells,   3 layers,  4/1 seqs), "
+            "K (f16):    6.00 MiB, V (f16):    6.00 MiB") in out
+    assert "llama_kv_cache_iswa: creating     SWA KV cache, size = 2560 cells" in out
+    assert ("llama_kv_cache: size =   37.50 MiB (  2560 cells,  15 layers,  4/1 seqs), "
+            "K (f16):   18.75 MiB, V (f16):   18.75 MiB") in out

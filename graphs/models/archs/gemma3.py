@@ -164,8 +164,8 @@ class Gemma3Model(Architecture, KShift):
                   flash_attn: bool = False, n_ubatch: int = 512,
                   swa_full: bool = False, n_seq_max: int = 1) -> KVCache | IswaKVCache:
         """The iswa cache (a full cache for the global layers, a ring of
-        pad256(min(size, n_swa + n_ubatch)) cells for the sliding ones, or of all `size` cells
-        with swa_full), or a single cache when no layer slides."""
+        pad256(min(size, n_swa * n_seq_max + n_ubatch)) cells for the sliding ones, or of all
+        `size` cells with swa_full), or a single cache when no layer slides."""
         hp = self.hp
         check_head_blocks(hp.head_dim, hp.head_dim, type_k, type_v)
         if not self.iswa:

@@ -178,6 +178,9 @@ def test_cache_sizes_and_memory_lines(tmp_path):
     assert (c.base.size, c.base.n_layer, c.swa.size, c.swa.n_layer) == (4096, 1, 1024, 6)
     assert swa_cache_size(4096, 512, 512) == 1024 and swa_cache_size(300, 512, 512) == 512
     assert swa_cache_size(4096, 512, 512, swa_full=True) == 4096
+    # every sequence keeps its own window (llama.cpp: n_swa * n_seq_max + n_ubatch, unified)
+    assert swa_cache_size(4096, 512, 512, n_seq_max=4) == 2560
+    assert swa_cache_size(2048, 512, 512, n_seq_max=4) == 2048
     gqa = eng.model.hp.n_embd_gqa
     f16 = GGMLType.F16
     assert c.nbytes == kv_cache_bytes(1, gqa, gqa, 4096, f16, f16) + \
