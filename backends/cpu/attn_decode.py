@@ -20,9 +20,12 @@ Rows of several sequences (a batched decode step over a shared cache) each work 
 cells: a cell hidden from a row is neither dotted with its query nor added to its sum, and a
 block of V rows none of which the row sees is passed over.
 
-A row's result does not depend on the other rows of its batch: hidden cells add exact zeros,
-the softmax sum runs in fixed lanes and every block of V rows is summed by the same code, so a
-token evaluated in a batch (a speculative draft checked at once) gets the logits it gets alone.
+A row's result does not depend on the other rows of its batch when they share its first cells
+(one sequence's tokens): hidden cells add exact zeros, the softmax sum runs in fixed lanes and
+every block of V rows is summed by the same code, so a token evaluated in a batch (a
+speculative draft checked at once) gets the logits it gets alone. Rows of other sequences move
+the unit's first cell and its blocks of V rows, so there a row's sums group its terms
+differently: the same value up to float rounding.
 """
 from __future__ import annotations
 
