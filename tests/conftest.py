@@ -24,11 +24,13 @@ CUDASIM_TEST = "test_cudasim_suite.py::test_cuda_backend_under_simulator"
 PTX_TEST = "test_ptx_gate.py::test_every_kernel_variant_the_checks_launch_passes_the_gate"
 BESIDE_TEST = "test_beside.py::test_modules_run_beside_pass"
 HERE = Path(__file__).parent
-# CPU modules that compile many kernels of their own (the ggml-exact variants: 2 of a cold
-# run's minutes, measured): in a whole run they go to the background chain's process once the
-# simulator and the PTX gate are done, where a core is free while this process still compiles
-# alone (tests/test_beside.py waits for them); named on their own they run here
-BESIDE_MODULES = ("backends/cpu/test_ggml_exact.py",)
+# CPU modules that compile many kernels of their own (the ggml-exact variants, every packed
+# product and integer dot: 123 + 115 + 41 s of a cold run, measured): in a whole run they go to
+# the background chain's process once the simulator and the PTX gate are done, where a core is
+# free while this process still compiles alone (tests/test_beside.py waits for them); named on
+# their own they run here
+BESIDE_MODULES = ("backends/cpu/test_ggml_exact.py", "backends/cpu/test_qpack.py",
+                  "backends/shared/test_qdot.py")
 
 
 def cudasim_files() -> list[str]:
