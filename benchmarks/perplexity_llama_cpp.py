@@ -21,6 +21,7 @@ against an unrounded reference.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -128,16 +129,14 @@ def mode_base(args: argparse.Namespace, model: str) -> None:
 def compare(evaluate, tokens, chunking, bases: dict, chunks: int | None = None) -> dict:
     """NLL per chunk and KL divergence against each base file, one pass over the chunks."""
     from ggraph.graphs.eval.kl_divergence import KldStats, token_kld
-    from ggraph.graphs.eval.perplexity import BaseFile, token_nll
+    from ggraph.graphs.eval.perplexity import BaseFile, chunk_passes, token_nll
 
     files = {k: BaseFile.read(p) for k, p in bases.items()}
     stats = {k: KldStats() for k in bases}
     nll, times, logits_kept = [], [], []
-    for i in range(chunks or chunking.n_chunk):
-        t0 = time.perf_counter()
-        (lg,) = evaluate([chunking.chunk(tokens, i)])
-        times.append(time.perf_counter() - t0)
-        scored = lg[:chunking.n_scored]
+    first_chunks = dataclasses.replace(chunking, n_chunk=chunks or chunking.n_chunk)
+    for i, scored, dt in chunk_passes(evaluate, tokens, first_chunks):
+        times.append(dt)
         tgt = chunking.targets(tokens, i)
         nll.append(token_nll(scored, tgt))
         for k, f in files.items():

@@ -105,6 +105,11 @@ def check_options(args: argparse.Namespace) -> None:
         raise ValueError("give the text with -f FILE")
 
 
+def pass_batch(args: argparse.Namespace, n_ctx: int, n_seq: int) -> int:
+    """A pass's batch as llama-perplexity takes it: -b, at most the n_seq chunks' tokens."""
+    return min(args.batch_size, n_seq * n_ctx)
+
+
 def load_engine(args: argparse.Namespace, n_ctx: int, n_seq: int) -> Engine:
     """The engine for passes of n_seq chunks of n_ctx tokens (llama-perplexity's context:
     n_seq * n_ctx cells, a batch of at most that, ubatches of -ub)."""
@@ -114,9 +119,9 @@ def load_engine(args: argparse.Namespace, n_ctx: int, n_seq: int) -> Engine:
     from ggraph.tools.common.defaults import flash_attn_on
 
     path = resolve_model(args.model)
-    n_batch = min(args.batch_size, n_seq * n_ctx)
     # warmup: kernels compile before the first chunk, whose time is the pass estimate
-    cfg = EngineConfig(n_ctx=n_seq * n_ctx, n_ubatch=min(n_batch, args.ubatch_size),
+    cfg = EngineConfig(n_ctx=n_seq * n_ctx,
+                       n_ubatch=min(pass_batch(args, n_ctx, n_seq), args.ubatch_size),
                        n_seq_max=n_seq, n_threads=args.threads, ggml_exact=args.ggml_exact,
                        flash_attn=flash_attn_on(args.fa), warmup=True, use_mmap=args.mmap,
                        use_mlock=args.mlock)
@@ -167,7 +172,7 @@ def run_ppl(args: argparse.Namespace) -> int:
     bos = tok.bos if tok.add_bos else None
     chunking = plan_chunks(len(tokens), n_ctx, args.chunks, bos)
     info(f"perplexity: calculating perplexity over {chunking.n_chunk} chunks, n_ctx={n_ctx}, "
-         f"batch_size={min(args.batch_size, n_seq * n_ctx)}, n_seq={n_seq}")
+         f"batch_size={pass_batch(args, n_ctx, n_seq)}, n_seq={n_seq}")
     base = None
     if args.kl_divergence_base:
         info(f"perplexity: saving all logits to {args.kl_divergence_base}")
@@ -203,7 +208,8 @@ def run_ppl(args: argparse.Namespace) -> int:
 
 def run_kl_divergence(args: argparse.Namespace) -> int:
     from ggraph.graphs.eval.kl_divergence import CHUNK_HEADER, KldStats, token_kld
-    from ggraph.graphs.eval.perplexity import BaseFile, Chunking, engine_evaluate, seq_count
+    from ggraph.graphs.eval.perplexity import (BaseFile, Chunking, chunk_passes, engine_evaluate,
+                                               run_eta, seq_count)
 
     base = BaseFile.read(args.kl_divergence_base)
     if args.ctx_size is not None and args.ctx_size < base.n_ctx:
@@ -221,28 +227,22 @@ def run_kl_divergence(args: argparse.Namespace) -> int:
     n_chunk = base.n_chunk if args.chunks < 0 else min(args.chunks, base.n_chunk)
     chunking = Chunking(base.n_ctx, n_chunk, tok.bos if tok.add_bos else None)
     info(f"kl_divergence: computing over {n_chunk} chunks, n_ctx={base.n_ctx}, "
-         f"batch_size={min(args.batch_size, n_seq * base.n_ctx)}, n_seq={n_seq}")
+         f"batch_size={pass_batch(args, base.n_ctx, n_seq)}, n_seq={n_seq}")
     evaluate = engine_evaluate(eng, chunking.first)
     stats = KldStats()
     bar = Progress()
     started = time.perf_counter()
     bar.draw(0, n_chunk, 0.0)
     try:
-        for i0 in range(0, n_chunk, n_seq):
-            ids = range(i0, min(i0 + n_seq, n_chunk))
-            t0 = time.perf_counter()
-            outs = evaluate([chunking.chunk(base.tokens, i) for i in ids])
-            dt = time.perf_counter() - t0
-            for i, logits in zip(ids, outs):
-                scored = logits[:chunking.n_scored]
-                stats.add(token_kld(scored, base.chunk_rows(i), chunking.targets(base.tokens, i)))
-                bar.clear()
-                if i == 0:
-                    info(f"kl_divergence: {dt:.2f} seconds per pass - ETA "
-                         f"{eta_words(int(dt * n_chunk / n_seq))}")
-                    print(f"\n{CHUNK_HEADER}", flush=True)
-                print(stats.chunk_line(i), flush=True)
-                bar.draw(i + 1, n_chunk, time.perf_counter() - started)
+        for i, scored, dt in chunk_passes(evaluate, base.tokens, chunking, n_seq):
+            stats.add(token_kld(scored, base.chunk_rows(i), chunking.targets(base.tokens, i)))
+            bar.clear()
+            if i == 0:
+                info(f"kl_divergence: {dt:.2f} seconds per pass - ETA "
+                     f"{eta_words(run_eta(dt, n_chunk, n_seq))}")
+                print(f"\n{CHUNK_HEADER}", flush=True)
+            print(stats.chunk_line(i), flush=True)
+            bar.draw(i + 1, n_chunk, time.perf_counter() - started)
     finally:
         bar.clear()
     print(flush=True)

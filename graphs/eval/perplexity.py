@@ -35,7 +35,7 @@ import os
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Iterator
 
 import numpy as np
 
@@ -311,6 +311,11 @@ def engine_evaluate(engine: Any, first: int) -> Evaluate:
     return evaluate
 
 
+def run_eta(seconds: float, n_chunk: int, n_seq: int) -> int:
+    """The whole run's time from one pass's, as llama.cpp's ETA: t * n_chunk / n_seq."""
+    return int(seconds * n_chunk / n_seq)
+
+
 @dataclass
 class ChunkDone:
     """What the progress callback gets after each chunk."""
@@ -323,19 +328,16 @@ class ChunkDone:
 
     @property
     def eta_seconds(self) -> int:
-        """The whole run's time from this pass's, as llama.cpp's ETA: t * n_chunk / n_seq."""
-        return int(self.seconds * self.n_chunk / self.n_seq)
+        return run_eta(self.seconds, self.n_chunk, self.n_seq)
 
 
-def run_perplexity(evaluate: Evaluate, tokens: np.ndarray | list[int], chunking: Chunking,
-                   on_chunk: Callable[[ChunkDone], None] | None = None,
-                   base: BaseWriter | None = None, n_seq: int = 1) -> PplStats:
-    """Evaluate every chunk, n_seq at a time, and score its second half; with `base`, store
-    the scored rows. on_chunk is called after each chunk (printing, progress bars,
-    benchmarks' logits)."""
+def chunk_passes(evaluate: Evaluate, tokens: np.ndarray | list[int], chunking: Chunking,
+                 n_seq: int = 1) -> Iterator[tuple[int, np.ndarray, float]]:
+    """Every chunk evaluated, n_seq at a time, in order: (its index, its scored rows
+    (n_scored, n_vocab), its pass's seconds). An evaluator that returns another count of
+    results or rows of another shape is an error naming the chunk."""
     if n_seq < 1:
         raise ValueError(f"n_seq must be at least 1, got {n_seq}")
-    stats = PplStats()
     n_scored, n_rows = chunking.n_scored, chunking.n_ctx - chunking.first
     for i0 in range(0, chunking.n_chunk, n_seq):
         ids = range(i0, min(i0 + n_seq, chunking.n_chunk))
@@ -350,12 +352,22 @@ def run_perplexity(evaluate: Evaluate, tokens: np.ndarray | list[int], chunking:
             if logits.ndim != 2 or logits.shape[0] != n_rows:
                 raise ValueError(f"chunk {i}: the evaluator returned logits of shape "
                                  f"{logits.shape}, expected ({n_rows}, n_vocab)")
-            scored = logits[:n_scored]
-            stats.add(token_nll(scored, chunking.targets(tokens, i)))
-            if base is not None:
-                base.write_chunk(scored)
-            if on_chunk is not None:
-                on_chunk(ChunkDone(i, chunking.n_chunk, dt, stats, scored, n_seq))
+            yield i, logits[:n_scored], dt
+
+
+def run_perplexity(evaluate: Evaluate, tokens: np.ndarray | list[int], chunking: Chunking,
+                   on_chunk: Callable[[ChunkDone], None] | None = None,
+                   base: BaseWriter | None = None, n_seq: int = 1) -> PplStats:
+    """Evaluate every chunk, n_seq at a time, and score its second half; with `base`, store
+    the scored rows. on_chunk is called after each chunk (printing, progress bars,
+    benchmarks' logits)."""
+    stats = PplStats()
+    for i, scored, dt in chunk_passes(evaluate, tokens, chunking, n_seq):
+        stats.add(token_nll(scored, chunking.targets(tokens, i)))
+        if base is not None:
+            base.write_chunk(scored)
+        if on_chunk is not None:
+            on_chunk(ChunkDone(i, chunking.n_chunk, dt, stats, scored, n_seq))
     return stats
 
 
