@@ -8,7 +8,6 @@ a missing file, and `ggraph plan default` reads the GGUF and builds the model's 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import zipfile
