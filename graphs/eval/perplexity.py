@@ -40,6 +40,7 @@ from typing import Any, BinaryIO, Callable, Iterator
 import numpy as np
 
 from ggraph.graphs.models.batch import Batch
+from ggraph.graphs.models.kv_cells import MAX_SEQ
 
 BASE_MAGIC = b"_logits_"
 # rows of log-softmax at a time: 64 rows of a 49k vocabulary are 25 MiB of float64
@@ -287,8 +288,13 @@ Evaluate = Callable[[list[list[int]]], list[np.ndarray]]
 
 
 def seq_count(n_batch: int, n_ctx: int) -> int:
-    """Chunks per pass: llama-perplexity's n_seq = max(1, n_batch / n_ctx)."""
-    return max(1, n_batch // n_ctx)
+    """Chunks per pass: llama-perplexity's n_seq = max(1, n_batch / n_ctx), at most the
+    sequences a cache holds (llama.cpp's LLAMA_MAX_SEQ)."""
+    n_seq = max(1, n_batch // n_ctx)
+    if n_seq > MAX_SEQ:
+        raise ValueError(f"-b {n_batch} / -c {n_ctx} makes {n_seq} chunks a pass, but a batch "
+                         f"holds at most {MAX_SEQ} sequences: lower -b or raise -c")
+    return n_seq
 
 
 def engine_evaluate(engine: Any, first: int) -> Evaluate:

@@ -266,6 +266,8 @@ def test_cli_packs_b_over_c_chunks_per_pass(tiny, tmp_path, capsys):
     (["--kl-divergence"], "--kl-divergence needs --kl-divergence-base"),
     (["-f", "x", "-c", "2"], "-c/--ctx-size must be >= 4"),
     (["-f", "x", "--chunks", "0"], "--chunks must be >= 1"),
+    (["-f", "x", "-c", "4", "-b", "2048"], "-b 2048 / -c 4 makes 512 chunks a pass, but a batch "
+                                           "holds at most 256 sequences"),
 ])
 def test_cli_errors(tiny, capsys, argv, words):
     assert main(["perplexity", "-m", tiny] + argv) == 1
