@@ -114,10 +114,15 @@ def cont(a: Tensor, *ne: int, name: str = "") -> Tensor:
 
 
 def cpy(a: Tensor, b: Tensor, name: str = "") -> Tensor:
-    """Copy a's elements (in ggml's element order) into b, converting types; a view of b."""
+    """Copy a's elements (in ggml's element order) into b, converting types; a view of b. A
+    quantized source copies only into its own type with rows of the same length (its blocks
+    as they are: ggml's dup_bytes)."""
     require(a.nelements == b.nelements, "cpy",
             f"source has {a.nelements} elements, destination {b.nelements}", a=a, b=b)
-    require(not a.type.is_quantized, "cpy", "the source must not be quantized", a=a, b=b)
+    require(not a.type.is_quantized or (a.type == b.type and a.ne[0] == b.ne[0]
+                                        and a.rows_contiguous()), "cpy",
+            "a quantized source copies only into its own type, rows of the same length", a=a,
+            b=b)
     require(a.type.is_int == b.type.is_int, "cpy",
             "cannot convert between integer and float types", a=a, b=b)
     if b.type.is_quantized:
@@ -161,6 +166,9 @@ def _cpy_cases() -> Iterator[Case]:
             type_dst=T.F16, src="strided")
     for t in (T.I32, T.I64):
         yield case(OpKind.CPY, lambda B, t=t: cpy(any_values(B, t, 16, 6), B.cache(t, 96)),
+                   0.0, type_src=t, type_dst=t)
+    for t in QUANT_STORED:   # a block type into itself: the blocks as they are
+        yield case(OpKind.CPY, lambda B, t=t: cpy(B.inp(t, 64, 6, 2), B.cache(t, 64, 12)),
                    0.0, type_src=t, type_dst=t)
 
 

@@ -175,7 +175,8 @@ def seq_ops(d: Path) -> None:
 
     for name in S.SCRIPTS:
         path, script = S.script_for(name, Made())
-        logits = llama_cpp_script(llama_cpp, path, script, S.N_CTX_SCRIPT, 3)
+        logits = llama_cpp_script(llama_cpp, path, script, S.N_CTX_SCRIPT, 3,
+                                  unified=not name.endswith("_streams"))
         stride = max(1, logits[0].size // 4096)   # every stride-th logit: small files
         write(DATA / f"seq_ops_{name}.json", {
             "recorded": provenance(), "model": model_info(path), "script": S.plain(script),

@@ -96,11 +96,11 @@ def sure_steps(margins: list[float], min_margin: float = MIN_MARGIN) -> int:
 
 
 def llama_cpp_script(llama_cpp: Any, path: str, script: list[tuple], n_ctx: int,
-                     n_seq_max: int, n_ubatch: int = 512, flash: bool = False
-                     ) -> list[np.ndarray]:
+                     n_seq_max: int, n_ubatch: int = 512, flash: bool = False,
+                     unified: bool = True) -> list[np.ndarray]:
     """Run a script of batches and sequence operations through llama.cpp's low-level API
-    (llama_decode on a llama_batch, llama_memory_seq_*), one unified KV cache: the logits of
-    each decode's flagged tokens. Steps: ("decode", tokens, seq_ids, pos, logits),
+    (llama_decode on a llama_batch, llama_memory_seq_*), one unified KV cache or a stream per
+    sequence (kv_unified false): the logits of each decode's flagged tokens. Steps: ("decode", tokens, seq_ids, pos, logits),
     ("rm", s, p0, p1), ("cp", src, dst, p0, p1), ("keep", s), ("add", s, p0, p1, delta)."""
     from llama_cpp._utils import suppress_stdout_stderr
 
@@ -108,15 +108,15 @@ def llama_cpp_script(llama_cpp: Any, path: str, script: list[tuple], n_ctx: int,
     lc.llama_backend_init()
     mp = lc.llama_model_default_params()
     with suppress_stdout_stderr(disable=False):
-        return _script(lc, path, script, n_ctx, n_seq_max, n_ubatch, flash, mp)
+        return _script(lc, path, script, n_ctx, n_seq_max, n_ubatch, flash, unified, mp)
 
 
 def _script(lc: Any, path: str, script: list[tuple], n_ctx: int, n_seq_max: int,
-            n_ubatch: int, flash: bool, mp: Any) -> list[np.ndarray]:
+            n_ubatch: int, flash: bool, unified: bool, mp: Any) -> list[np.ndarray]:
     model = lc.llama_model_load_from_file(path.encode(), mp)
     cp = lc.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, n_ctx, n_ubatch, n_seq_max
-    cp.kv_unified = True
+    cp.kv_unified = unified
     cp.flash_attn_type = 1 if flash else 0
     cp.n_threads = cp.n_threads_batch = 2
     ctx = lc.llama_init_from_model(model, cp)

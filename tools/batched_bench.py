@@ -1,16 +1,17 @@
 """`ggraph batched-bench`: llama.cpp's llama-batched-bench. For every prompt size (-npp),
 generation length (-ntg) and number of parallel sequences (-npl): B prompts evaluated in one
 batch (T_PP), then TG steps that decode one token of each of the B sequences together (T_TG),
-in one unified KV cache of -c cells (runs that need more are left out).
+in a KV cache of -c cells (runs that need more are left out): a stream of pad256(-c / max B)
+cells per sequence, as llama-batched-bench by default, or one unified stream with -kvu.
 
     ggraph batched-bench -m MODEL -npp 128 -ntg 64 -npl 1,2,4,8 [-c 4096] [-pps] [-tgs]
-                         [-t N] [-fa on|off] [-b 2048] [-ub 512] [-ctk f16] [-ctv f16]
+                         [-kvu] [-t N] [-fa on|off] [-b 2048] [-ub 512] [-ctk f16] [-ctv f16]
                          [--vs llama.cpp] [--llama-bin PATH] [--json PATH] [--no-warmup]
                          [--progress]
 
 The table is llama-batched-bench's (PP, TG, B, N_KV, T_PP, S_PP, T_TG, S_TG, T, S). With
 `--vs llama.cpp` llama.cpp's own llama-batched-bench runs the same settings in this run (as a
-program: ../shared/tools/llamacpp-tools.sh builds it; -kvu, since ggraph's cache is unified),
+program: ../shared/tools/llamacpp-tools.sh builds it; with -kvu or -no-kvu as ggraph's cache),
 its table follows, and a last table gives ggraph / llama.cpp per run. --json writes every row,
 the machine and the command. -pps shares one prompt among the sequences (seq_cp); -tgs
 generates for the sequences one after the other. Each run's shapes are evaluated once
@@ -42,6 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add("-npl", default="1,2,4,8", help="parallel sequences (default 1,2,4,8)")
     add("-pps", action="store_true", help="one prompt shared by the sequences")
     add("-tgs", action="store_true", help="the sequences generate one after the other")
+    add("-kvu", "--kv-unified", dest="kv_unified", action="store_true", default=False,
+        help="one unified KV cache for every sequence (default: a stream per sequence, as "
+        "llama-batched-bench)")
+    add("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false",
+        help="a KV cache stream per sequence (the default)")
     add_context_flags(p)
     add("-b", "--batch-size", type=int, default=N_BATCH, help=f"(default {N_BATCH})")
     add("-ctk", "--cache-type-k", default="f16")
@@ -114,10 +120,11 @@ def run(args: argparse.Namespace) -> int:
     eng = Engine(path, EngineConfig(n_ctx=args.ctx_size, n_ubatch=args.ubatch_size,
                                     type_k=args.cache_type_k, type_v=args.cache_type_v,
                                     flash_attn=flash, n_threads=threads, n_seq_max=max(npl),
-                                    adaptive_threads=False))
+                                    kv_unified=args.kv_unified, adaptive_threads=False))
+    kvu = int(args.kv_unified)
     print(f"main: n_kv_max = {args.ctx_size}, n_batch = {args.batch_size}, n_ubatch = "
           f"{args.ubatch_size}, flash_attn = {int(flash)}, is_pp_shared = {int(args.pps)}, "
-          f"is_tg_separate = {int(args.tgs)}, n_threads = {n_threads}, kv_unified = 1\n")
+          f"is_tg_separate = {int(args.tgs)}, n_threads = {n_threads}, kv_unified = {kvu}\n")
     ours = batched_bench(eng, npp, ntg, npl, args.pps, args.tgs, args.batch_size,
                          progress=say, warmup=not args.no_warmup)
     del eng
@@ -126,11 +133,13 @@ def run(args: argparse.Namespace) -> int:
     cmd: list[str] = []
     if binary:
         cmd = llama_cpp_command(binary, path, npp, ntg, npl, args.ctx_size, n_threads, flash,
-                                args.pps, args.tgs, True, args.batch_size, args.ubatch_size)
+                                args.pps, args.tgs, args.kv_unified, args.batch_size,
+                                args.ubatch_size)
         if say:
             say("batched-bench: llama.cpp: " + " ".join(cmd))
         peer = llama_cpp_rows(cmd)
-        lines += table(peer, "llama.cpp (llama-batched-bench -kvu)") + ratios(ours, peer)
+        flag = "-kvu" if args.kv_unified else "-no-kvu"
+        lines += table(peer, f"llama.cpp (llama-batched-bench {flag})") + ratios(ours, peer)
     end = load_average()
     lines.append(f"cpu: {machine.line}")
     lines.append("load average (1, 5, 15 min), start / end: "
@@ -138,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(lines))
     if args.json:
         rec = {"machine": machine.line, "threads": n_threads, "flash_attn": flash,
+               "kv_unified": args.kv_unified,
                "n_ctx": args.ctx_size, "n_batch": args.batch_size, "n_ubatch": args.ubatch_size,
                "pps": args.pps, "tgs": args.tgs, "model": path, "load_start": start,
                "load_end": end, "ggraph": [r.as_dict() for r in ours],

@@ -44,10 +44,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("-np", "--parallel", type=int, default=1, metavar="N",
                    help="sequences the KV cache holds (llama.cpp's -np; default 1)")
     p.add_argument("-kvu", "--kv-unified", dest="kv_unified", action="store_true",
-                   default=True, help="one unified cache of cells for every sequence (the "
-                   "default: the only layout ggraph runs yet)")
+                   default=True, help="one unified cache of -c cells for every sequence (the "
+                   "default)")
     p.add_argument("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false",
-                   help="a cache region per sequence (not built yet: refused with -np > 1)")
+                   help="a stream of pad256(-c / -np) cells per sequence (llama.cpp's default "
+                   "without -kvu)")
     p.add_argument("--path", choices=("absorbed", "absorbed-fa", "decompress-fa"),
                    help="force an MLA attention path (default: by --fa and the ubatch)")
     p.add_argument("--weights", "--bytes-per-weight", dest="weights", metavar="FORMAT|BPW",

@@ -22,6 +22,7 @@ from ggraph.ir.tensor import Context
 from ggraph.ir.types import GGMLType
 
 from ggraph.graphs.models.arch import MLAPlanner, supports
+from ggraph.graphs.models.kv_cache import stream_size, worst_ubatch
 
 __all__ = ["PathInfo", "PlanResult", "plan_model", "path_infos", "kv_lines", "REPORTED_CACHE_TYPES"]
 
@@ -87,7 +88,9 @@ def plan_model(model: Any, source: str, n_ctx: int, n_ubatch: int = 512, amb_mib
                kv_unified: bool = True) -> PlanResult:
     """Plan the worst-case graph of `model` (metadata-only weights welcome), in buffers of
     `alignment` (default: the CPU's, as `ggraph plan` sizes the host's compute buffer), with a
-    KV cache for n_seq_max sequences (-np; one unified stream of cells, as the engine runs)."""
+    KV cache for n_seq_max sequences (-np): one unified stream of n_ctx cells, or a stream of
+    pad256(n_ctx / n_seq_max) cells per sequence, whose worst-case ubatch holds every stream
+    (as llama.cpp reserves)."""
     if alignment is None:
         alignment = registry.alignment("cpu")
     hp = model.hp
@@ -100,19 +103,18 @@ def plan_model(model: Any, source: str, n_ctx: int, n_ubatch: int = 512, amb_mib
     if path is not None and not mla:
         raise ValueError(f"--path chooses an MLA attention path; {model.arch_name} has one "
                          f"attention path")
-    if n_seq_max > 1 and not kv_unified:
-        raise ValueError(f"-np {n_seq_max} without --kv-unified: a KV cache region per "
-                         f"sequence is not built yet; plan one unified cache (-kvu)")
     tk = GGMLType.parse(type_k)
     tv = GGMLType.parse(type_v if type_v is not None else type_k)
-    n_tokens = min(n_ctx, n_ubatch)
     t0 = time.perf_counter()
     ctx = Context("plan")
     # an iswa cache sizes its window from the ubatch (llama.cpp's rule)
-    cache = model.new_cache(ctx, n_ctx, tk, tv, flash, n_ubatch=n_ubatch, swa_full=swa_full,
-                            n_seq_max=n_seq_max)
+    size = stream_size(n_ctx, n_seq_max, kv_unified)
+    cache = model.new_cache(ctx, size, tk, tv, flash, n_ubatch=n_ubatch, swa_full=swa_full,
+                            n_seq_max=n_seq_max, unified=kv_unified)
+    n_tokens, streams = worst_ubatch(n_ctx, n_ubatch, cache.n_stream)
     kw = {"path": path} if mla else {}
-    mg = model.build(ctx, cache, n_tokens, n_ctx, n_tokens, flash, amb_mib, **kw)
+    mg = model.build(ctx, cache, n_tokens, size, n_tokens, flash, amb_mib, streams=streams,
+                     **kw)
     t1 = time.perf_counter()
     plan = plan_graph(mg.graph, alignment=alignment, strategy=strategy, name="CPU")
     t2 = time.perf_counter()
@@ -130,12 +132,13 @@ def plan_model(model: Any, source: str, n_ctx: int, n_ubatch: int = 512, amb_mib
         kv_by_type = {}
         for t in REPORTED_CACHE_TYPES:
             try:  # a type whose blocks do not fit the rows, or a quantized V without --fa
-                other = model.new_cache(Context("kv"), n_ctx, t, t, True, n_ubatch=n_ubatch,
-                                        swa_full=swa_full)
+                other = model.new_cache(Context("kv"), size, t, t, True, n_ubatch=n_ubatch,
+                                        swa_full=swa_full, n_seq_max=n_seq_max,
+                                        unified=kv_unified)
             except ValueError:
                 continue
             kv_by_type[t] = other.nbytes
-    return PlanResult(source, model.arch_name, hp, n_ctx, n_ubatch, n_tokens, n_ctx, amb_mib,
+    return PlanResult(source, model.arch_name, hp, n_ctx, n_ubatch, n_tokens, size, amb_mib,
                       tk, tv, flash, mg.path, cache.nbytes, kv_lines(cache), kv_by_type,
                       weight_bytes, paths, plan, mg.graph.n_nodes, mg.graph.capacity, strategy,
                       t1 - t0, t2 - t1, notes)

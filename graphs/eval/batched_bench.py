@@ -76,6 +76,7 @@ def batched_bench(engine: Any, npp: Sequence[int], ntg: Sequence[int], npl: Sequ
         raise ValueError(f"-npl {max(npl)} needs a cache of {max(npl)} sequences; the engine "
                          f"holds {engine.cfg.n_seq_max}")
     rng = np.random.default_rng(seed)
+    unified = engine.cache.n_stream == 1
 
     def rand(n: int) -> list[int]:
         return [int(x) for x in rng.integers(0, n_vocab, n)]
@@ -89,7 +90,8 @@ def batched_bench(engine: Any, npp: Sequence[int], ntg: Sequence[int], npl: Sequ
     decode(rand(16), [0] * 16, list(range(16)), [False] * 16)   # warm up (compiles)
     rows = []
     for pp, tg, pl in runs(npp, ntg, npl):
-        if cells_needed(pp, tg, pl, pps) > engine.cfg.n_ctx:
+        if cells_needed(pp, tg, pl, pps, unified) > engine.cfg.n_ctx or \
+                (not unified and pp + tg > engine.n_ctx_seq):   # (a sequence fills its stream)
             continue
         if progress:
             progress(f"batched-bench: PP {pp}, TG {tg}, B {pl}")
@@ -125,8 +127,8 @@ def batched_bench(engine: Any, npp: Sequence[int], ntg: Sequence[int], npl: Sequ
         t_tg = time.perf_counter() - t0
         n_pp = pp if pps else pl * pp
         t = t_pp + t_tg
-        rows.append(BatchedRow(pp, tg, pl, cells_needed(pp, tg, pl, pps), t_pp, n_pp / t_pp,
-                               t_tg, pl * tg / t_tg if t_tg else 0.0, t,
+        rows.append(BatchedRow(pp, tg, pl, cells_needed(pp, tg, pl, pps, unified), t_pp,
+                               n_pp / t_pp, t_tg, pl * tg / t_tg if t_tg else 0.0, t,
                                (n_pp + pl * tg) / t))
     engine.reset()
     return rows

@@ -26,7 +26,7 @@ from ggraph.ir.types import GGMLType
 
 from ggraph.graphs.gguf.gguf_file import GGUFError, GGUFModel
 from ggraph.graphs.models.batch import UBatch
-from ggraph.graphs.models.kv_cache import Slots
+from ggraph.graphs.models.kv_cache import UNIFIED, Slots, StreamRange
 from ggraph.graphs.models.model_graph import ModelGraph, ubatch_values
 from ggraph.graphs.models.hparams import read_hparams
 from ggraph.graphs.models.tensor_names import TensorNames, expect_tensor, vocab_size
@@ -56,11 +56,12 @@ class Architecture(ABC):
     @abstractmethod
     def new_cache(self, ctx: Context, size: int, type_k: str = "f16", type_v: str = "f16",
                   flash_attn: bool = False, n_ubatch: int = 512, swa_full: bool = False,
-                  n_seq_max: int = 1) -> Any:
+                  n_seq_max: int = 1, unified: bool = True) -> Any:
         """The KV cache of `size` cells (pre-allocated leafs in ctx; None without one).
         n_ubatch: the largest ubatch (a sliding-window cache holds n_swa + n_ubatch cells);
         swa_full: a sliding-window cache of all `size` cells (llama.cpp's --swa-full);
-        n_seq_max: the sequences its cells can hold (-np)."""
+        n_seq_max: the sequences its cells can hold (-np); unified: one stream of cells that
+        every sequence shares (--kv-unified), else `size` cells per sequence."""
 
     @abstractmethod
     def graph_capacity(self, n_tokens: int, n_kv: int, amb_mib: int) -> int:
@@ -68,9 +69,11 @@ class Architecture(ABC):
 
     @abstractmethod
     def build(self, ctx: Context, cache: Any, n_tokens: int, n_kv: int, n_outputs: int,
-              flash_attn: bool = False, amb_mib: int = 0) -> ModelGraph[Any]:
+              flash_attn: bool = False, amb_mib: int = 0,
+              streams: StreamRange = UNIFIED) -> ModelGraph[Any]:
         """The graph of one ubatch of n_tokens attending to the first n_kv cache cells, with
-        n_outputs rows of logits."""
+        n_outputs rows of logits; with a cache stream per sequence, the tokens come in equal
+        shares of `streams` (cache.streams_of(ubatch))."""
 
     @abstractmethod
     def batch_inputs(self, mg: ModelGraph[Any], cache: Any, tokens: np.ndarray, n_past: int,

@@ -8,7 +8,12 @@ With `amb_mib > 0` and a K*Q tensor above the cap, the first path runs over grou
 (facts page section 6), each group a whole number of query heads per K/V head (GQA), keeping
 each head's ALiBi slope, and writes each group's result into its slice of one output buffer
 (no concat chain, so no O(n_head^2) copies). That join, `HeadJoin`, serves MLA's head groups
-too (graphs/models/mla.py). `store_kv` writes a layer's new K/V into its cache (set_rows) and gives
+too (graphs/models/mla.py).
+
+With a KV cache stream per sequence (llama.cpp without --kv-unified) a ubatch's tokens come
+in equal shares of `streams.count` consecutive streams, and attention runs per stream as
+llama.cpp's does: q [hd, n_tokens/ns, n_head, ns], K/V views [.., n_kv, n_head_kv, ns] one
+stream apart, the mask [n_kv, n_tokens/ns, 1, ns]; so each sequence reads its own cells only. `store_kv` writes a layer's new K/V into its cache (set_rows) and gives
 the views attention reads through the stores.
 """
 from __future__ import annotations
@@ -20,7 +25,7 @@ from ggraph.ir.graph import Graph
 from ggraph.ir.tensor import Tensor
 from ggraph.ir.types import GGMLType, MIB
 
-from ggraph.graphs.models.kv_cache import KVCache
+from ggraph.graphs.models.kv_cache import UNIFIED, KVCache, StreamRange
 
 F32 = 4
 
@@ -32,6 +37,12 @@ class AttentionShape:
     n_head_kv: int
     n_tokens: int
     n_kv: int
+    streams: StreamRange = UNIFIED   # the streams the tokens attend in, n_tokens / count each
+    cache_streams: int = 1           # the streams the cache tensors hold
+
+    @property
+    def n_stream(self) -> int:
+        return self.streams.count
 
     @property
     def kq_bytes(self) -> int:
@@ -76,13 +87,11 @@ def store_kv(cache: KVCache, i: int, k: Tensor, v: Tensor, k_idxs: Tensor,
     allocator may choose writes the new K/V before attention reads them."""
     if v_idxs is None:
         raise ValueError("store_kv: a cache with V rows needs v_idxs")
-    n_tokens = k.ne[1]
     k_store = O.set_rows(cache.k[i], k, k_idxs)
     if not cache.v_trans:
         return k_store, O.set_rows(cache.v[i], v, v_idxs)
-    n_embd_v = cache.v[i].ne[1]
-    v_view = O.reshape(cache.v[i], 1, cache.size * n_embd_v)
-    v_store = O.set_rows(v_view, O.reshape(v, 1, n_tokens * n_embd_v), v_idxs)
+    v_view = O.reshape(cache.v[i], 1, cache.v[i].nelements)
+    v_store = O.set_rows(v_view, O.reshape(v, 1, v.nelements), v_idxs)
     return k_store, O.view_2d(v_store, cache.v[i].ne[0], cache.v[i].ne[1], cache.v[i].nb[1], 0)
 
 
@@ -102,44 +111,70 @@ def build_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kq_mask: Tensor
     """
     s = shape
     v_trans = (not flash) if v_trans is None else v_trans
-    k = O.view_3d(k_cache, s.head_dim, s.n_head_kv, s.n_kv, _row(k_cache, s.head_dim),
-                  k_cache.nb[1], 0, name=f"k-{il}")
-    k = O.permute(k, 0, 2, 1, 3)                                # [hd, n_kv, n_head_kv]
+    ns, n_tps = s.n_stream, s.n_tokens // s.n_stream
+    if ns * n_tps != s.n_tokens:
+        raise ValueError(f"layer {il}: {s.n_tokens} tokens do not split into {ns} streams")
+    k = _streamed(k_cache, s.head_dim, s.n_head_kv, s.n_kv, _row(k_cache, s.head_dim),
+                  k_cache.nb[1], s, f"k-{il}")
+    k = O.permute(k, 0, 2, 1, 3)                                # [hd, n_kv, n_head_kv, ns]
     if v_trans:  # v_cache is [kv_size, head_dim*n_head_kv]: one row per V channel
-        v = O.view_3d(v_cache, s.n_kv, s.head_dim, s.n_head_kv, v_cache.nb[1],
-                      v_cache.nb[1] * s.head_dim, 0, name=f"v-{il}")  # [n_kv, hd, n_head_kv]
+        v = _streamed(v_cache, s.n_kv, s.head_dim, s.n_head_kv, v_cache.nb[1],
+                      v_cache.nb[1] * s.head_dim, s, f"v-{il}")  # [n_kv, hd, n_head_kv, ns]
     else:
-        v = O.view_3d(v_cache, s.head_dim, s.n_head_kv, s.n_kv, _row(v_cache, s.head_dim),
-                      v_cache.nb[1], 0, name=f"v-{il}")
-        v = O.permute(v, 0, 2, 1, 3)                            # [hd, n_kv, n_head_kv]
-    qp = O.permute(q, 0, 2, 1, 3)                               # [hd, n_tokens, n_head]
+        v = _streamed(v_cache, s.head_dim, s.n_head_kv, s.n_kv, _row(v_cache, s.head_dim),
+                      v_cache.nb[1], s, f"v-{il}")
+        v = O.permute(v, 0, 2, 1, 3)                            # [hd, n_kv, n_head_kv, ns]
+    q4 = q
+    if ns > 1:
+        q4 = O.reshape(q, s.head_dim, s.n_head, n_tps, ns)
+        kq_mask = O.reshape(kq_mask, kq_mask.ne[0], n_tps, 1, ns)
+    qp = O.permute(q4, 0, 2, 1, 3)                              # [hd, n_tps, n_head, ns]
     if flash:
         out = O.flash_attn_ext(qp, k, v, kq_mask, scale=kq_scale, max_bias=max_bias,
-                               name=f"fattn-{il}")             # [hd, n_head, n_tokens]
+                               name=f"fattn-{il}")             # [hd, n_head, n_tps, ns]
         return O.reshape(out, s.head_dim * s.n_head, s.n_tokens, name=f"kqv_out-{il}")
 
     groups = split_heads(s.n_head, s.n_head_kv, s.n_kv, s.n_tokens, amb_mib)
     if len(groups) == 1:
         kqv = _attend(qp, k, v, kq_mask, kq_scale, max_bias, 0, s.n_head, il, "")
-        cur = O.permute(kqv, 0, 2, 1, 3)                        # [hd, n_head, n_tokens]
+        cur = O.permute(kqv, 0, 2, 1, 3)                        # [hd, n_head, n_tps, ns]
         return O.cont(cur, s.head_dim * s.n_head, s.n_tokens, name=f"kqv_out-{il}")
 
-    # Split attention: each group's [hd, n_tokens, heads] result is copied into its heads of
+    # Split attention: each group's [hd, n_tps, heads, ns] result is copied into its heads of
     # one [hd, n_head, n_tokens] buffer, a fill of q's shape (an O(n_embd) pass)
     gqa = s.n_head // s.n_head_kv
     join = HeadJoin.fill(q, il)
     for step, (h0, nh) in enumerate(groups):
-        qg = O.view_3d(qp, s.head_dim, s.n_tokens, nh, qp.nb[1], qp.nb[2], h0 * qp.nb[2],
-                       name=f"q-{il}-s{step}")
+        qg = _v4(qp, s.head_dim, n_tps, nh, ns, qp.nb[1], qp.nb[2], qp.nb[3], h0 * qp.nb[2],
+                 f"q-{il}-s{step}")
         n_kvh = max(1, nh // gqa)  # a group within one K/V head uses just that head
-        kg = O.view_3d(k, s.head_dim, s.n_kv, n_kvh, k.nb[1], k.nb[2],
-                       (h0 // gqa) * k.nb[2], name=f"k-{il}-s{step}")
-        vg = O.view_3d(v, v.ne[0], v.ne[1], n_kvh, v.nb[1], v.nb[2],
-                       (h0 // gqa) * v.nb[2], name=f"v-{il}-s{step}")
+        kg = _v4(k, s.head_dim, s.n_kv, n_kvh, ns, k.nb[1], k.nb[2], k.nb[3],
+                 (h0 // gqa) * k.nb[2], f"k-{il}-s{step}")
+        vg = _v4(v, v.ne[0], v.ne[1], n_kvh, ns, v.nb[1], v.nb[2], v.nb[3],
+                 (h0 // gqa) * v.nb[2], f"v-{il}-s{step}")
         kqv = _attend(qg, kg, vg, kq_mask, kq_scale, max_bias, h0, s.n_head, il, f"-s{step}")
         dst = join.dest(h0, nh, step)
         join.copy(O.permute(kqv, 0, 2, 1, 3), dst, graph)
     return join.result()
+
+
+def _v4(t: Tensor, ne0: int, ne1: int, ne2: int, ns: int, nb1: int, nb2: int, nb3: int,
+        offset: int, name: str) -> Tensor:
+    """A view with ns streams in dimension 3 (the 3-D view a unified cache has when ns=1)."""
+    if ns == 1:
+        return O.view_3d(t, ne0, ne1, ne2, nb1, nb2, offset, name=name)
+    return O.view_4d(t, ne0, ne1, ne2, ns, nb1, nb2, nb3, offset, name=name)
+
+
+def _streamed(cache: Tensor, ne0: int, ne1: int, ne2: int, nb1: int, nb2: int,
+              s: AttentionShape, name: str) -> Tensor:
+    """A view of the ubatch's streams of a K or V cache tensor (the cache's s.cache_streams
+    streams lie one after another in it; dimension 3 walks them)."""
+    if s.streams == UNIFIED:
+        return O.view_3d(cache, ne0, ne1, ne2, nb1, nb2, 0, name=name)
+    stride = cache.nbytes // s.cache_streams
+    return _v4(cache, ne0, ne1, ne2, s.n_stream, nb1, nb2, stride, s.streams.first * stride,
+               name)
 
 
 class HeadJoin:

@@ -4,8 +4,11 @@ are wanted.
 
 `prepare` checks a batch against the cache the way llama_batch_allocr::init does
 (src/llama-batch.cpp) and fills the positions it leaves out; `split_simple` cuts the result
-into ubatches of at most n_ubatch tokens in order (llama.cpp's split for a unified cache).
-Every error is one line naming the token index, the sequence or the position.
+into ubatches of at most n_ubatch tokens in order (llama.cpp's split for a unified cache),
+`split_equal` into ubatches of equal shares of consecutive sequences (its split for a cache
+with a stream per sequence). Each ubatch remembers its tokens' places in the batch, so the
+logits go back in batch order. Every error is one line naming the token index, the sequence
+or the position.
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ class UBatch:
     pos: np.ndarray                    # int32 [n]
     seq_ids: tuple[tuple[int, ...], ...]
     out: np.ndarray                    # bool [n]: logits wanted
+    index: np.ndarray | None = None    # int64 [n]: each token's place in the batch (None: 0..)
 
     def __len__(self) -> int:
         return int(self.tokens.size)
@@ -64,8 +68,18 @@ class UBatch:
     def out_rows(self) -> np.ndarray:
         return np.flatnonzero(self.out).astype(np.int32)
 
+    @property
+    def places(self) -> np.ndarray:
+        """Each token's place in the batch it came from."""
+        return np.arange(len(self), dtype=np.int64) if self.index is None else self.index
+
     def part(self, a: int, b: int) -> "UBatch":
-        return UBatch(self.tokens[a:b], self.pos[a:b], self.seq_ids[a:b], self.out[a:b])
+        return self.take(np.arange(a, min(b, len(self))))
+
+    def take(self, idx: np.ndarray) -> "UBatch":
+        """The tokens at `idx`, in that order."""
+        return UBatch(self.tokens[idx], self.pos[idx], tuple(self.seq_ids[i] for i in idx),
+                      self.out[idx], self.places[idx])
 
 
 def prepare(batch: Batch, n_vocab: int, n_seq_max: int, mem: SeqPositions) -> UBatch:
@@ -180,3 +194,39 @@ def _check_sequences(pos: np.ndarray, seq_ids: tuple[tuple[int, ...], ...], n_se
 def split_simple(ub: UBatch, n_ubatch: int) -> list[UBatch]:
     """The next n_ubatch tokens at a time, in batch order (llama.cpp's split_simple)."""
     return [ub.part(a, a + n_ubatch) for a in range(0, len(ub), n_ubatch)]
+
+
+def split_equal(ub: UBatch, n_ubatch: int) -> list[UBatch]:
+    """llama.cpp's split_equal(sequential=true), for a cache with a stream per sequence: each
+    ubatch takes sequences with consecutive ids (the first still-waiting token's, then the
+    next id as its tokens come up in batch order), and from each the same number of its next
+    tokens, as many as keep the ubatch within n_ubatch; tokens of a sequence stay in order,
+    and the ubatch lists them sequence after sequence. A token of several sequences has no
+    stream to go to (llama.cpp refuses it too)."""
+    for i, ids in enumerate(ub.seq_ids):
+        if len(ids) > 1:
+            raise ValueError(f"token {i} belongs to sequences {', '.join(map(str, ids))}: with "
+                             f"a KV cache stream per sequence a token has one sequence (use one "
+                             f"unified cache, --kv-unified)")
+    seq = ub.seq
+    waiting = {int(s): list(np.flatnonzero(seq == s)) for s in np.unique(seq)}
+    used = np.zeros(len(ub), bool)
+    out = []
+    while not used.all():
+        chosen: list[int] = []
+        for i in np.flatnonzero(~used):   # sequences with consecutive ids, in batch order
+            s = int(seq[i])
+            if s in chosen or (chosen and s != chosen[-1] + 1):
+                continue
+            chosen.append(s)
+            if len(chosen) > n_ubatch:
+                break
+        chosen = chosen[:n_ubatch]
+        n_each = max(1, min(min(len(waiting[s]) for s in chosen), n_ubatch // len(chosen)))
+        idx = []
+        for s in chosen:
+            idx += waiting[s][:n_each]
+            del waiting[s][:n_each]
+        used[idx] = True
+        out.append(ub.take(np.asarray(idx, np.int64)))
+    return out

@@ -6,16 +6,16 @@ Without flash attention V is stored transposed ([kv_size, n_embd_v]: one row per
 that V*softmax is a plain mul_mat; block types cannot hold one value per row, hence a
 quantized V cache requires flash attention.
 
-Two caches share one protocol, so the engine never asks which it holds: `place(ubatch)` finds
-and takes cells for a ubatch (Slots), `n_kv()` the cells a graph attends to, the sequence
-operations (seq_rm, seq_cp, seq_keep, seq_add, seq_div, seq_pos_min/max), `k_shifts()` the
-pending K-shift, `snapshot()/restore()`, `k` / `v` (every layer's tensors), `nbytes` and
-`summary_lines()` (llama.cpp's memory lines):
-- `KVCache`: one cache of `size` cells for every layer, shared by n_seq_max sequences (one
-  unified stream);
-- `IswaKVCache`: llama.cpp's iswa cache for interleaved sliding-window attention: a full
-  `KVCache` for the global layers and a smaller one for the sliding-window layers, whose
-  cells are reused once outside the window (a ring, for one sequence).
+`KVCache` holds `size` cells per stream for every layer: one stream that n_seq_max sequences
+share (llama.cpp's --kv-unified), or a stream per sequence, each its own region of every
+layer's tensors. Its protocol, which graphs/models/kv_iswa.py's IswaKVCache also keeps, so
+the engine never asks which cache it holds: `split(batch)` cuts a batch into ubatches as
+llama.cpp does for the layout, `place(ubatch)` finds and takes cells for a ubatch (Slots),
+`streams_of(ubatch)` the streams its graph attends in, `n_kv()` the cells a graph attends to,
+the sequence operations (seq_rm, seq_cp, seq_keep, seq_add, seq_div, seq_pos_min/max),
+`k_shifts()` the pending K-shift, `stream_copies()` the pending copies of whole streams (seq_cp
+across streams), `snapshot()/restore()`, `k` / `v` (every layer's tensors), `nbytes` and
+`summary_lines()` (llama.cpp's memory lines).
 
 Sequence shifts move positions, not rows (llama.cpp's seq_add): the cells record each
 position's change, and `shift_graph` re-ropes those cells' K in place through the model's own
@@ -24,7 +24,7 @@ rope (llama.cpp's K-shift) before the next evaluation.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -34,11 +34,41 @@ from ggraph.ir.tensor import Context, Tensor
 from ggraph.ir.types import kv_types
 from ggraph.ir.types import GGMLType, row_size, MIB
 
-from ggraph.graphs.models.batch import UBatch
-from ggraph.graphs.models.kv_cells import KVCells
+from ggraph.graphs.models.batch import UBatch, split_equal, split_simple
+from ggraph.graphs.models.kv_cells import KVCells, pos_range
 
 KV_PAD = 256  # llama.cpp pads the attended cells to 256
 CACHE_TYPES = kv_types()  # -ctk/-ctv: the types whose record says kv=True
+
+
+@dataclass(frozen=True)
+class StreamRange:
+    """The streams a ubatch attends in: `count` consecutive streams from `first`, each with
+    an equal share of the ubatch's tokens, in stream order (llama.cpp's slot_info s0..s1).
+    A unified cache has one stream, so every ubatch is UNIFIED."""
+    first: int = 0
+    count: int = 1
+
+
+UNIFIED = StreamRange()
+
+
+def stream_size(n_ctx: int, n_seq_max: int, unified: bool) -> int:
+    """Cells per stream: the context for one unified stream; for a stream per sequence
+    llama.cpp's n_ctx_seq, pad256(pad256(n_ctx) / n_seq_max) (llama_context's constructor)."""
+    if unified or n_seq_max == 1:
+        return n_ctx
+    return -(-(-(-n_ctx // KV_PAD) * KV_PAD // n_seq_max) // KV_PAD) * KV_PAD
+
+
+def worst_ubatch(n_ctx: int, n_ubatch: int, n_stream: int) -> tuple[int, StreamRange]:
+    """The worst-case ubatch llama.cpp reserves: min(n_ctx, n_ubatch) tokens, in equal
+    shares of every stream when there is a stream per sequence (ubatch_reserve)."""
+    n = min(n_ctx, n_ubatch)
+    if n_stream == 1:
+        return n, UNIFIED
+    n_tps = max(1, n // n_stream)
+    return n_tps * n_stream, StreamRange(0, n_stream)
 
 
 @dataclass
@@ -53,20 +83,33 @@ class KVCache:
     layer_ids: list[int] = field(default_factory=list)  # the model layer of each k/v entry
     n_seq_max: int = 1
     n_swa: int = 0    # > 0: the cells of a sliding window (reused once outside it)
-    cells: KVCells = field(init=False)
+    n_stream: int = 1  # 1: unified; n_seq_max: a region of `size` cells per sequence
+    streams: list[KVCells] = field(init=False)
+    # seq_cp across streams: (source, destination) streams whose rows are copied whole at
+    # the next decode, before the K-shift (llama.cpp's sc_info)
+    copies: list[tuple[int, int]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
-        self.cells = KVCells(self.size, self.n_seq_max, self.n_swa)
+        if self.n_stream not in (1, self.n_seq_max):
+            raise ValueError(f"a cache has one stream or one per sequence, got "
+                             f"{self.n_stream} for {self.n_seq_max} sequences")
+        self.streams = [KVCells(self.size, self.n_seq_max, self.n_swa)
+                        for _ in range(self.n_stream)]
 
     @classmethod
     def create(cls, ctx: Context, n_layer: int, n_embd_k: int, n_embd_v: int, size: int,
                type_k: GGMLType | str = "f16", type_v: GGMLType | str = "f16",
                flash_attn: bool = False, layer_ids: Sequence[int] | None = None,
-               n_seq_max: int = 1, n_swa: int = 0) -> "KVCache":
-        """A cache of `size` cells for n_layer layers and n_seq_max sequences; `layer_ids`
-        names the model layers they are (default 0..n_layer-1), which the tensor names carry
-        (cache_k_l{il}) so placement puts each with its layer; n_swa > 0 makes it a
-        sliding-window cache."""
+               n_seq_max: int = 1, n_swa: int = 0, unified: bool = True) -> "KVCache":
+        """A cache of `size` cells for n_layer layers and n_seq_max sequences (unified: one
+        stream of `size` cells that every sequence shares; otherwise a stream of `size` cells
+        per sequence, llama.cpp without --kv-unified); `layer_ids` names the model layers they
+        are (default 0..n_layer-1), which the tensor names carry (cache_k_l{il}) so placement
+        puts each with its layer; n_swa > 0 makes it a sliding-window cache.
+
+        Streams lie one after another in each layer's tensors (K [n_embd_k, size * n_stream],
+        a transposed V [size, n_embd_v * n_stream]: llama.cpp's [.., size, n_stream] bytes),
+        so a cell's row is stream * size + cell."""
         ids = list(range(n_layer)) if layer_ids is None else list(layer_ids)
         if len(ids) != n_layer:
             raise ValueError(f"{len(ids)} layer ids for a cache of {n_layer} layers")
@@ -79,12 +122,13 @@ class KVCache:
             if n % t.block_size:
                 raise ValueError(f"{role} rows of {n} values do not fit {t} blocks of "
                                  f"{t.block_size}")
+        ns = 1 if unified else n_seq_max
         c = cls(size, n_layer, tk, tv, v_trans=not flash_attn, layer_ids=ids,
-                n_seq_max=n_seq_max, n_swa=n_swa)
+                n_seq_max=n_seq_max, n_swa=n_swa, n_stream=ns)
         for il in ids:
-            k = ctx.new_tensor(tk, (n_embd_k, size), name=f"cache_k_l{il}")
-            v = ctx.new_tensor(tv, (size, n_embd_v) if c.v_trans else (n_embd_v, size),
-                               name=f"cache_v_l{il}")
+            k = ctx.new_tensor(tk, (n_embd_k, size * ns), name=f"cache_k_l{il}")
+            v = ctx.new_tensor(tv, (size, n_embd_v * ns) if c.v_trans else
+                               (n_embd_v, size * ns), name=f"cache_v_l{il}")
             k.buffer = v.buffer = "kv_cache"
             c.k.append(k)
             c.v.append(v)
@@ -104,7 +148,7 @@ class KVCache:
 
     def summary(self) -> str:
         """llama.cpp's line: `llama_kv_cache: size = 90.00 MiB (4096 cells, 30 layers, 1/1
-        seqs), K (f16): 45.00 MiB, V (f16): 45.00 MiB`."""
+        seqs), K (f16): 45.00 MiB, V (f16): 45.00 MiB` (cells of one stream)."""
         return (f"llama_kv_cache: size = {self.nbytes / MIB:7.2f} MiB ({self.size:6d} cells, "
                 f"{self.n_layer:3d} layers, {self.seqs_word()} seqs), K ({self.type_k}): "
                 f"{self.bytes_k / MIB:7.2f} MiB, V ({self.type_v}): {self.bytes_v / MIB:7.2f} MiB")
@@ -118,64 +162,122 @@ class KVCache:
         return self.layer_ids[i] if self.layer_ids else i
 
     def seqs_word(self) -> str:
-        """llama.cpp's "n_seq_max/n_stream" (one unified stream here): "4/1"."""
-        return f"{self.n_seq_max:2d}/1"   # llama.cpp's "%2u/%u"
+        """llama.cpp's "n_seq_max/n_stream": "4/1" unified, "4/4" a stream each."""
+        return f"{self.n_seq_max:2d}/{self.n_stream}"   # llama.cpp's "%2u/%u"
 
     # -- cells and sequences (graphs/models/kv_cells.py) ----------------------------------------
+    @property
+    def cells(self) -> KVCells:
+        """The cells of sequence 0's stream (a unified cache's only one)."""
+        return self.streams[0]
+
+    def stream(self, s: int) -> KVCells:
+        """The cells sequence s lives in (its own stream unless unified)."""
+        return self.streams[self.streams[0].check_seq(s) if self.n_stream > 1 else 0]
+
     @property
     def n_used(self) -> int:
         """Tokens of sequence 0 (its last position + 1): the single-sequence view."""
         return self.cells.seq_pos_max(0) + 1
 
     def n_kv(self) -> int:
-        """The cells a graph attends to: the used ones padded to KV_PAD (at least KV_PAD),
-        at most the cache (llama_kv_cache::get_n_kv)."""
-        return min(self.size, max(KV_PAD, -(-self.cells.used_max_p1 // KV_PAD) * KV_PAD))
+        """The cells a graph attends to in each stream: the used ones padded to KV_PAD (at
+        least KV_PAD), at most the stream, the largest over streams (llama_kv_cache::get_n_kv)."""
+        used = max(c.used_max_p1 for c in self.streams)
+        return min(self.size, max(KV_PAD, -(-used // KV_PAD) * KV_PAD))
+
+    def streams_of(self, ub: UBatch) -> StreamRange:
+        """The streams a ubatch split for this cache attends in (split_ubatches)."""
+        if self.n_stream == 1:
+            return UNIFIED
+        seqs = np.unique(ub.seq)
+        return StreamRange(int(seqs[0]), int(seqs.size))
+
+    def split(self, ub: UBatch, n_ubatch: int) -> list[UBatch]:
+        """The ubatches of a prepared batch: n_ubatch tokens at a time in order for one
+        stream (split_simple), equal shares of consecutive sequences for a stream each
+        (split_equal), as llama.cpp splits for its cache."""
+        return split_simple(ub, n_ubatch) if self.n_stream == 1 else split_equal(ub, n_ubatch)
 
     def place(self, ub: UBatch) -> Slots | None:
-        """Find and take cells for the ubatch's tokens (None: no room, nothing changed)."""
-        cells = self.cells.find_slot(len(ub))
-        if cells is None:
-            return None
-        self.cells.apply(cells, ub.pos, ub.seq_ids)
-        return Slots(cells)
+        """Find and take cells for the ubatch's tokens (None: no room, nothing changed); the
+        slots are rows of the layers' tensors (stream * size + cell)."""
+        if self.n_stream == 1:
+            cells = self.cells.find_slot(len(ub))
+            if cells is None:
+                return None
+            self.cells.apply(cells, ub.pos, ub.seq_ids)
+            return Slots(cells)
+        found = []
+        for s, (a, b) in stream_parts(ub):
+            cells = self.streams[s].find_slot(b - a)
+            if cells is None:
+                return None
+            found.append((s, a, b, cells))
+        for s, a, b, cells in found:   # every stream has room: take them
+            self.streams[s].apply(cells, ub.pos[a:b], ub.seq_ids[a:b])
+        return Slots(np.concatenate([s * self.size + c for s, _, _, c in found]))
 
     def n_free(self) -> int:
-        """Cells not holding any position."""
-        return self.size - self.cells.used
+        """Cells not holding any position (in every stream)."""
+        return sum(self.size - c.used for c in self.streams)
 
     def mask(self, ub: UBatch, n_kv: int) -> np.ndarray:
-        return self.cells.mask(ub.pos, ub.seq, n_kv)
+        """[n_tokens, n_kv]: each token's row over its stream's first n_kv cells (the
+        graph's [n_kv, n_tokens / n_stream, 1, n_stream] mask, llama.cpp's layout)."""
+        if self.n_stream == 1:
+            return self.cells.mask(ub.pos, ub.seq, n_kv)
+        return np.concatenate([self.streams[s].mask(ub.pos[a:b], ub.seq[a:b], n_kv)
+                               for s, (a, b) in stream_parts(ub)])
 
     def snapshot(self) -> object:
-        return self.cells.snapshot()
+        return [c.snapshot() for c in self.streams], list(self.copies)
 
     def restore(self, snap: object) -> None:
-        self.cells.restore(snap)  # type: ignore[arg-type]
+        cells, copies = snap  # type: ignore[misc]
+        for c, s in zip(self.streams, cells):
+            c.restore(s)
+        self.copies = list(copies)
 
     def clear(self) -> None:
-        self.cells.clear()
+        for c in self.streams:
+            c.clear()
+        self.copies = []
 
     def seq_pos_min(self, s: int) -> int:
-        return self.cells.seq_pos_min(s)
+        return self.stream(s).seq_pos_min(s)
 
     def seq_pos_max(self, s: int) -> int:
-        return self.cells.seq_pos_max(s)
+        return self.stream(s).seq_pos_max(s)
 
     def seq_rm(self, s: int, p0: int = -1, p1: int = -1) -> None:
-        self.cells.seq_rm(s, p0, p1)
+        for c in (self.streams if s < 0 else [self.stream(s)]):
+            c.seq_rm(s, p0, p1)
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        self.cells.seq_cp(src, dst, p0, p1)
+        """dst shares src's cells in one stream; across streams (one per sequence) dst's
+        stream becomes a copy of src's, rows and all, at the next decode (whole sequences
+        only, as llama.cpp)."""
+        a, b = self.stream(src), self.stream(dst)
+        if a is b:
+            a.seq_cp(src, dst, p0, p1)
+            return
+        lo, hi = pos_range(p0, p1)
+        if lo > 0 or hi < self.size - 1:
+            raise ValueError(f"seq_cp({src}, {dst}, {p0}, {p1}): with a stream per sequence "
+                             f"(not --kv-unified) a copy takes the whole sequence (p0 = p1 = "
+                             f"-1), as llama.cpp")
+        b.take_seq(a, src, dst)
+        self.copies.append((src, dst))
 
     def seq_keep(self, s: int) -> None:
-        self.cells.seq_keep(s)
+        self.stream(s).seq_keep(s)
 
     def seq_add(self, s: int, p0: int, p1: int, delta: int) -> None:
-        self.cells.seq_add(s, p0, p1, delta)
+        self.stream(s).seq_add(s, p0, p1, delta)
 
     def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
-        self.cells.seq_div(s, p0, p1, d)
+        self.stream(s).seq_div(s, p0, p1, d)
 
     def check_cut(self, s: int, n: int) -> None:
         """Whether sequence s can be cut back to its first n positions and go on from there
@@ -183,20 +285,49 @@ class KVCache:
         if self.n_swa <= 0 or n == 0:
             return
         need = np.arange(max(0, n - self.n_swa + 1), n)
-        lost = np.setdiff1d(need, self.cells.seq_positions(s))
+        lost = np.setdiff1d(need, self.stream(s).seq_positions(s))
         if lost.size:
             raise ValueError(f"cannot cut sequence {s} back to {n} tokens: the "
                              f"sliding-window cache ({self.size} cells) no longer holds "
                              f"positions {lost[0]}..{lost[-1]} of its window")
 
     def k_shifts(self) -> list["CellMoves"]:
-        """The pending K-shift (cells whose positions moved, re-roped in place); cleared by
-        `reset_shift` once run."""
-        cells, delta = self.cells.shifted()
-        return [CellMoves(self, cells, cells, delta)] if cells.size else []
+        """The pending K-shift (cells whose positions moved, re-roped in place), as rows of
+        the layers' tensors; cleared by `reset_shift` once run."""
+        rows, deltas = [], []
+        for s, c in enumerate(self.streams):
+            cells, delta = c.shifted()
+            rows.append(s * self.size + cells)
+            deltas.append(delta)
+        moved = np.concatenate(rows)
+        return [CellMoves(self, moved, moved, np.concatenate(deltas))] if moved.size else []
 
     def reset_shift(self) -> None:
-        self.cells.reset_shift()
+        for c in self.streams:
+            c.reset_shift()
+
+    def stream_copies(self) -> list["StreamCopy"]:
+        """Pending whole-stream copies, oldest first; cleared by `reset_copies` once run."""
+        return [StreamCopy(self, a, b) for a, b in self.copies]
+
+    def stream_rows(self, t: Tensor, s: int) -> Tensor:
+        """The view of stream s's rows in t, one of this cache's K or V tensors."""
+        if self.v_trans and any(t is v for v in self.v):   # [size, n_embd_v * n_stream]
+            n_v = t.ne[1] // self.n_stream
+            return O.view_2d(t, self.size, n_v, t.nb[1], s * n_v * t.nb[1])
+        return O.view_2d(t, t.ne[0], self.size, t.nb[1], s * self.size * t.nb[1])
+
+    def reset_copies(self) -> None:
+        self.copies = []
+
+
+def stream_parts(ub: UBatch) -> list[tuple[int, tuple[int, int]]]:
+    """(stream, (first, end)) of each sequence's run of tokens in a ubatch split for a stream
+    per sequence (split_equal: consecutive runs, one sequence each)."""
+    seq = ub.seq
+    starts = np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]])
+    ends = np.r_[starts[1:], seq.size]
+    return [(int(seq[a]), (int(a), int(b))) for a, b in zip(starts, ends)]
 
 
 @dataclass
@@ -204,6 +335,29 @@ class Slots:
     """The cells a ubatch's tokens went to: of the cache, and of a sliding-window part."""
     cells: np.ndarray
     swa: np.ndarray | None = None
+
+
+@dataclass
+class StreamCopy:
+    """One cache's pending copy of stream src's rows, every layer's K and V, over stream
+    dst's (seq_cp across streams)."""
+    cache: KVCache
+    src: int
+    dst: int
+
+
+def copy_graph(copies: Sequence[StreamCopy]) -> Graph | None:
+    """The graph carrying out `copies` in order (byte copies of each layer's rows; None
+    when there are none), run before the K-shift as llama.cpp's update runs them."""
+    outs = [O.cpy(c.cache.stream_rows(t, c.src), c.cache.stream_rows(t, c.dst),
+                  name=f"stream_copy-{c.src}-{c.dst}")
+            for c in copies for t in c.cache.k + c.cache.v]
+    if not outs:
+        return None
+    graph = Graph(max(2048, 2 * len(outs)))
+    for t in outs:
+        graph.build_forward_expand(t)
+    return graph
 
 
 @dataclass
@@ -248,11 +402,10 @@ def shift_graph(ctx: Context, moves: Sequence[CellMoves], rope: RopeShift
             outs.append(O.set_rows(k, rows, dst, name=f"k_shifted-{c.layer(i)}"))
         if np.array_equal(mv.src, mv.dst):   # in place: V stays where it is
             continue
-        if c.v_trans and c.v:   # value j of cell x is row j * size + x
-            n_v = c.v[0].ne[1]
-            chans = np.arange(n_v, dtype=np.int64)[:, None] * c.size
-            vsrc = index("shift_vsrc", "i32", (chans + mv.src[None, :]).reshape(-1))
-            vdst = index("shift_vdst", "i64", (chans + mv.dst[None, :]).reshape(-1))
+        if c.v_trans and c.v:   # every value of a cell is its own row
+            n_v = c.v[0].ne[1] // c.n_stream
+            vsrc = index("shift_vsrc", "i32", v_value_rows(c.size, mv.src, n_v))
+            vdst = index("shift_vdst", "i64", v_value_rows(c.size, mv.dst, n_v))
         for i, v in enumerate(c.v):
             if c.v_trans:
                 flat = O.reshape(v, 1, v.nelements)
@@ -269,8 +422,19 @@ def shift_graph(ctx: Context, moves: Sequence[CellMoves], rope: RopeShift
     return graph, values
 
 
-def check_graph_fits(cache: "KVCache | IswaKVCache", n_kv: int, flash_attn: bool) -> None:
-    """A graph over `cache` attends to at most its size in cells, and its attention path must
+def v_value_rows(size: int, rows: np.ndarray, n_embd_v: int) -> np.ndarray:
+    """The rows of a transposed V cache ([size, n_embd_v] per stream, one value per row)
+    holding the values of cache rows `rows` (stream * size + cell), cell by cell: value j of
+    cell x of stream s is row (s * n_embd_v + j) * size + x."""
+    rows = np.asarray(rows, np.int64)
+    s, x = rows // size, rows % size
+    j = np.arange(n_embd_v, dtype=np.int64)[None, :]
+    return ((s[:, None] * n_embd_v + j) * size + x[:, None]).reshape(-1)
+
+
+def check_graph_fits(cache: Any, n_kv: int, flash_attn: bool) -> None:
+    """A graph over `cache` (a KVCache, or one with its protocol: graphs/models/kv_iswa.py)
+    attends to at most its size in cells (of a stream), and its attention path must
     match the V layout the cache was created with (transposed V without flash attention)."""
     if n_kv > cache.size:
         raise ValueError(f"n_kv={n_kv} exceeds the KV cache size {cache.size}")
@@ -304,198 +468,3 @@ def kv_cache_bytes(n_layer: int, n_embd_k: int, n_embd_v: int, size: int, type_k
                    type_v: GGMLType) -> int:
     """The formula: row_size(type, n_embd) * kv_size per layer, K plus V."""
     return n_layer * size * (row_size(type_k, n_embd_k) + row_size(type_v, n_embd_v))
-
-
-SWA_PAD = 256  # llama.cpp always pads the sliding-window cache to 256 cells
-
-
-def swa_cache_size(size: int, n_swa: int, n_ubatch: int, swa_full: bool = False,
-                   n_seq_max: int = 1) -> int:
-    """Cells of the sliding-window cache as llama.cpp sizes it (llama_kv_cache_iswa, one
-    unified stream): pad256(min(n_ctx, n_swa * n_seq_max + n_ubatch)), every sequence keeping
-    its own window, or the full context with swa_full."""
-    if swa_full:
-        return size
-    n = min(size, n_swa * n_seq_max + n_ubatch)
-    return -(-n // SWA_PAD) * SWA_PAD
-
-
-@dataclass
-class IswaKVCache:
-    """llama.cpp's iswa cache: `base` (n_ctx cells) holds the global layers, `swa` the
-    sliding-window layers in pad256(n_swa + n_ubatch) cells, reused once outside the window
-    (for one sequence appending, cell = position % size: a ring). Both place every token and
-    take every sequence operation, as llama_kv_cache_iswa does.
-
-    A ubatch never overwrites a cell one of its own queries reads while swa.size >= n_swa +
-    n_ubatch (checked by `check_ubatch`).
-    """
-    base: KVCache
-    swa: KVCache
-    n_swa: int
-    is_swa: tuple[bool, ...]
-
-    @classmethod
-    def create(cls, ctx: Context, is_swa: Sequence[bool], n_embd_k: int, n_embd_v: int,
-               size: int, n_swa: int, n_ubatch: int, type_k: GGMLType | str = "f16",
-               type_v: GGMLType | str = "f16", flash_attn: bool = False,
-               swa_full: bool = False, n_seq_max: int = 1) -> IswaKVCache:
-        """The two caches: is_swa[il] says which holds layer il."""
-        if n_swa <= 0:
-            raise ValueError(f"an iswa cache needs a sliding window, got n_swa={n_swa}")
-        flags = tuple(bool(x) for x in is_swa)
-        glob = [il for il, s in enumerate(flags) if not s]
-        local = [il for il, s in enumerate(flags) if s]
-        base = KVCache.create(ctx, len(glob), n_embd_k, n_embd_v, size, type_k, type_v,
-                              flash_attn, layer_ids=glob, n_seq_max=n_seq_max)
-        n_swa_cells = swa_cache_size(size, n_swa, n_ubatch, swa_full, n_seq_max)
-        swa = KVCache.create(ctx, len(local), n_embd_k, n_embd_v, n_swa_cells, type_k, type_v,
-                             flash_attn, layer_ids=local, n_seq_max=n_seq_max, n_swa=n_swa)
-        c = cls(base, swa, n_swa, flags)
-        c.check_ubatch(min(size, n_ubatch))
-        return c
-
-    def check_ubatch(self, n_tokens: int) -> None:
-        """A ubatch of n_tokens must not overwrite a ring cell that one of its queries reads."""
-        if self.swa.size < self.base.size and self.swa.size < self.n_swa + n_tokens:
-            raise ValueError(f"a ubatch of {n_tokens} tokens does not fit the sliding-window "
-                             f"cache of {self.swa.size} cells with a window of {self.n_swa}: it "
-                             f"needs at least n_swa + n_ubatch = {self.n_swa + n_tokens}")
-
-    # -- the protocol the engine uses -----------------------------------------------------------
-    @property
-    def size(self) -> int:
-        return self.base.size
-
-    @property
-    def n_seq_max(self) -> int:
-        return self.base.n_seq_max
-
-    @property
-    def n_layer(self) -> int:
-        return len(self.is_swa)
-
-    @property
-    def type_k(self) -> GGMLType:
-        return self.base.type_k
-
-    @property
-    def type_v(self) -> GGMLType:
-        return self.base.type_v
-
-    @property
-    def v_trans(self) -> bool:
-        return self.base.v_trans
-
-    def part(self, il: int) -> tuple[KVCache, int]:
-        """The cache holding layer il and the layer's index in it."""
-        sub = self.swa if self.is_swa[il] else self.base
-        return sub, sum(1 for j in range(il) if self.is_swa[j] == self.is_swa[il])
-
-    @property
-    def k(self) -> list[Tensor]:
-        """Every layer's K tensor, by layer."""
-        return [self.part(il)[0].k[self.part(il)[1]] for il in range(self.n_layer)]
-
-    @property
-    def v(self) -> list[Tensor]:
-        return [self.part(il)[0].v[self.part(il)[1]] for il in range(self.n_layer)]
-
-    @property
-    def bytes_k(self) -> int:
-        return self.base.bytes_k + self.swa.bytes_k
-
-    @property
-    def bytes_v(self) -> int:
-        return self.base.bytes_v + self.swa.bytes_v
-
-    @property
-    def nbytes(self) -> int:
-        return self.base.nbytes + self.swa.nbytes
-
-    def summary_lines(self) -> list[str]:
-        """llama.cpp's lines: each cache announced by llama_kv_cache_iswa, then its own line."""
-        return [f"llama_kv_cache_iswa: creating non-SWA KV cache, size = {self.base.size} cells",
-                self.base.summary(),
-                f"llama_kv_cache_iswa: creating     SWA KV cache, size = {self.swa.size} cells",
-                self.swa.summary()]
-
-    def summary(self) -> str:
-        return "\n".join(self.summary_lines())
-
-    # -- cells and sequences: both parts ------------------------------------------------------
-    @property
-    def n_used(self) -> int:
-        """Tokens of sequence 0 (its last position + 1)."""
-        return self.base.n_used
-
-    def n_kv(self) -> int:
-        """Cells of the global cache a graph attends to; large enough that its first
-        min(n_kv, swa.size) ring cells cover the ring's used ones too (swa_n_kv)."""
-        return min(self.base.size, max(self.base.n_kv(), self.swa.n_kv()))
-
-    def swa_n_kv(self, n_kv: int) -> int:
-        """The ring cells a graph attending to the first n_kv global cells reads."""
-        return min(self.swa.size, n_kv)
-
-    def place(self, ub: UBatch) -> Slots | None:
-        snap = self.swa.snapshot()
-        swa = self.swa.place(ub)
-        if swa is None:
-            return None
-        base = self.base.place(ub)
-        if base is None:
-            self.swa.restore(snap)
-            return None
-        return Slots(base.cells, swa.cells)
-
-    def n_free(self) -> int:
-        return self.base.n_free()
-
-    def snapshot(self) -> object:
-        return self.base.snapshot(), self.swa.snapshot()
-
-    def restore(self, snap: object) -> None:
-        b, w = snap  # type: ignore[misc]
-        self.base.restore(b)
-        self.swa.restore(w)
-
-    def clear(self) -> None:
-        self.base.clear()
-        self.swa.clear()
-
-    def seq_pos_min(self, s: int) -> int:
-        return self.base.seq_pos_min(s)
-
-    def seq_pos_max(self, s: int) -> int:
-        return self.base.seq_pos_max(s)
-
-    def seq_rm(self, s: int, p0: int = -1, p1: int = -1) -> None:
-        self.base.seq_rm(s, p0, p1)
-        self.swa.seq_rm(s, p0, p1)
-
-    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        self.base.seq_cp(src, dst, p0, p1)
-        self.swa.seq_cp(src, dst, p0, p1)
-
-    def seq_keep(self, s: int) -> None:
-        self.base.seq_keep(s)
-        self.swa.seq_keep(s)
-
-    def seq_add(self, s: int, p0: int, p1: int, delta: int) -> None:
-        self.base.seq_add(s, p0, p1, delta)
-        self.swa.seq_add(s, p0, p1, delta)
-
-    def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
-        self.base.seq_div(s, p0, p1, d)
-        self.swa.seq_div(s, p0, p1, d)
-
-    def check_cut(self, s: int, n: int) -> None:
-        self.swa.check_cut(s, n)
-
-    def k_shifts(self) -> list[CellMoves]:
-        return self.base.k_shifts() + self.swa.k_shifts()
-
-    def reset_shift(self) -> None:
-        self.base.reset_shift()
-        self.swa.reset_shift()

@@ -240,6 +240,18 @@ class KVCells:
         self.pos[sel] = old // d
         self.shift[sel] += old - self.pos[sel]
 
+    def take_seq(self, other: "KVCells", src: int, dst: int) -> None:
+        """Become a copy of sequence src's cells of `other` as sequence dst, cell for cell
+        (llama.cpp's seq_cp across streams, whose rows are copied whole): what this stream
+        held is dropped; pending shifts come along, so each stream re-ropes its own rows."""
+        src, dst = other.check_seq(src), self.check_seq(dst)
+        self.clear()
+        has = other.seq[:, src] & (other.pos >= 0)
+        self.pos[has] = other.pos[has]
+        self.seq[has, dst] = True
+        self.shift[has] = other.shift[has]
+        self.head = other.head
+
     # -- the K-shift ---------------------------------------------------------------------------
     def shifted(self) -> tuple[np.ndarray, np.ndarray]:
         """The non-empty cells whose positions moved since the last K-shift, and by how

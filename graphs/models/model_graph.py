@@ -5,7 +5,7 @@
 was built for. `GraphInputs` are the input leafs of a causal language model with a KV cache
 (tokens, positions, the KQ mask, the cache cells to write, the output rows), created in one
 place in llama.cpp's names. `IswaInputs` add a second set (mask and cells) for the
-sliding-window layers of an iswa cache (graphs/models/kv_cache.py's IswaKVCache).
+sliding-window layers of an iswa cache (graphs/models/kv_iswa.py's IswaKVCache).
 
 `ubatch_values` gives their values for a ubatch the cache has placed (any mix of sequences:
 the masks come from the cache's cells); `causal_batch` and `iswa_batch` give them, without
@@ -24,7 +24,8 @@ from ggraph.ir.tensor import Context, Tensor
 from ggraph.ir.types import GGMLType
 
 from ggraph.graphs.models.batch import UBatch
-from ggraph.graphs.models.kv_cache import IswaKVCache, KVCache, Slots
+from ggraph.graphs.models.kv_cache import KVCache, Slots, v_value_rows
+from ggraph.graphs.models.kv_iswa import IswaKVCache
 
 InputsT = TypeVar("InputsT")
 
@@ -132,10 +133,9 @@ def cell_values(cache: KVCache, kq_mask: Tensor, mask: np.ndarray, k_idxs: Tenso
         if cache.v_trans:  # (from the index count: a cache may hold no layer, as the global
             #                  one of a model whose every layer slides)
             n_embd_v = v_idxs.ne[0] // max(len(cells), 1)
-            v_idx = np.arange(n_embd_v, dtype=np.int64)[None, :] * cache.size + cells[:, None]
+            values[v_idxs] = v_value_rows(cache.size, cells, n_embd_v)
         else:
-            v_idx = cells
-        values[v_idxs] = v_idx.reshape(-1)
+            values[v_idxs] = np.asarray(cells, np.int64)
     return values
 
 

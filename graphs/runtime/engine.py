@@ -42,8 +42,9 @@ from ggraph.ir.tensor import Context
 
 from ggraph.graphs.models.arch import KShift, build_model, supports
 from ggraph.graphs.gguf.gguf_file import GGUFError, load_gguf, lock_memory
-from ggraph.graphs.models.batch import Batch, UBatch, check_tokens, prepare, split_simple
-from ggraph.graphs.models.kv_cache import shift_graph
+from ggraph.graphs.models.batch import Batch, UBatch, check_tokens, prepare
+from ggraph.graphs.models.kv_cache import (UNIFIED, StreamRange, copy_graph, shift_graph,
+                                           stream_size, worst_ubatch)
 from ggraph.graphs.models.model_graph import ModelGraph
 from ggraph.graphs.runtime.memory_words import memory_lines
 from ggraph.graphs.deploy.placement import LayerMap, layer_map, parse_devices, place_tensors
@@ -80,7 +81,7 @@ class EngineConfig:
     # --swa-full): more memory, every position's K/V kept
     swa_full: bool = False
     # sequences the KV cache holds (llama.cpp's -np / n_seq_max), in one unified stream of
-    # cells (--kv-unified); one region per sequence is not built yet
+    # n_ctx cells (--kv-unified), or a stream each of pad256(n_ctx / n_seq_max) cells
     n_seq_max: int = 1
     kv_unified: bool = True
     backend: str = "cpu"
@@ -205,14 +206,11 @@ class Engine:
                 raise
             self._tokenizer_error = e
         self.ctx = Context("engine")
-        if cfg.n_seq_max > 1 and not cfg.kv_unified:
-            raise ValueError(f"n_seq_max={cfg.n_seq_max} without kv_unified: a KV cache region "
-                             f"per sequence is not built yet; use one unified cache "
-                             f"(--kv-unified)")
         # a sliding-window cache is sized from the ubatch (llama.cpp: n_swa + n_ubatch)
-        self.cache = self.model.new_cache(self.ctx, cfg.n_ctx, cfg.type_k, cfg.type_v,
-                                          cfg.flash_attn, n_ubatch=cfg.n_ubatch,
-                                          swa_full=cfg.swa_full, n_seq_max=cfg.n_seq_max)
+        self.cache = self.model.new_cache(
+            self.ctx, stream_size(cfg.n_ctx, cfg.n_seq_max, cfg.kv_unified), cfg.type_k,
+            cfg.type_v, cfg.flash_attn, n_ubatch=cfg.n_ubatch, swa_full=cfg.swa_full,
+            n_seq_max=cfg.n_seq_max, unified=cfg.kv_unified)
         kw: dict[str, Any] = {}
         host = registry.kind(cfg.backend).threads   # the CPU backend: threads, packed weights
         if host and cfg.n_threads:
@@ -230,7 +228,7 @@ class Engine:
         self.timings = Timings()
         self.stop_reason = "n_predict"  # why the last generate() ended (see generate)
         self.compiled = 0  # numba functions the warmup compiled (not found in numba's cache)
-        self._graphs: dict[tuple[int, int, int], ModelGraph] = {}
+        self._graphs: dict[tuple[int, int, int, StreamRange], ModelGraph] = {}
         # the worst case's compute buffer per device (the host last)
         self.reserve_plans = self.reserve()
         self.check_host_memory()
@@ -284,12 +282,18 @@ class Engine:
                 self.runner.place(t, d)
 
     # -- memory -------------------------------------------------------------------------------
-    def build(self, n_tokens: int, n_kv: int, n_outputs: int) -> ModelGraph:
-        key = (n_tokens, n_kv, n_outputs)
+    @property
+    def n_ctx_seq(self) -> int:
+        """The positions one sequence can hold: the context, or its stream's share of it."""
+        return self.cache.size
+
+    def build(self, n_tokens: int, n_kv: int, n_outputs: int,
+              streams: StreamRange = UNIFIED) -> ModelGraph:
+        key = (n_tokens, n_kv, n_outputs, streams)
         mg = self._graphs.pop(key, None)
         if mg is None:
             mg = self.model.build(self.ctx, self.cache, n_tokens, n_kv, n_outputs,
-                                  self.cfg.flash_attn, self.cfg.amb_mib)
+                                  self.cfg.flash_attn, self.cfg.amb_mib, streams=streams)
             self._place(mg.graph)
         self._graphs[key] = mg  # most recent last; a few kept (prompt and decode alternate)
         while len(self._graphs) > 4:
@@ -297,14 +301,15 @@ class Engine:
         return mg
 
     def reserve(self) -> list[ComputeBuffer]:
-        """Build the worst-case graph and size every device's compute buffer on it."""
-        n = min(self.cfg.n_ctx, self.cfg.n_ubatch)
+        """Build the worst-case graph and size every device's compute buffer on it (with a
+        stream per sequence: a ubatch of every stream, as llama.cpp reserves)."""
+        n, streams = worst_ubatch(self.cfg.n_ctx, self.cfg.n_ubatch, self.cache.n_stream)
         if self.cfg.reserve_outputs not in ("all", "last"):
             raise ValueError(f"reserve_outputs must be 'all' or 'last', got "
                              f"{self.cfg.reserve_outputs!r}")
         n_out = n if self.cfg.reserve_outputs == "all" else 1
-        mg = self.model.build(self.ctx, self.cache, n, self.cfg.n_ctx, n_out,
-                              self.cfg.flash_attn, self.cfg.amb_mib)
+        mg = self.model.build(self.ctx, self.cache, n, self.cache.size, n_out,
+                              self.cfg.flash_attn, self.cfg.amb_mib, streams=streams)
         self.worst_case = mg
         self._place(mg.graph)
         return self.runner.reserve(mg.graph)
@@ -345,7 +350,8 @@ class Engine:
         """Evaluate a batch of tokens of any sequences (llama_decode): the logits of the
         tokens whose flag is set, one row each in batch order. The batch is checked first
         (graphs/models/batch.py: a bad one changes nothing); a pending K-shift runs; then each
-        ubatch of n_ubatch tokens takes cells (NoKVSlot when they run out) and runs. On any
+        ubatch (n_ubatch tokens in order, or equal shares of consecutive sequences with a
+        cache stream per sequence) takes cells (NoKVSlot when they run out) and runs. On any
         error the cache is as it was before the batch."""
         with self.lock:
             ub_all = prepare(batch, self.model.hp.n_vocab, self.cfg.n_seq_max, self.cache)
@@ -353,18 +359,21 @@ class Engine:
             self.apply_k_shift()
             self._kv_epoch += 1
             snap = self.cache.snapshot()
-            out = []
+            out, places = [], []
             try:
-                for ub in split_simple(ub_all, self.cfg.n_ubatch):
+                for ub in self.cache.split(ub_all, self.cfg.n_ubatch):
                     logits = self._run_ubatch(ub)
                     if logits is not None:
                         out.append(logits)
+                        places.append(ub.places[ub.out_rows])
             except BaseException:
                 self.cache.restore(snap)
                 raise
             if not out:
                 return np.zeros((0, self.model.hp.n_vocab), np.float32)
-            return np.concatenate(out)
+            rows = np.concatenate(out)
+            order = np.argsort(np.concatenate(places), kind="stable")  # back in batch order
+            return rows if np.all(order[1:] > order[:-1]) else rows[order]
 
     def _run_ubatch(self, ub: UBatch) -> np.ndarray | None:
         """Place and run one ubatch; its wanted rows of logits (None when none is wanted:
@@ -376,7 +385,7 @@ class Engine:
                            f"{self.cfg.n_seq_max} sequences): free cells with seq_rm, or make "
                            f"the context larger (-c)")
         rows = ub.out_rows if ub.out.any() else np.array([len(ub) - 1], np.int32)
-        mg = self.build(len(ub), self.cache.n_kv(), len(rows))
+        mg = self.build(len(ub), self.cache.n_kv(), len(rows), self.cache.streams_of(ub))
         self.runner.run(mg.graph, self.model.ubatch_inputs(mg, self.cache, ub, slots))
         if not ub.out.any():
             return None
@@ -394,9 +403,9 @@ class Engine:
             toks = check_tokens(tokens, self.model.hp.n_vocab)
             if n_past is not None:
                 self.truncate(n_past)
-            if self.cache.n_used + len(toks) > self.cfg.n_ctx:
+            if self.cache.n_used + len(toks) > self.n_ctx_seq:
                 raise ValueError(f"{self.cache.n_used + len(toks)} tokens exceed the context "
-                                 f"of {self.cfg.n_ctx}")
+                                 f"of {self.n_ctx_seq}")
             wanted = np.ones(len(toks), bool) if all_logits else None
             logits = self.decode(Batch(toks, logits=wanted))
             return logits if all_logits else logits[-1]
@@ -458,6 +467,7 @@ class Engine:
         """Re-rope the cached K of cells whose positions moved (llama.cpp's K-shift, run at
         the start of a decode)."""
         with self.lock:
+            self.apply_stream_copies()
             moves = self.cache.k_shifts()
             if not moves:
                 return
@@ -472,6 +482,20 @@ class Engine:
                     raise
             self.cache.reset_shift()
 
+    def apply_stream_copies(self) -> None:
+        """Copy whole streams that seq_cp copied across streams (llama.cpp's update runs
+        them before the K-shift)."""
+        with self.lock:
+            graph = copy_graph(self.cache.stream_copies())
+            if graph is not None:
+                self._place(graph)
+                try:
+                    self.runner.run(graph, {})
+                except BaseException:
+                    self.reset()  # half-copied streams hold no sequence
+                    raise
+            self.cache.reset_copies()
+
     def warmup(self) -> float:
         """Evaluate a prompt-sized batch (the mat-mat and blockwise attention paths) and one
         decode token (the mat-vec paths), then empty the cache; the seconds it took. Kernels
@@ -481,9 +505,9 @@ class Engine:
         with self.lock, counting() as compiles:
             t0 = time.perf_counter()
             tok = self.eos if self.eos is not None else 0
-            n = max(1, min(16, self.cfg.n_ubatch, self.cfg.n_ctx - 1))
+            n = max(1, min(16, self.cfg.n_ubatch, self.n_ctx_seq - 1))
             self.eval([tok] * n, n_past=0)
-            if n + 1 <= self.cfg.n_ctx:
+            if n + 1 <= self.n_ctx_seq:
                 self.eval([tok])
             self.reset()
         self.compiled = compiles.count
@@ -522,7 +546,7 @@ class Engine:
         rest (n_discard = (n_used - n_keep) // 2); False when it stays full (no n_keep, a
         model that cannot shift, or nothing left to discard)."""
         with self.lock:
-            while self.cache.n_used + n >= self.cfg.n_ctx:
+            while self.cache.n_used + n >= self.n_ctx_seq:
                 if n_keep is None or not self.can_shift:
                     return False
                 n_discard = (self.cache.n_used - min(n_keep, self.cache.n_used)) // 2

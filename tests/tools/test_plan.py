@@ -172,16 +172,22 @@ def test_llama_cpp_fa_spellings(capsys):
     assert on == [True] * 4 and off is False
 
 
-def test_parallel_sequences_in_one_unified_cache(capsys):
-    """-np 4: the same cells, llama.cpp's "4/1 seqs" (one unified stream); a cache region
-    per sequence is refused in one line until it is built."""
+def test_parallel_sequences_in_one_cache_or_a_stream_each(capsys):
+    """-np 4: the same cells, llama.cpp's "4/1 seqs" (one unified stream); -no-kvu: a stream
+    of pad256(4096 / 4) = 1024 cells per sequence, "4/4 seqs", and a worst case of 4 streams
+    of 128 tokens. llama.cpp's figures (`llama-batched-bench -c 4096 -npl 4 -fa on -v`,
+    0.3.36's source): the same memory line, a compute buffer of 98.25 MiB."""
     assert main(["plan", "default", "-c", "1024", "-np", "4"]) == 0
     out = capsys.readouterr().out
     assert "(  1024 cells,  30 layers,  4/1 seqs)" in out
     assert main(["plan", "default", "-c", "1024"]) == 0
     assert "1/1 seqs" in capsys.readouterr().out
-    assert main(["plan", "default", "-c", "1024", "-np", "4", "-no-kvu"]) == 1
-    assert "a KV cache region per sequence is not built yet" in capsys.readouterr().err
+    assert main(["plan", "default", "-c", "4096", "-np", "4", "-no-kvu", "-fa", "on"]) == 0
+    out = capsys.readouterr().out
+    assert ("llama_kv_cache: size =   90.00 MiB (  1024 cells,  30 layers,  4/4 seqs), "
+            "K (f16):   45.00 MiB, V (f16):   45.00 MiB") in out
+    buf = float(out.split("CPU compute buffer size = ")[1].split()[0])
+    assert 90 < buf <= 98.25
 
 
 def test_parallel_sequences_each_keep_their_window(capsys):
@@ -195,3 +201,12 @@ def test_parallel_sequences_each_keep_their_window(capsys):
     assert "llama_kv_cache_iswa: creating     SWA KV cache, size = 2560 cells" in out
     assert ("llama_kv_cache: size =   37.50 MiB (  2560 cells,  15 layers,  4/1 seqs), "
             "K (f16):   18.75 MiB, V (f16):   18.75 MiB") in out
+    # a stream per sequence: pad256(512 + 512) = 1024 ring cells each (llama.cpp's KV
+    # buffers of 12.00 and 60.00 MiB, compute 514.50 MiB with -fa on)
+    assert main(["plan", "gemma3", "-c", "4096", "-np", "4", "-no-kvu", "-fa", "on"]) == 0
+    out = capsys.readouterr().out
+    assert "llama_kv_cache_iswa: creating     SWA KV cache, size = 1024 cells" in out
+    assert ("llama_kv_cache: size =   60.00 MiB (  1024 cells,  15 layers,  4/4 seqs), "
+            "K (f16):   30.00 MiB, V (f16):   30.00 MiB") in out
+    buf = float(out.split("CPU compute buffer size = ")[1].split()[0])
+    assert 500 < buf <= 514.50

@@ -32,7 +32,7 @@ from ggraph.ir.types import GGMLType
 from ggraph.graphs.models.arch import Architecture, MLAPlanner, register_arch
 from ggraph.graphs.gguf.gguf_file import GGUFError, GGUFModel
 from ggraph.graphs.models.hparams import DeepSeek2HParams
-from ggraph.graphs.models.kv_cache import MIB, KVCache, cache_type
+from ggraph.graphs.models.kv_cache import MIB, UNIFIED, KVCache, StreamRange, cache_type
 from ggraph.graphs.models.mla import (
     DECOMPRESS_MIN_TOKENS,
     PATHS,
@@ -197,9 +197,14 @@ class DeepSeek2Model(Architecture, MLAPlanner):
     # -- cache, shapes, paths ------------------------------------------------------------------
     def new_cache(self, ctx: Context, size: int, type_k: str = "f16", type_v: str = "f16",
                   flash_attn: bool = False, n_ubatch: int = 512,
-                  swa_full: bool = False, n_seq_max: int = 1) -> MLACache:
+                  swa_full: bool = False, n_seq_max: int = 1, unified: bool = True
+                  ) -> MLACache:
         """type_v, n_ubatch and swa_full are accepted for the engine's signature and ignored:
-        MLA has no V cache, and its cache does not slide."""
+        MLA has no V cache, and its cache does not slide. One unified stream only: MLA's
+        attention paths do not take a stream per sequence yet."""
+        if not unified and n_seq_max > 1:
+            raise ValueError(f"{self.arch_name}: a KV cache stream per sequence is not built "
+                             f"for MLA attention yet; use one unified cache (--kv-unified)")
         return MLACache.create_mla(ctx, self.hp.n_layer, self.hp.mla_row, size, type_k,
                                    flash_attn, n_seq_max)
 
@@ -276,14 +281,17 @@ class DeepSeek2Model(Architecture, MLAPlanner):
 
     # -- graph --------------------------------------------------------------------------------
     def build(self, ctx: Context, cache: KVCache, n_tokens: int, n_kv: int, n_outputs: int,
-              flash_attn: bool = False, amb_mib: int = 0, path: str | None = None,
-              capacity: int | None = None) -> ModelGraph[GraphInputs]:
+              flash_attn: bool = False, amb_mib: int = 0, streams: StreamRange = UNIFIED,
+              path: str | None = None, capacity: int | None = None
+              ) -> ModelGraph[GraphInputs]:
         """The graph of one ubatch of n_tokens attending to the first n_kv cache cells.
 
         path: force an MLA path (see graphs/models/mla.py; default: chosen by flash_attn and the
         ubatch size). capacity: the graph's node budget (default: graph_capacity); a graph
         that outgrows it raises GraphCapacityError naming the capacity."""
         hp, w = self.hp, self.w
+        if streams != UNIFIED:
+            raise ValueError(f"{self.arch_name}: MLA attention takes one unified cache stream")
         if n_kv > cache.size:
             raise ValueError(f"n_kv={n_kv} exceeds the KV cache size {cache.size}")
         if not 0 < n_outputs <= n_tokens:

@@ -28,10 +28,11 @@ from ggraph.ops.rope import RopeMode
 from ggraph.ir.tensor import Context, Tensor
 
 from ggraph.graphs.models.arch import Architecture, KShift
-from ggraph.graphs.models.attention import AttentionShape, build_attention, split_heads
+from ggraph.graphs.models.attention import AttentionShape, build_attention, split_heads, store_kv
 from ggraph.graphs.gguf.gguf_file import GGUFError, GGUFModel
 from ggraph.graphs.models.hparams import LlamaHParams, key, settle_heads
-from ggraph.graphs.models.kv_cache import KVCache, check_graph_fits, check_head_blocks
+from ggraph.graphs.models.kv_cache import (UNIFIED, KVCache, StreamRange, check_graph_fits,
+                                           check_head_blocks)
 from ggraph.graphs.models.model_graph import GraphInputs, ModelGraph, causal_batch
 from ggraph.graphs.models.moe import build_ffn
 from ggraph.graphs.models.tensor_names import io_weights
@@ -125,10 +126,11 @@ class DenseDecoder(Architecture, KShift):
 
     def new_cache(self, ctx: Context, size: int, type_k: str = "f16", type_v: str = "f16",
                   flash_attn: bool = False, n_ubatch: int = 512,
-                  swa_full: bool = False, n_seq_max: int = 1) -> KVCache:
+                  swa_full: bool = False, n_seq_max: int = 1, unified: bool = True) -> KVCache:
         check_head_blocks(self.hp.head_dim, self.hp.head_dim, type_k, type_v)
         return KVCache.create(ctx, self.hp.n_layer, self.hp.n_embd_gqa, self.hp.n_embd_gqa,
-                              size, type_k, type_v, flash_attn, n_seq_max=n_seq_max)
+                              size, type_k, type_v, flash_attn, n_seq_max=n_seq_max,
+                              unified=unified)
 
     def rope(self) -> dict[str, Any]:
         """rope_ext's settings for Q and K (every layer's)."""
@@ -167,8 +169,10 @@ class DenseDecoder(Architecture, KShift):
                      name=f"{label}_normed-{il}")
 
     def build(self, ctx: Context, cache: KVCache, n_tokens: int, n_kv: int, n_outputs: int,
-              flash_attn: bool = False, amb_mib: int = 0) -> ModelGraph[GraphInputs]:
-        """The graph of one ubatch of n_tokens attending to the first n_kv cache cells."""
+              flash_attn: bool = False, amb_mib: int = 0,
+              streams: StreamRange = UNIFIED) -> ModelGraph[GraphInputs]:
+        """The graph of one ubatch of n_tokens attending to the first n_kv cache cells (of
+        each of `streams`, with a cache stream per sequence)."""
         hp, w = self.hp, self.w
         check_graph_fits(cache, n_kv, flash_attn)
         hd = hp.head_dim
@@ -176,7 +180,8 @@ class DenseDecoder(Architecture, KShift):
         inputs = GraphInputs.create(ctx, n_tokens, n_kv, n_outputs, flash_attn, n_v_idx)
         pos, kq_mask, k_idxs, v_idxs, out_ids = (inputs.pos, inputs.kq_mask, inputs.k_idxs,
                                                  inputs.v_idxs, inputs.out_ids)
-        shape = AttentionShape(hd, hp.n_head, hp.n_head_kv, n_tokens, n_kv)
+        shape = AttentionShape(hd, hp.n_head, hp.n_head_kv, n_tokens, n_kv, streams,
+                               cache.n_stream)
         kq_scale = 1.0 / float(np.sqrt(hd))
         rope = self.rope()
 
@@ -193,16 +198,8 @@ class DenseDecoder(Architecture, KShift):
             k = self._head_norm(k, L.get("attn_k_norm"), "Kcur", il)
             q = O.rope_ext(q, pos, None, name=f"Qcur-{il} (roped)", **rope)
             k = O.rope_ext(k, pos, None, name=f"Kcur-{il} (roped)", **rope)
-            k_store = O.set_rows(cache.k[il], O.reshape(k, hp.n_embd_gqa, n_tokens), k_idxs)
-            if cache.v_trans:  # every value is its own row of the transposed V cache
-                v_view = O.reshape(cache.v[il], 1, cache.size * hp.n_embd_gqa)
-                v_store = O.set_rows(v_view, O.reshape(v, 1, n_tokens * hp.n_embd_gqa), v_idxs)
-            else:
-                v_store = O.set_rows(cache.v[il], v, v_idxs)
-            # attention reads the caches through the stores (views of the cache), so every
-            # order the allocator may choose writes the new K/V before reading them
-            v_cache = v_store if not cache.v_trans else O.view_2d(
-                v_store, cache.v[il].ne[0], cache.v[il].ne[1], cache.v[il].nb[1], 0)
+            k_store, v_cache = store_kv(cache, il, O.reshape(k, hp.n_embd_gqa, n_tokens), v,
+                                        k_idxs, v_idxs)
             att = build_attention(q, k_store, v_cache, kq_mask, shape=shape, kq_scale=kq_scale,
                                   flash=flash_attn, amb_mib=amb_mib, il=il,
                                   v_trans=cache.v_trans, graph=graph)

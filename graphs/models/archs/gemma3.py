@@ -14,8 +14,8 @@ sets it (gemma3 files do not).
 
 Which layers slide: attention.sliding_window_pattern (an array of per-layer flags, or a period
 n: layer il slides unless il % n == n - 1), else period 6 (layers 5, 11, 17, ... are global).
-With a sliding window the cache is an IswaKVCache (graphs/models/kv_cache.py) and each layer kind has
-its own mask (kq_mask, kq_mask_swa); without one (sliding_window 0) a plain KVCache.
+With a sliding window the cache is an IswaKVCache (graphs/models/kv_iswa.py) and each layer kind
+has its own mask (kq_mask, kq_mask_swa); without one (sliding_window 0) a plain KVCache.
 """
 from __future__ import annotations
 
@@ -34,7 +34,9 @@ from ggraph.graphs.models.arch import Architecture, KShift, register_arch
 from ggraph.graphs.models.attention import AttentionShape, build_attention, split_heads, store_kv
 from ggraph.graphs.gguf.gguf_file import GGUFError, GGUFModel
 from ggraph.graphs.models.hparams import key, settle_heads
-from ggraph.graphs.models.kv_cache import IswaKVCache, KVCache, check_graph_fits, check_head_blocks
+from ggraph.graphs.models.kv_cache import (UNIFIED, KVCache, StreamRange, check_graph_fits,
+                                           check_head_blocks)
+from ggraph.graphs.models.kv_iswa import IswaKVCache
 from ggraph.graphs.models.model_graph import (GraphInputs, IswaInputs, KindInputs, ModelGraph, causal_batch,
                            iswa_batch)
 from ggraph.graphs.models.tensor_names import TensorNames, io_weights
@@ -161,19 +163,20 @@ class Gemma3Model(Architecture, KShift):
 
     # -- the cache ------------------------------------------------------------------------------
     def new_cache(self, ctx: Context, size: int, type_k: str = "f16", type_v: str = "f16",
-                  flash_attn: bool = False, n_ubatch: int = 512,
-                  swa_full: bool = False, n_seq_max: int = 1) -> KVCache | IswaKVCache:
+                  flash_attn: bool = False, n_ubatch: int = 512, swa_full: bool = False,
+                  n_seq_max: int = 1, unified: bool = True) -> KVCache | IswaKVCache:
         """The iswa cache (a full cache for the global layers, a ring of
         pad256(min(size, n_swa * n_seq_max + n_ubatch)) cells for the sliding ones, or of all
-        `size` cells with swa_full), or a single cache when no layer slides."""
+        `size` cells with swa_full), or a single cache when no layer slides; `size` cells
+        per stream, and a stream per sequence unless unified."""
         hp = self.hp
         check_head_blocks(hp.head_dim, hp.head_dim, type_k, type_v)
         if not self.iswa:
             return KVCache.create(ctx, hp.n_layer, hp.n_embd_gqa, hp.n_embd_gqa, size, type_k,
-                                  type_v, flash_attn, n_seq_max=n_seq_max)
+                                  type_v, flash_attn, n_seq_max=n_seq_max, unified=unified)
         return IswaKVCache.create(ctx, hp.is_swa, hp.n_embd_gqa, hp.n_embd_gqa, size, hp.n_swa,
                                   n_ubatch, type_k, type_v, flash_attn, swa_full=swa_full,
-                                  n_seq_max=n_seq_max)
+                                  n_seq_max=n_seq_max, unified=unified)
 
     def batch_inputs(self, mg: ModelGraph[Any], cache: KVCache | IswaKVCache,
                      tokens: np.ndarray, n_past: int, out_rows: np.ndarray
@@ -191,10 +194,11 @@ class Gemma3Model(Architecture, KShift):
 
     # -- graph --------------------------------------------------------------------------------
     def build(self, ctx: Context, cache: KVCache | IswaKVCache, n_tokens: int, n_kv: int,
-              n_outputs: int, flash_attn: bool = False,
-              amb_mib: int = 0) -> ModelGraph[GraphInputs]:
+              n_outputs: int, flash_attn: bool = False, amb_mib: int = 0,
+              streams: StreamRange = UNIFIED) -> ModelGraph[GraphInputs]:
         """The graph of one ubatch of n_tokens attending to the first n_kv cells of the global
-        cache (and the first min(n_kv, ring size) cells of the sliding-window ring)."""
+        cache (and the first min(n_kv, ring size) cells of the sliding-window ring), of each
+        of `streams` with a cache stream per sequence."""
         hp, w = self.hp, self.w
         check_graph_fits(cache, n_kv, flash_attn)
         hd, gqa = hp.head_dim, hp.n_embd_gqa
@@ -232,7 +236,8 @@ class Gemma3Model(Architecture, KShift):
             q = O.scale(q, hp.attention_scale, name=f"Qcur_scaled-{il}")
             k_cache, v_cache = store_kv(sub, i, O.reshape(k, gqa, n_tokens), v, att_in.k_idxs,
                                         att_in.v_idxs)
-            shape = AttentionShape(hd, hp.n_head, hp.n_head_kv, n_tokens, n_kv_l)
+            shape = AttentionShape(hd, hp.n_head, hp.n_head_kv, n_tokens, n_kv_l, streams,
+                                   cache.n_stream)
             att = build_attention(q, k_cache, v_cache, att_in.kq_mask, shape=shape,
                                   kq_scale=1.0, flash=flash_attn, amb_mib=amb_mib, il=il,
                                   v_trans=cache.v_trans, graph=graph)

@@ -14,7 +14,8 @@ from llama_cpp_ref import array, live, recorded
 from ggraph.check.conformance import nmse
 from ggraph.graphs.runtime.engine import Engine, EngineConfig
 from ggraph.graphs.gguf.gguf_file import GGUFError, load_gguf
-from ggraph.graphs.models.kv_cache import IswaKVCache, KVCache, kv_cache_bytes, swa_cache_size
+from ggraph.graphs.models.kv_cache import KVCache, kv_cache_bytes
+from ggraph.graphs.models.kv_iswa import IswaKVCache, swa_cache_size
 from ggraph.graphs.testing.tiny_gemma3 import write_tiny_gguf
 from ggraph.ir.types import GGMLType
 

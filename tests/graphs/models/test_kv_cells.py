@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ggraph.graphs.models.batch import Batch, UBatch, prepare, split_simple
+from ggraph.graphs.models.batch import Batch, UBatch, prepare, split_equal, split_simple
 from ggraph.graphs.models.kv_cells import KVCells
 
 
@@ -149,3 +149,22 @@ def test_ubatch_parts_keep_their_rows():
     ub = UBatch(np.arange(4, dtype=np.int32), np.arange(4, dtype=np.int32), ((0,),) * 4,
                 np.array([True, False, False, True]))
     assert ub.part(1, 4).out_rows.tolist() == [2]
+
+
+def test_split_equal_takes_equal_shares_of_consecutive_sequences():
+    """llama.cpp's split_equal(sequential): sequences 0, 1, 2 with 5, 3 and 4 tokens,
+    interleaved, in ubatches of at most 8: 2 each of the three (3 * 3 > 8), then 1 each of
+    the three (what sequence 1 has left), then the rest of 0 and 2 (not consecutive ids:
+    one ubatch each). Every ubatch keeps each token's place in the batch."""
+    seqs = [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 2, 0]
+    ub = UBatch(np.arange(12, dtype=np.int32), np.zeros(12, np.int32),
+                tuple((s,) for s in seqs), np.ones(12, bool))
+    parts = split_equal(ub, 8)
+    assert [p.seq.tolist() for p in parts] == [[0, 0, 1, 1, 2, 2], [0, 1, 2], [0, 0], [2]]
+    assert sorted(np.concatenate([p.places for p in parts]).tolist()) == list(range(12))
+    assert parts[0].places.tolist() == [0, 3, 1, 4, 2, 5]
+    assert parts[0].tokens.tolist() == [0, 3, 1, 4, 2, 5]
+    with pytest.raises(ValueError, match="token 1 belongs to sequences 0, 1: with a KV cache "
+                                         "stream per sequence"):
+        split_equal(UBatch(np.zeros(2, np.int32), np.zeros(2, np.int32), ((0,), (0, 1)),
+                           np.ones(2, bool)), 8)

@@ -51,24 +51,68 @@ def check_isolated(eng: Engine, prompts: list[list[int]], tol: float) -> None:
         assert eng.seq_pos_max(s) == len(prompts[s])
 
 
+@pytest.mark.parametrize("unified", [True, False], ids=["unified", "streams"])
 @pytest.mark.parametrize("cfg", [dict(), dict(type_k="q8_0", type_v="q8_0", flash_attn=True),
                                  dict(amb_mib=1, n_ubatch=16)],
                          ids=["f16", "q8_0-fa", "amb-ubatch16"])
-def test_sequences_in_one_batch_are_isolated_llama(tiny_models, cfg):
+def test_sequences_in_one_batch_are_isolated_llama(tiny_models, cfg, unified):
+    """One unified cache, or a stream per sequence (split_equal ubatches, attention per
+    stream)."""
     # heads of 32 values: a q8_0 cache's blocks must divide the head
     p = tiny_models.made(write_tiny_gguf, "llama", n_embd=128, n_ff=160)
-    eng = Engine(p, EngineConfig(n_ctx=256, n_seq_max=4, **cfg))
+    eng = Engine(p, EngineConfig(n_ctx=256, n_seq_max=4, kv_unified=unified, **cfg))
+    assert eng.cache.n_stream == (1 if unified else 4)
     check_isolated(eng, PROMPTS, 1e-6)   # the kernels differ by batch width only
 
 
+@pytest.mark.parametrize("cfg", [dict(), dict(type_k="q8_0", type_v="q8_0", flash_attn=True)],
+                         ids=["f16", "q8_0-fa"])
+def test_seq_cp_across_streams_copies_the_rows(tiny_models, cfg):
+    """With a stream per sequence, seq_cp copies the source stream's rows (a quantized cache's
+    blocks as they are) before the next decode: both sequences then continue alike, bit for
+    bit; a partial copy is refused in one line, as llama.cpp asserts."""
+    p = tiny_models.made(write_tiny_gguf, "llama", n_embd=128, n_ff=160)
+    eng = Engine(p, EngineConfig(n_ctx=512, n_seq_max=2, kv_unified=False, **cfg))
+    eng.decode(Batch(PROMPTS[3]))
+    with pytest.raises(ValueError, match=r"seq_cp\(0, 1, 3, 9\): with a stream per sequence"):
+        eng.seq_cp(0, 1, 3, 9)
+    eng.seq_cp(0, 1)
+    out = eng.decode(Batch([7, 7], seq_ids=[(0,), (1,)], logits=[True, True]))
+    assert np.array_equal(out[0], out[1])
+    assert eng.seq_pos_max(1) == len(PROMPTS[3]) and not eng.cache.stream_copies()
+    alone = eng.eval(PROMPTS[3] + [7], n_past=0)
+    assert nmse(alone, out[1]) < 1e-6
+
+
+def test_split_attention_over_streams(tiny_models):
+    """-amb 1 over a ubatch of 4 streams of 128 tokens (K*Q of 4 MiB: split into head
+    groups, each group's [hd, tokens, heads, streams] result copied into its heads): the
+    logits of unsplit attention, bit for bit."""
+    p = tiny_models.made(write_tiny_gguf, "llama", n_embd=128, n_ff=160)
+    rng = np.random.default_rng(0)
+    prompts = [[int(t) for t in rng.integers(3, 60, 150)] for _ in range(4)]
+    out = []
+    for amb in (0, 1):
+        eng = Engine(p, EngineConfig(n_ctx=2048, n_seq_max=4, kv_unified=False, amb_mib=amb))
+        out.append(eng.decode(Batch.of_sequences(prompts, all_logits=True)))
+        mg = next(iter(eng._graphs.values()))   # the first ubatch's: 4 x 128 tokens
+        split = [n.name for n in mg.graph.nodes if n.name.startswith("kqv_split-0-s")
+                 and "copy" not in n.name]
+        assert len(split) == (2 if amb else 0)
+    assert np.array_equal(out[0], out[1])
+
+
+@pytest.mark.parametrize("unified", [True, False], ids=["unified", "streams"])
 @pytest.mark.parametrize("fa", [False, True])
-def test_sequences_in_one_batch_are_isolated_gemma3_past_the_window(tiny_models, fa):
+def test_sequences_in_one_batch_are_isolated_gemma3_past_the_window(tiny_models, fa, unified):
     """A window of 16 and prompts of up to 40 tokens: each sequence's sliding-window cells
     are reused once outside its own window, never another's."""
     p = tiny_models.made(write_tiny_gemma3, n_swa=16)
-    eng = Engine(p, EngineConfig(n_ctx=512, n_ubatch=32, n_seq_max=4, flash_attn=fa))
+    eng = Engine(p, EngineConfig(n_ctx=512, n_ubatch=32, n_seq_max=4, flash_attn=fa,
+                                 kv_unified=unified))
     check_isolated(eng, PROMPTS, 1e-6)
-    assert eng.cache.swa.cells.used < eng.cache.base.cells.used   # reused cells
+    if unified:   # (a stream's ring is at least 256 cells: no 40-token prompt wraps it)
+        assert eng.cache.swa.cells.used < eng.cache.base.cells.used   # reused cells
 
 
 def kernel_spread(eng: Engine, toks: list[int]) -> float:
@@ -168,22 +212,29 @@ def test_no_room_leaves_the_cache_as_it_was(tiny):
         eng.decode(Batch([3], seq_ids=[(2,)]))
 
 
-def test_memory_line_names_the_sequences_and_unified_only(tiny):
-    eng = Engine(tiny, EngineConfig(n_ctx=256, n_seq_max=4))
-    assert " 4/1 seqs" in eng.cache.summary()
-    with pytest.raises(ValueError, match="not built yet; use one unified cache"):
-        Engine(tiny, EngineConfig(n_ctx=256, n_seq_max=4, kv_unified=False))
+def test_memory_line_names_the_sequences_and_streams(tiny):
+    """llama.cpp's "n_seq_max/n_stream", and its cells per stream: -c 1024 -np 4 gives each
+    sequence pad256(1024 / 4) = 256 cells without --kv-unified."""
+    eng = Engine(tiny, EngineConfig(n_ctx=1024, n_seq_max=4))
+    assert " 4/1 seqs" in eng.cache.summary() and "  1024 cells" in eng.cache.summary()
+    eng = Engine(tiny, EngineConfig(n_ctx=1024, n_seq_max=4, kv_unified=False))
+    assert " 4/4 seqs" in eng.cache.summary() and "   256 cells" in eng.cache.summary()
+    assert eng.n_ctx_seq == 256 and eng.cache.k[0].ne[1] == 1024
 
 
 # -- against llama.cpp: the same batches and sequence operations through its low-level API --
 N_CTX_SCRIPT = 512
 
 
-def seq_ops_script(prefix: list[int], a: list[int], b: list[int]) -> list[tuple]:
+def seq_ops_script(prefix: list[int], a: list[int], b: list[int], unified: bool = True
+                   ) -> list[tuple]:
     """Three sequences sharing a prefix, decoded together; then seq_rm, seq_add (a shift
     with the K-shift), seq_keep, each followed by a decode step; then two new sequences in
-    one batch beside the kept one."""
+    one batch beside the kept one. With a stream per sequence (not unified) the copies copy
+    streams, and seq_keep leaves the other streams alone (as llama.cpp's): sequences 0 and 1
+    are removed before they start again."""
     n = len(prefix)
+    again = [] if unified else [("rm", 0, -1, -1), ("rm", 1, -1, -1)]
     return [
         ("decode", prefix, [(0,)] * n, list(range(n)), [0] * (n - 1) + [1]),
         ("cp", 0, 1, -1, -1), ("cp", 0, 2, -1, -1),
@@ -196,6 +247,7 @@ def seq_ops_script(prefix: list[int], a: list[int], b: list[int]) -> list[tuple]
         ("decode", [b[0]], [(2,)], [n + len(b) - 4], [1]),
         ("keep", 2),
         ("decode", [b[-1]], [(2,)], [n + len(b) - 3], [1]),
+        *again,
         ("decode", a + b, [(0,)] * len(a) + [(1,)] * len(b),
          list(range(len(a))) + list(range(len(b))),
          [0] * (len(a) - 1) + [1] + [0] * (len(b) - 1) + [1]),
@@ -215,29 +267,33 @@ def ggraph_script(eng: Engine, script: list[tuple]) -> list[np.ndarray]:
     return out
 
 
-def text_script(path: str) -> list[tuple]:
+def text_script(path: str, unified: bool = True) -> list[tuple]:
     from ggraph.graphs.gguf.gguf_reader import read_header
     from ggraph.graphs.tokenizers.tokenizer import Tokenizer
 
     tok = Tokenizer(read_header(path).metadata, path).encode
     return seq_ops_script(tok("You are a helpful assistant. Answer briefly and"),
-                          tok(" with a poem about"), tok(" in French:"))
+                          tok(" with a poem about"), tok(" in French:"), unified)
 
 
-SCRIPTS = ("smollm2", "gemma3", "gemma3_tiny")
+# each script with one unified cache, and (name_streams) with a stream per sequence
+SCRIPTS = ("smollm2", "gemma3", "gemma3_tiny", "smollm2_streams", "gemma3_tiny_streams")
 
 
 def script_for(name: str, tiny_models) -> tuple[str, list[tuple]]:
     """SmolLM2 and Gemma 3 270M (its iswa cache) on text; tiny Gemma 3 (a window of 16) on
     sequences that pass its window."""
+    unified = not name.endswith("_streams")
+    name = name.removesuffix("_streams")
     if name == "gemma3_tiny":
         return (tiny_models.made(write_tiny_gemma3, n_swa=16),
-                seq_ops_script(PROMPTS[3][:30], PROMPTS[1][:12], PROMPTS[0]))
+                seq_ops_script(PROMPTS[3][:30], PROMPTS[1][:12], PROMPTS[0], unified))
     path = str(default_model()) if name == "smollm2" else str(fetch_model("gemma3"))
-    return path, text_script(path)
+    return path, text_script(path, unified)
 
 
-REAL = ("smollm2", "gemma3")   # bit for bit with ggml_exact; checked by size when recorded
+# bit for bit with ggml_exact; checked by size when recorded
+REAL = ("smollm2", "gemma3", "smollm2_streams")
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -251,11 +307,13 @@ def test_batches_and_sequence_operations_match_llama_cpp_bit_for_bit(tiny_models
     from llama_cpp_ref import array, live, llama_cpp_script, recorded
 
     path, script = script_for(name, tiny_models)
-    eng = Engine(path, EngineConfig(n_ctx=N_CTX_SCRIPT, n_seq_max=3, ggml_exact=True))
+    unified = not name.endswith("_streams")
+    eng = Engine(path, EngineConfig(n_ctx=N_CTX_SCRIPT, n_seq_max=3, ggml_exact=True,
+                                    kv_unified=unified))
     got = ggraph_script(eng, script)
     llama_cpp = live()
     if llama_cpp is not None:
-        ref = llama_cpp_script(llama_cpp, path, script, N_CTX_SCRIPT, 3)
+        ref = llama_cpp_script(llama_cpp, path, script, N_CTX_SCRIPT, 3, unified=unified)
         assert len(got) == len(ref)
         for i, (g, r) in enumerate(zip(got, ref)):
             if name in REAL:
