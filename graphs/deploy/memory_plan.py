@@ -121,9 +121,9 @@ def plan_model(model: Any, source: str, n_ctx: int, n_ubatch: int = 512, amb_mib
     notes: list[str] = []
     paths: list[PathInfo] = []
     if mla:
-        kv_by_type = {t: model.cache_bytes(n_ctx, t) for t in REPORTED_CACHE_TYPES
-                      if hp.mla_row % GGMLType.parse(t).block_size == 0}
-        paths = path_infos(model, n_tokens, n_ctx, amb_mib, tk)
+        kv_by_type = {t: model.cache_bytes(size * cache.n_stream, t) for t in
+                      REPORTED_CACHE_TYPES if hp.mla_row % GGMLType.parse(t).block_size == 0}
+        paths = path_infos(model, n_tokens, size, amb_mib, tk, cache.n_stream > 1)
         if path is None and flash and mg.path == "absorbed-fa" and n_tokens >= \
                 model.decompress_min_tokens:
             notes.append("flash attention without the decompress path: " +
@@ -145,8 +145,9 @@ def plan_model(model: Any, source: str, n_ctx: int, n_ubatch: int = 512, amb_mib
 
 
 def path_infos(model: Any, n_tokens: int, n_kv: int, amb_mib: int,
-               cache_type: GGMLType) -> list[PathInfo]:
-    """Every MLA path's head groups and largest tensor at these sizes."""
+               cache_type: GGMLType, streams: bool = False) -> list[PathInfo]:
+    """Every MLA path's head groups and largest tensor at these sizes (`streams`: a cache
+    stream per sequence, which the decompress path does not take)."""
     from ggraph.graphs.models.mla import (
         PATHS,
         absorbed_n_step,
@@ -168,6 +169,8 @@ def path_infos(model: Any, n_tokens: int, n_kv: int, amb_mib: int,
                 info.unavailable = f"a quantized cache ({cache_type}) needs flash attention"
         elif p == "decompress-fa":
             info.ik_iterations = ik_decompress_niter(s, amb_mib)
-            info.unavailable = decompress_supported(cache_type, s)
+            info.unavailable = decompress_supported(cache_type, s) or (
+                "it takes one unified cache stream (-kvu), not a stream per sequence"
+                if streams else None)
         out.append(info)
     return out

@@ -114,21 +114,20 @@ def build_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kq_mask: Tensor
     ns, n_tps = s.n_stream, s.n_tokens // s.n_stream
     if ns * n_tps != s.n_tokens:
         raise ValueError(f"layer {il}: {s.n_tokens} tokens do not split into {ns} streams")
-    k = _streamed(k_cache, s.head_dim, s.n_head_kv, s.n_kv, _row(k_cache, s.head_dim),
-                  k_cache.nb[1], s, f"k-{il}")
+    k = cache_streams_view(k_cache, s.head_dim, s.n_head_kv, s.n_kv, _row(k_cache, s.head_dim),
+                           k_cache.nb[1], s.streams, s.cache_streams, f"k-{il}")
     k = O.permute(k, 0, 2, 1, 3)                                # [hd, n_kv, n_head_kv, ns]
     if v_trans:  # v_cache is [kv_size, head_dim*n_head_kv]: one row per V channel
-        v = _streamed(v_cache, s.n_kv, s.head_dim, s.n_head_kv, v_cache.nb[1],
-                      v_cache.nb[1] * s.head_dim, s, f"v-{il}")  # [n_kv, hd, n_head_kv, ns]
+        v = cache_streams_view(v_cache, s.n_kv, s.head_dim, s.n_head_kv, v_cache.nb[1],
+                               v_cache.nb[1] * s.head_dim, s.streams, s.cache_streams,
+                               f"v-{il}")                      # [n_kv, hd, n_head_kv, ns]
     else:
-        v = _streamed(v_cache, s.head_dim, s.n_head_kv, s.n_kv, _row(v_cache, s.head_dim),
-                      v_cache.nb[1], s, f"v-{il}")
+        v = cache_streams_view(v_cache, s.head_dim, s.n_head_kv, s.n_kv,
+                               _row(v_cache, s.head_dim), v_cache.nb[1], s.streams,
+                               s.cache_streams, f"v-{il}")
         v = O.permute(v, 0, 2, 1, 3)                            # [hd, n_kv, n_head_kv, ns]
-    q4 = q
-    if ns > 1:
-        q4 = O.reshape(q, s.head_dim, s.n_head, n_tps, ns)
-        kq_mask = O.reshape(kq_mask, kq_mask.ne[0], n_tps, 1, ns)
-    qp = O.permute(q4, 0, 2, 1, 3)                              # [hd, n_tps, n_head, ns]
+    kq_mask = stream_mask(kq_mask, ns)
+    qp = O.permute(stream_tokens(q, ns), 0, 2, 1, 3)           # [hd, n_tps, n_head, ns]
     if flash:
         out = O.flash_attn_ext(qp, k, v, kq_mask, scale=kq_scale, max_bias=max_bias,
                                name=f"fattn-{il}")             # [hd, n_head, n_tps, ns]
@@ -145,36 +144,53 @@ def build_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kq_mask: Tensor
     gqa = s.n_head // s.n_head_kv
     join = HeadJoin.fill(q, il)
     for step, (h0, nh) in enumerate(groups):
-        qg = _v4(qp, s.head_dim, n_tps, nh, ns, qp.nb[1], qp.nb[2], qp.nb[3], h0 * qp.nb[2],
-                 f"q-{il}-s{step}")
+        qg = view_streams(qp, s.head_dim, n_tps, nh, ns, qp.nb[1], qp.nb[2], qp.nb[3],
+                          h0 * qp.nb[2], f"q-{il}-s{step}")
         n_kvh = max(1, nh // gqa)  # a group within one K/V head uses just that head
-        kg = _v4(k, s.head_dim, s.n_kv, n_kvh, ns, k.nb[1], k.nb[2], k.nb[3],
-                 (h0 // gqa) * k.nb[2], f"k-{il}-s{step}")
-        vg = _v4(v, v.ne[0], v.ne[1], n_kvh, ns, v.nb[1], v.nb[2], v.nb[3],
-                 (h0 // gqa) * v.nb[2], f"v-{il}-s{step}")
+        kg = view_streams(k, s.head_dim, s.n_kv, n_kvh, ns, k.nb[1], k.nb[2], k.nb[3],
+                          (h0 // gqa) * k.nb[2], f"k-{il}-s{step}")
+        vg = view_streams(v, v.ne[0], v.ne[1], n_kvh, ns, v.nb[1], v.nb[2], v.nb[3],
+                          (h0 // gqa) * v.nb[2], f"v-{il}-s{step}")
         kqv = _attend(qg, kg, vg, kq_mask, kq_scale, max_bias, h0, s.n_head, il, f"-s{step}")
         dst = join.dest(h0, nh, step)
         join.copy(O.permute(kqv, 0, 2, 1, 3), dst, graph)
     return join.result()
 
 
-def _v4(t: Tensor, ne0: int, ne1: int, ne2: int, ns: int, nb1: int, nb2: int, nb3: int,
-        offset: int, name: str) -> Tensor:
+def view_streams(t: Tensor, ne0: int, ne1: int, ne2: int, ns: int, nb1: int, nb2: int,
+                 nb3: int, offset: int, name: str = "") -> Tensor:
     """A view with ns streams in dimension 3 (the 3-D view a unified cache has when ns=1)."""
     if ns == 1:
         return O.view_3d(t, ne0, ne1, ne2, nb1, nb2, offset, name=name)
     return O.view_4d(t, ne0, ne1, ne2, ns, nb1, nb2, nb3, offset, name=name)
 
 
-def _streamed(cache: Tensor, ne0: int, ne1: int, ne2: int, nb1: int, nb2: int,
-              s: AttentionShape, name: str) -> Tensor:
-    """A view of the ubatch's streams of a K or V cache tensor (the cache's s.cache_streams
+def cache_streams_view(cache: Tensor, ne0: int, ne1: int, ne2: int, nb1: int, nb2: int,
+                       streams: StreamRange, cache_streams: int, name: str = "") -> Tensor:
+    """A view of a ubatch's streams of a K or V cache tensor (the cache's `cache_streams`
     streams lie one after another in it; dimension 3 walks them)."""
-    if s.streams == UNIFIED:
+    if streams == UNIFIED:
         return O.view_3d(cache, ne0, ne1, ne2, nb1, nb2, 0, name=name)
-    stride = cache.nbytes // s.cache_streams
-    return _v4(cache, ne0, ne1, ne2, s.n_stream, nb1, nb2, stride, s.streams.first * stride,
-               name)
+    stride = cache.nbytes // cache_streams
+    return view_streams(cache, ne0, ne1, ne2, streams.count, nb1, nb2, stride,
+                        streams.first * stride, name)
+
+
+def stream_tokens(t: Tensor, ns: int) -> Tensor:
+    """t [a, b, n_tokens] (rows may be strided) seen as [a, b, n_tokens / ns, ns]: a ubatch's
+    tokens come stream after stream."""
+    if ns == 1:
+        return t
+    n_tps = t.ne[2] // ns
+    return O.view_4d(t, t.ne[0], t.ne[1], n_tps, ns, t.nb[1], t.nb[2], t.nb[2] * n_tps, 0)
+
+
+def stream_mask(kq_mask: Tensor, ns: int) -> Tensor:
+    """The KQ mask [n_kv, n_tokens] as [n_kv, n_tokens / ns, 1, ns] (llama.cpp's layout)."""
+    if ns == 1:
+        return kq_mask
+    return O.reshape(kq_mask, kq_mask.ne[0], kq_mask.ne[1] // ns, 1, ns)
+
 
 
 class HeadJoin:

@@ -29,7 +29,10 @@ from ggraph.ir.graph import Graph
 from ggraph.ir.tensor import Tensor
 from ggraph.ir.types import GGMLType, MIB
 
-from ggraph.graphs.models.attention import HeadJoin, kq_size_mib, split_heads
+from ggraph.graphs.models.attention import (HeadJoin, cache_streams_view, kq_size_mib,
+                                            split_heads, stream_mask, stream_tokens,
+                                            view_streams)
+from ggraph.graphs.models.kv_cache import UNIFIED, StreamRange
 
 F32 = 4
 PATHS = ("absorbed", "absorbed-fa", "decompress-fa")
@@ -46,6 +49,8 @@ class MLAShape:
     head_v: int
     n_tokens: int
     n_kv: int
+    streams: StreamRange = UNIFIED   # the streams the tokens attend in (a stream per sequence)
+    cache_streams: int = 1           # the streams the cache tensors hold
 
     @property
     def row(self) -> int:
@@ -190,18 +195,28 @@ def build_mla_attention(q_nope: Tensor, q_pe: Tensor, k_store: Tensor, kq_mask: 
     """
     s = shape
     if path == "decompress-fa":
+        if s.streams != UNIFIED:
+            raise ValueError(f"layer {il}: the decompress-fa path takes one unified cache "
+                             f"stream; with a stream per sequence use absorbed-fa")
         return _decompress_fa(q_nope, q_pe, k_store, kq_mask, s, w, kq_scale, amb_mib, il, graph)
     if w.wk_b is None or w.wv_b is None:
         raise ValueError(f"layer {il}: the {path} path needs attn_k_b and attn_v_b")
+    # with a stream per sequence T = n_tps tokens of each of ns streams in dimension 3
+    ns = s.streams.count
+    n_tps = s.n_tokens // ns
+    kq_mask = stream_mask(kq_mask, ns)
     # absorbed queries: wk_b maps each head's q_nope into the latent space
-    qn = O.permute(q_nope, 0, 2, 1, 3)                                      # [nope, T, H]
+    qn = O.permute(stream_tokens(q_nope, ns), 0, 2, 1, 3)                   # [nope, T, H]
     q_abs = O.mul_mat(w.wk_b, qn, name=f"q_nope_absorbed-{il}")             # [kv_lora, T, H]
-    q = O.concat(q_abs, O.permute(q_pe, 0, 2, 1, 3), 0, name=f"Qcur-{il}")  # [row, T, H]
+    q = O.concat(q_abs, O.permute(stream_tokens(q_pe, ns), 0, 2, 1, 3), 0,
+                 name=f"Qcur-{il}")                                         # [row, T, H]
     rb = k_store.nb[1]
+    k = cache_streams_view(k_store, s.row, s.n_kv, 1, rb, rb * s.n_kv, s.streams,
+                           s.cache_streams, f"kv_cache-{il}")               # [row, n_kv, 1]
+    latent = cache_streams_view(k_store, s.kv_lora, s.n_kv, 1, rb, rb * s.n_kv, s.streams,
+                                s.cache_streams, f"kv_latent-{il}")
     if path == "absorbed-fa":
-        k = O.view_3d(k_store, s.row, s.n_kv, 1, rb, rb * s.n_kv, 0, name=f"kv_cache-{il}")
-        v = O.view_3d(k_store, s.kv_lora, s.n_kv, 1, rb, rb * s.n_kv, 0, name=f"kv_latent-{il}")
-        fa = O.flash_attn_ext(q, k, v, kq_mask, scale=kq_scale, name=f"kqv_latent-{il}")
+        fa = O.flash_attn_ext(q, k, latent, kq_mask, scale=kq_scale, name=f"kqv_latent-{il}")
         out = O.mul_mat(w.wv_b, O.permute(fa, 0, 2, 1, 3), name=f"kqv-{il}")  # [v, T, H]
         return O.cont(O.permute(out, 0, 2, 1, 3), s.head_v * s.n_head, s.n_tokens,
                       name=f"kqv_out-{il}")
@@ -211,8 +226,6 @@ def build_mla_attention(q_nope: Tensor, q_pe: Tensor, k_store: Tensor, kq_mask: 
         raise ValueError(f"layer {il}: a quantized MLA cache ({k_store.type}) needs flash "
                          f"attention (--fa): the absorbed mul_mat path reads the latent "
                          f"transposed, which blocks of 32 values cannot give")
-    k = O.view_2d(k_store, s.row, s.n_kv, rb, 0, name=f"kv_cache-{il}")     # [row, n_kv]
-    latent = O.view_2d(k_store, s.kv_lora, s.n_kv, rb, 0, name=f"kv_latent-{il}")
     v_t = O.cont(O.transpose(latent), name=f"kv_latent_t-{il}")            # [n_kv, kv_lora]
     groups = absorbed_groups(s, amb_mib)
     if len(groups) == 1:
@@ -228,7 +241,8 @@ def build_mla_attention(q_nope: Tensor, q_pe: Tensor, k_store: Tensor, kq_mask: 
     wv = w.wv_b
     for step, (h0, nh) in enumerate(groups):
         sfx = f"-{il}-s{step}"
-        qg = O.view_3d(q, s.row, s.n_tokens, nh, q.nb[1], q.nb[2], h0 * q.nb[2], name=f"q{sfx}")
+        qg = view_streams(q, s.row, n_tps, nh, ns, q.nb[1], q.nb[2], q.nb[3], h0 * q.nb[2],
+                          f"q{sfx}")
         kq = O.mul_mat(k, qg, name=f"kq{sfx}")                              # [n_kv, T, nh]
         kq = O.soft_max_ext(kq, kq_mask, kq_scale, name=f"kq_soft_max{sfx}")
         kqv = O.mul_mat(v_t, kq, name=f"kqv_latent{sfx}")                   # [kv_lora, T, nh]

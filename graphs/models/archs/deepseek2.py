@@ -18,6 +18,7 @@ metadata-only weights (graphs/deploy/presets.py), from `weight_shapes`.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -62,7 +63,7 @@ class MLACache(KVCache):
     @classmethod
     def create_mla(cls, ctx: Context, n_layer: int, row: int, size: int,
                    type_k: GGMLType | str = "f16", flash_attn: bool = False,
-                   n_seq_max: int = 1) -> MLACache:
+                   n_seq_max: int = 1, unified: bool = True) -> MLACache:
         tk = cache_type("K", type_k)
         if row % tk.block_size:
             raise ValueError(f"MLA cache rows of {row} values (kv_lora_rank + n_rot) do not fit "
@@ -71,9 +72,10 @@ class MLACache(KVCache):
             raise ValueError(f"a quantized MLA cache ({tk}) needs flash attention (--fa): "
                              f"without it the latent is read transposed, one value per row, "
                              f"which blocks of 32 values cannot give")
-        c = cls(size, n_layer, tk, tk, v_trans=False, n_seq_max=n_seq_max)
+        ns = 1 if unified else n_seq_max
+        c = cls(size, n_layer, tk, tk, v_trans=False, n_seq_max=n_seq_max, n_stream=ns)
         for il in range(n_layer):
-            k = ctx.new_tensor(tk, (row, size), name=f"cache_k_l{il}")
+            k = ctx.new_tensor(tk, (row, size * ns), name=f"cache_k_l{il}")
             k.buffer = "kv_cache"
             c.k.append(k)
         return c
@@ -200,13 +202,9 @@ class DeepSeek2Model(Architecture, MLAPlanner):
                   swa_full: bool = False, n_seq_max: int = 1, unified: bool = True
                   ) -> MLACache:
         """type_v, n_ubatch and swa_full are accepted for the engine's signature and ignored:
-        MLA has no V cache, and its cache does not slide. One unified stream only: MLA's
-        attention paths do not take a stream per sequence yet."""
-        if not unified and n_seq_max > 1:
-            raise ValueError(f"{self.arch_name}: a KV cache stream per sequence is not built "
-                             f"for MLA attention yet; use one unified cache (--kv-unified)")
+        MLA has no V cache, and its cache does not slide."""
         return MLACache.create_mla(ctx, self.hp.n_layer, self.hp.mla_row, size, type_k,
-                                   flash_attn, n_seq_max)
+                                   flash_attn, n_seq_max, unified)
 
     def mla_shape(self, n_tokens: int, n_kv: int) -> MLAShape:
         hp = self.hp
@@ -290,8 +288,6 @@ class DeepSeek2Model(Architecture, MLAPlanner):
         ubatch size). capacity: the graph's node budget (default: graph_capacity); a graph
         that outgrows it raises GraphCapacityError naming the capacity."""
         hp, w = self.hp, self.w
-        if streams != UNIFIED:
-            raise ValueError(f"{self.arch_name}: MLA attention takes one unified cache stream")
         if n_kv > cache.size:
             raise ValueError(f"n_kv={n_kv} exceeds the KV cache size {cache.size}")
         if not 0 < n_outputs <= n_tokens:
@@ -299,7 +295,10 @@ class DeepSeek2Model(Architecture, MLAPlanner):
         if cache.k[0].ne[0] != hp.mla_row:
             raise ValueError(f"the cache rows hold {cache.k[0].ne[0]} values, this model's MLA "
                              f"rows {hp.mla_row}: create the cache with model.new_cache")
-        path = path or self.attention_path(n_tokens, n_kv, flash_attn, cache.type_k)
+        if path is None:
+            path = self.attention_path(n_tokens, n_kv, flash_attn, cache.type_k)
+            if path == "decompress-fa" and streams != UNIFIED:   # (a unified stream only)
+                path = "absorbed-fa"
         if path not in PATHS:
             raise ValueError(f"unknown MLA path {path!r}; expected one of {', '.join(PATHS)}")
         flash = path != "absorbed"
@@ -307,7 +306,8 @@ class DeepSeek2Model(Architecture, MLAPlanner):
             why = decompress_supported(cache.type_k, self.mla_shape(n_tokens, n_kv))
             if why:
                 raise ValueError(f"the decompress-fa path cannot run: {why}")
-        shape = self.mla_shape(n_tokens, n_kv)
+        shape = replace(self.mla_shape(n_tokens, n_kv), streams=streams,
+                        cache_streams=cache.n_stream)
         H, nope, rope = hp.n_head, hp.n_nope, hp.n_rot
 
         inputs = GraphInputs.create(ctx, n_tokens, n_kv, n_outputs, flash)   # no V cache

@@ -84,11 +84,15 @@ def test_seq_cp_across_streams_copies_the_rows(tiny_models, cfg):
     assert nmse(alone, out[1]) < 1e-6
 
 
-def test_split_attention_over_streams(tiny_models):
-    """-amb 1 over a ubatch of 4 streams of 128 tokens (K*Q of 4 MiB: split into head
-    groups, each group's [hd, tokens, heads, streams] result copied into its heads): the
-    logits of unsplit attention, bit for bit."""
-    p = tiny_models.made(write_tiny_gguf, "llama", n_embd=128, n_ff=160)
+@pytest.mark.parametrize("arch,groups", [("llama", 2), ("deepseek2", 4)])
+def test_split_attention_over_streams(tiny_models, tmp_path, arch, groups):
+    """-amb 1 over a ubatch of 4 streams of 128 tokens (K*Q of 4 MiB for llama's 4 heads, 8
+    MiB for DeepSeek2's 8 MLA heads: split into head groups, each group's [hd, tokens, heads,
+    streams] result copied into its heads): the logits of unsplit attention, bit for bit."""
+    from ggraph.graphs.testing.tiny_deepseek2 import TinyDeepSeek2, write_tiny_deepseek2
+
+    p = tiny_models.made(write_tiny_gguf, "llama", n_embd=128, n_ff=160) if arch == "llama" \
+        else str(write_tiny_deepseek2(tmp_path / "ds.gguf", TinyDeepSeek2()))
     rng = np.random.default_rng(0)
     prompts = [[int(t) for t in rng.integers(3, 60, 150)] for _ in range(4)]
     out = []
@@ -98,7 +102,7 @@ def test_split_attention_over_streams(tiny_models):
         mg = next(iter(eng._graphs.values()))   # the first ubatch's: 4 x 128 tokens
         split = [n.name for n in mg.graph.nodes if n.name.startswith("kqv_split-0-s")
                  and "copy" not in n.name]
-        assert len(split) == (2 if amb else 0)
+        assert len(split) == (groups if amb else 0)
     assert np.array_equal(out[0], out[1])
 
 
@@ -113,6 +117,20 @@ def test_sequences_in_one_batch_are_isolated_gemma3_past_the_window(tiny_models,
     check_isolated(eng, PROMPTS, 1e-6)
     if unified:   # (a stream's ring is at least 256 cells: no 40-token prompt wraps it)
         assert eng.cache.swa.cells.used < eng.cache.base.cells.used   # reused cells
+
+
+@pytest.mark.parametrize("unified", [True, False], ids=["unified", "streams"])
+@pytest.mark.parametrize("cfg", [dict(), dict(flash_attn=True), dict(amb_mib=1)],
+                         ids=["absorbed", "absorbed-fa", "absorbed-amb"])
+def test_sequences_in_one_batch_are_isolated_deepseek2_mla(tmp_path, cfg, unified):
+    """DeepSeek2's MLA cache (one latent row per token, V a view of it) with several
+    sequences, unified or a stream each; with flash attention a ubatch of 128 tokens or more
+    takes the decompress path in one stream, and absorbed-fa with a stream each."""
+    from ggraph.graphs.testing.tiny_deepseek2 import TinyDeepSeek2, write_tiny_deepseek2
+
+    p = str(write_tiny_deepseek2(tmp_path / "ds.gguf", TinyDeepSeek2()))
+    eng = Engine(p, EngineConfig(n_ctx=512, n_seq_max=4, kv_unified=unified, **cfg))
+    check_isolated(eng, PROMPTS, 1e-6)
 
 
 def kernel_spread(eng: Engine, toks: list[int]) -> float:
