@@ -87,7 +87,7 @@ SHAPES = [Shape("small", "gemma3 ffn_down", 2048, 640, ("mv hot", "mv cold")),
           Shape("1.5B-up", "1.5B ffn_up", 1536, 8960, ("mv cold", "mm 512")),
           Shape("1.5B-down", "1.5B ffn_down", 8960, 1536, ("mv cold", "mm 512")),
           Shape("7B-up", "7B ffn_up", 3584, 18944, ("mv cold",))]
-COLUMNS = {"mv hot": 1, "mv cold": 1, "mm 512": 512}
+N_COLUMNS = {"mv hot": 1, "mv cold": 1, "mm 512": 512}  # activation columns per mode
 ENGINES = ("ggml", "repack", "ggraph")
 
 
@@ -385,7 +385,7 @@ def measure(lib: LibGGML, args: argparse.Namespace, name: str, shape: Shape, mod
             wbytes: np.ndarray, rng: np.random.Generator) -> list[dict[str, Any]]:
     """One row per thread count of one (type, shape, mode): each engine's weights set up once
     and timed at every thread count."""
-    n, k, m = COLUMNS[mode], shape.k, shape.m
+    n, k, m = N_COLUMNS[mode], shape.k, shape.m
     copies = max(1, -(-COLD_BYTES // wbytes.nbytes)) if mode == "mv cold" else 1
     xv = rng.standard_normal((n, k)).astype(np.float32)
     rows = {t: dict(type=name, shape=shape.label, k=k, m=m, n=n, threads=t, mode=mode,

@@ -195,7 +195,7 @@ def _flash_attn_rows(node: Tensor, s: Session, args: tuple):
     mt = mask.type if mask is not None else T.F32
     kern = TARGET.bind(attn_decode.k_flash_attn_decode,
                        _SERIAL_FAST if _small(node) else _KERNEL_FAST,
-                       f"m{mt}{'_serial' if _small(node) else ''}",
+                       f"m{mt}{'_serial' if _small(node) else ''}_pf{qlanes.PF_LOCALITY}",
                        dec_m=TARGET.codec(mt).dec, expf=_EXPF, CELLS=DECODE_CELLS,
                        VB=DECODE_VB, PFC=DECODE_PREFETCH, SL=DECODE_SUM_LANES)
     return partial(kern, s.arr(q), fk[0], *fk[1], fv[0], *fv[1], *K_.shape[:3],

@@ -46,9 +46,27 @@ VNNI256 = "+avxvnni" in FEATURES or ({"+avx512vnni", "+avx512vl"} <= FEATURES)
 # built and run for the other width too: every intrinsic takes its width from its arguments)
 R = 16 if AVX512 else 8
 WIDTHS = (8, 16)
-# prefetches of streamed weights are non-temporal (llvm.prefetch locality 0: prefetchnta):
-# each line is read once per token, and keeping it out of L2/L3 leaves them to what is reused
-PF_LOCALITY = 0
+
+
+def _cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id ("GenuineIntel", "AuthenticAMD"; "" where unreadable)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+# the software prefetch of streamed weights (llvm.prefetch's locality), chosen per vendor by
+# measurement: on AMD EPYC (Zen 5) non-temporal (0: prefetchnta; each line is read once per
+# token, and keeping it out of L2/L3 leaves them to what is reused) was the fastest; on Intel
+# Xeon (Emerald Rapids) prefetchnta starves the streams: into L2 (2: prefetcht1) took the
+# packed Q8_0 mat-vec from 10 to 21-22 GB/s of the 22.6 GB/s read bandwidth at 2 threads
+# (benchmarks/bench_kquant.py, mv cold) and SmolLM2 tg64 from 0.85x to 1.23x llama.cpp
+PF_LOCALITY = 2 if _cpu_vendor() == "GenuineIntel" else 0
 
 _I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 _F32, _F16 = ir.FloatType(), ir.HalfType()
