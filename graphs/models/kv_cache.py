@@ -187,7 +187,7 @@ class KVCache:
         return min(self.size, max(KV_PAD, -(-used // KV_PAD) * KV_PAD))
 
     def streams_of(self, ub: UBatch) -> StreamRange:
-        """The streams a ubatch split for this cache attends in (split_ubatches)."""
+        """The streams a ubatch that `split` made attends in."""
         if self.n_stream == 1:
             return UNIFIED
         seqs = np.unique(ub.seq)

@@ -380,8 +380,9 @@ class Engine:
         a runner with remote stages then overlaps the next ubatch with this one)."""
         slots = self.cache.place(ub)
         if slots is None:
+            cells = self.cache.size * self.cache.n_stream
             raise NoKVSlot(f"no room in the KV cache for a ubatch of {len(ub)} tokens "
-                           f"({self.cache.n_free()} of {self.cache.size} cells free, "
+                           f"({self.cache.n_free()} of {cells} cells free, "
                            f"{self.cfg.n_seq_max} sequences): free cells with seq_rm, or make "
                            f"the context larger (-c)")
         rows = ub.out_rows if ub.out.any() else np.array([len(ub) - 1], np.int32)
