@@ -140,7 +140,8 @@ def build_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kq_mask: Tensor
         return O.cont(cur, s.head_dim * s.n_head, s.n_tokens, name=f"kqv_out-{il}")
 
     # Split attention: each group's [hd, n_tps, heads, ns] result is copied into its heads of
-    # one [hd, n_head, n_tokens] buffer, a fill of q's shape (an O(n_embd) pass)
+    # one [hd, n_head, n_tokens] buffer, a fill of q's shape (an O(n_embd) pass; cpy goes in
+    # element order, and tokens come stream after stream on both sides)
     gqa = s.n_head // s.n_head_kv
     join = HeadJoin.fill(q, il)
     for step, (h0, nh) in enumerate(groups):
