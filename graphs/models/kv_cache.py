@@ -53,10 +53,15 @@ class StreamRange:
 UNIFIED = StreamRange()
 
 
+def n_streams(n_seq_max: int, unified: bool) -> int:
+    """Streams of a cache: one unified, or one per sequence (llama.cpp's n_stream)."""
+    return 1 if unified else n_seq_max
+
+
 def stream_size(n_ctx: int, n_seq_max: int, unified: bool) -> int:
     """Cells per stream: the context for one unified stream; for a stream per sequence
     llama.cpp's n_ctx_seq, pad256(pad256(n_ctx) / n_seq_max) (llama_context's constructor)."""
-    if unified or n_seq_max == 1:
+    if n_streams(n_seq_max, unified) == 1:
         return n_ctx
     return -(-(-(-n_ctx // KV_PAD) * KV_PAD // n_seq_max) // KV_PAD) * KV_PAD
 
@@ -122,7 +127,7 @@ class KVCache:
             if n % t.block_size:
                 raise ValueError(f"{role} rows of {n} values do not fit {t} blocks of "
                                  f"{t.block_size}")
-        ns = 1 if unified else n_seq_max
+        ns = n_streams(n_seq_max, unified)
         c = cls(size, n_layer, tk, tv, v_trans=not flash_attn, layer_ids=ids,
                 n_seq_max=n_seq_max, n_swa=n_swa, n_stream=ns)
         for il in ids:

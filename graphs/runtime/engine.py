@@ -465,37 +465,31 @@ class Engine:
                              f"cannot re-rope its cached K")
 
     def apply_k_shift(self) -> None:
-        """Re-rope the cached K of cells whose positions moved (llama.cpp's K-shift, run at
-        the start of a decode)."""
+        """Bring the cache's rows up to date at the start of a decode, as llama.cpp's update
+        does: first the whole-stream copies of seq_cp across streams, then the K-shift
+        (re-rope the cached K of cells whose positions moved)."""
         with self.lock:
-            self.apply_stream_copies()
+            copies = copy_graph(self.cache.stream_copies())
+            if copies is not None:
+                self._run_cache_graph(copies, {})
+            self.cache.reset_copies()
             moves = self.cache.k_shifts()
             if not moves:
                 return
             built = shift_graph(self.ctx, moves, self.model.shift_k)
             if built is not None:
-                graph, values = built
-                self._place(graph)
-                try:
-                    self.runner.run(graph, values)
-                except BaseException:
-                    self.reset()  # half-roped cells hold no sequence
-                    raise
+                self._run_cache_graph(*built)
             self.cache.reset_shift()
 
-    def apply_stream_copies(self) -> None:
-        """Copy whole streams that seq_cp copied across streams (llama.cpp's update runs
-        them before the K-shift)."""
-        with self.lock:
-            graph = copy_graph(self.cache.stream_copies())
-            if graph is not None:
-                self._place(graph)
-                try:
-                    self.runner.run(graph, {})
-                except BaseException:
-                    self.reset()  # half-copied streams hold no sequence
-                    raise
-            self.cache.reset_copies()
+    def _run_cache_graph(self, graph: Any, values: dict) -> None:
+        """Run a graph that rewrites cache rows in place (stream copies, the K-shift); if it
+        fails, half-rewritten rows hold no sequence, so the cache is emptied."""
+        self._place(graph)
+        try:
+            self.runner.run(graph, values)
+        except BaseException:
+            self.reset()
+            raise
 
     def warmup(self) -> float:
         """Evaluate a prompt-sized batch (the mat-mat and blockwise attention paths) and one

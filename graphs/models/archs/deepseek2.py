@@ -33,7 +33,8 @@ from ggraph.ir.types import GGMLType
 from ggraph.graphs.models.arch import Architecture, MLAPlanner, register_arch
 from ggraph.graphs.gguf.gguf_file import GGUFError, GGUFModel
 from ggraph.graphs.models.hparams import DeepSeek2HParams
-from ggraph.graphs.models.kv_cache import MIB, UNIFIED, KVCache, StreamRange, cache_type
+from ggraph.graphs.models.kv_cache import (MIB, UNIFIED, KVCache, StreamRange, cache_type,
+                                           n_streams)
 from ggraph.graphs.models.mla import (
     DECOMPRESS_MIN_TOKENS,
     PATHS,
@@ -72,7 +73,7 @@ class MLACache(KVCache):
             raise ValueError(f"a quantized MLA cache ({tk}) needs flash attention (--fa): "
                              f"without it the latent is read transposed, one value per row, "
                              f"which blocks of 32 values cannot give")
-        ns = 1 if unified else n_seq_max
+        ns = n_streams(n_seq_max, unified)
         c = cls(size, n_layer, tk, tk, v_trans=False, n_seq_max=n_seq_max, n_stream=ns)
         for il in range(n_layer):
             k = ctx.new_tensor(tk, (row, size * ns), name=f"cache_k_l{il}")
@@ -302,12 +303,12 @@ class DeepSeek2Model(Architecture, MLAPlanner):
         if path not in PATHS:
             raise ValueError(f"unknown MLA path {path!r}; expected one of {', '.join(PATHS)}")
         flash = path != "absorbed"
-        if path == "decompress-fa":
-            why = decompress_supported(cache.type_k, self.mla_shape(n_tokens, n_kv))
-            if why:
-                raise ValueError(f"the decompress-fa path cannot run: {why}")
         shape = replace(self.mla_shape(n_tokens, n_kv), streams=streams,
                         cache_streams=cache.n_stream)
+        if path == "decompress-fa":
+            why = decompress_supported(cache.type_k, shape)
+            if why:
+                raise ValueError(f"the decompress-fa path cannot run: {why}")
         H, nope, rope = hp.n_head, hp.n_nope, hp.n_rot
 
         inputs = GraphInputs.create(ctx, n_tokens, n_kv, n_outputs, flash)   # no V cache
