@@ -1,7 +1,7 @@
 """Where SmolLM2's time goes on the CPU: the per-op profile (backends/profile.py) of a prompt
 ubatch and of decode tokens, beside the unprofiled speed of the same runs.
 
-    python benchmarks/profile_decode.py [--threads 2] [--prompt 128] [--gen 32] [--by name]
+    python benchmarks/profile_decode.py [--threads 2] [--prompt 128] [--gen 32] [--fa 1] [--by name]
                                         [--json out.json]
 
 Kernels are compiled and bound by a warm-up pass before anything is timed. Profiled runs
@@ -28,6 +28,7 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=32, help="decode tokens to time")
     ap.add_argument("--by", choices=("op", "name", "both"), default="both")
     ap.add_argument("--top", type=int, default=16)
+    ap.add_argument("--fa", type=int, choices=(0, 1), default=0, help="flash attention")
     args = ap.parse_args()
 
     from ggraph.backends.profile import Profile
@@ -35,6 +36,7 @@ def main() -> None:
 
     path = str(args.model)
     eng = Engine(path, EngineConfig(n_ctx=1024, n_ubatch=512, n_threads=args.threads,
+                                    flash_attn=bool(args.fa),
                                     reserve_outputs="last"))
     rng = np.random.default_rng(0)
     prompt = [int(x) for x in rng.integers(100, 40000, args.prompt)]

@@ -197,7 +197,8 @@ def _flash_attn_rows(node: Tensor, s: Session, args: tuple):
                        _SERIAL_FAST if _small(node) else _KERNEL_FAST,
                        f"m{mt}{'_serial' if _small(node) else ''}_pf{qlanes.PF_LOCALITY}",
                        dec_m=TARGET.codec(mt).dec, expf=_EXPF, CELLS=DECODE_CELLS,
-                       VB=DECODE_VB, PFC=DECODE_PREFETCH, SL=DECODE_SUM_LANES)
+                       VB=DECODE_VB, PFC=DECODE_PREFETCH, SL=DECODE_SUM_LANES, DK=q.ne[0],
+                       DV=v.ne[0])
     return partial(kern, s.arr(q), fk[0], *fk[1], fv[0], *fv[1], *K_.shape[:3],
                    s.arr(mask) if mask is not None else _DUMMY,
                    s.arr(node).reshape(node.shape), *args, mask is not None)
@@ -424,7 +425,7 @@ def _mul_mat(node: Tensor, s: Session):
         af, (o3, o2, o1) = flat
         k = TARGET.bind(K.k_mul_mat_half, _SERIAL_FAST if _small(node) else _KERNEL_FAST,
                         "serial" if _small(node) else "",
-                        round_half=_ROUND_HALF)
+                        round_half=_ROUND_HALF, prefetch=qlanes.prefetch, HALF_PF=HALF_PF)
         return partial(k, af, o3, o2, o1, A.shape[0], A.shape[1], A.shape[2], s.arr(b), D,
                        ROUND_ACTIVATIONS)
     if (packed := packed_weight(a, b, s)) is not None:
@@ -457,6 +458,13 @@ def _mul_mat(node: Tensor, s: Session):
 # b rounded to F16 and back in k_mul_mat_half: one vcvtps2ph/vcvtph2ps pair with F16C
 _ROUND_HALF = TARGET.device(fastmath.round_half_f16c) if fastmath.F16C else TARGET.bind(
     fastmath.round_half_soft, TARGET.device, "")
+
+
+# k_mul_mat_half asks for the rows this many rows ahead of the one it dots: a decode step's
+# K*Q and V*softmax read the cache from memory (the weights streamed since the last token have
+# evicted it); 8 ahead took SmolLM2's per layer from 23 and 33 us to 17 and 17 (2 threads,
+# Intel Xeon, 128-192 cells; benchmarks/profile_decode.py --fa 0)
+HALF_PF = 8
 
 
 def _flat_rows(A: np.ndarray):
@@ -494,10 +502,15 @@ def _mul_mat_id(node: Tensor, s: Session):
 def _checked(node: Tensor, idx: np.ndarray, n: int, what: str, run) -> None:
     """Indices come from data (tokens, cache cells, routing); the kernels do not bounds-check
     (numba), so an index outside [0, n) is an error naming the node instead of a crash."""
-    if idx.size and (idx.min() < 0 or idx.max() >= n):
-        bad = idx[(idx < 0) | (idx >= n)].flat[0]
+    i4 = idx if idx.ndim == 4 else idx.reshape((1,) * (4 - idx.ndim) + idx.shape)
+    at = _FIRST_BAD_INDEX(i4, n)
+    if at >= 0:
+        bad = i4.reshape(-1)[at]
         raise IndexError(f"{node.op} {node.describe()}: {what} {bad} is outside [0, {n})")
     run()
+
+
+_FIRST_BAD_INDEX = _SERIAL(K.k_first_bad_index)
 
 
 # -- rows, copies, layout --------------------------------------------------------------------

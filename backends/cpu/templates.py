@@ -20,6 +20,7 @@ from ..shared.bound import bound
     "U_FILL", "act_sums", "alibi_slope", "binary_row", "dec_a", "dec_b", "dec_m", "dec_r", "dec_v",
     "dot_a", "dot_k", "enc_d", "enc_one", "enc_r", "expf", "half_to_f32", "norm_row", "qdot_a",
     "rope_cos_sin", "round_half", "rowdot_a", "unary_row", "unflatten")
+HALF_PF, prefetch = bound("HALF_PF", "prefetch")
 
 ROW_RUN = 4096  # elements a parallel item of a short-row kernel handles (k_set_rows)
 
@@ -136,6 +137,21 @@ def k_get_rows(a, idx, d):
         x = np.empty(n0, np.float32)
         dec_a(a, i3, i2, idx[0, i3, i2, i1], x, n0)
         enc_d(x, d, i3, i2, i1, n0)
+
+
+def k_first_bad_index(idx, n):
+    """The first index of 4-D idx (in memory order of its axes) outside [0, n), or -1 when
+    all are inside: the check that row and expert ids come from data, in one compiled pass
+    (numpy's min and max were two calls of ~1.5 us each, per node per token)."""
+    n3, n2, n1, n0 = idx.shape
+    for i3 in range(n3):
+        for i2 in range(n2):
+            for i1 in range(n1):
+                for i0 in range(n0):
+                    v = idx[i3, i2, i1, i0]
+                    if v < 0 or v >= n:
+                        return (((i3 * n2) + i2) * n1 + i1) * n0 + i0
+    return -1
 
 
 def k_get_rows_int(a, idx, d):
@@ -375,8 +391,9 @@ def k_mul_mat_half(a, o3, o2, o1, a3, a2, nm, b, d, rnd):
     strided by a cache row, V^T channels by a cache column). Each row is read once: while in
     L1 it is dotted with every column of every b slice broadcast onto it (GQA: the query heads
     of one K/V head). One parallel loop over (i3, block of rows), each block taking the rows
-    of every slice i2 in memory order (a K cache cell's heads are adjacent). b's values are
-    rounded to F16 first when rnd (ggml's vec-dot type for F16 weights)."""
+    of every slice i2 in memory order (a K cache cell's heads are adjacent), asking for the
+    rows HALF_PF ahead. b's values are rounded to F16 first when rnd (ggml's vec-dot type for
+    F16 weights)."""
     n3, n2, nn = d.shape[0], d.shape[1], d.shape[2]
     kk = b.shape[3]
     r3, r2 = n3 // a3, n2 // a2
@@ -395,6 +412,8 @@ def k_mul_mat_half(a, o3, o2, o1, a3, a2, nm, b, d, rnd):
                 if kk < 0:  # never true: keeps LLVM from vectorizing across rows (k_mul_mat)
                     break
                 o = j3 * o3 + j2 * o2 + m * o1
+                for i in range(0, kk, 32):   # the row HALF_PF rows on (a hint: never faults)
+                    prefetch(a, o + HALF_PF * o1 + i)
                 src = a[o:o + kk]
                 for i3 in range(j3 * r3, (j3 + 1) * r3):
                     for i2 in range(j2 * r2, (j2 + 1) * r2):
