@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ggraph.codecs import quants
+from ggraph.ir.graph import Graph
 from ggraph.ir.tensor import Tensor, install_value_encoder
 from ggraph.ir.types import GGMLType
 
@@ -66,8 +67,8 @@ def encode_rows(t: GGMLType, values: np.ndarray) -> np.ndarray:
     if t.is_int:
         if values.dtype.kind == "f" and not np.all(np.isfinite(values)):
             raise ValueError(f"cannot store non-finite values in an {t} tensor")
-        return values.astype(t.traits.numpy_dtype)
-    f32 = values.astype(np.float32)  # ggml converts through f32
+        return values.astype(t.traits.numpy_dtype, copy=False)
+    f32 = values.astype(np.float32, copy=False)  # ggml converts through f32
     if t == GGMLType.F32:
         return f32
     if t == GGMLType.F16:
@@ -84,7 +85,9 @@ def read(buf: np.ndarray, offset: int, t: Tensor) -> np.ndarray:
 
 def write(buf: np.ndarray, offset: int, t: Tensor, values: np.ndarray) -> None:
     """Store values (broadcastable to t.shape) into `t`, converting to its type."""
-    values = np.broadcast_to(np.asarray(values), t.shape)
+    values = np.asarray(values)
+    if values.shape != t.shape:
+        values = np.broadcast_to(values, t.shape)
     raw_view(buf, offset, t)[...] = encode_rows(t.type, values)
 
 
@@ -147,7 +150,9 @@ def check_input(t: Tensor, value: object) -> np.ndarray:
                              f"tensor takes integers (convert them explicitly, e.g. "
                              f".astype(np.{t.type.traits.numpy_dtype}))")
         info = np.iinfo(t.type.traits.numpy_dtype)
-        if v.size and kind != "b":
+        # values of a type whose every value the tensor's type holds need no range check
+        # (numpy's min and max are ~3 us a call; a decode step feeds several index inputs)
+        if v.size and kind != "b" and not np.can_cast(v.dtype, info.dtype, "safe"):
             lo, hi = v.min(), v.max()
             if lo < info.min or hi > info.max:
                 bad = lo if lo < info.min else hi
@@ -175,19 +180,26 @@ def feed_inputs(graph: Any, inputs: Mapping[Tensor | str, Any],
     leafs feeds each of them; a tensor key wins over its name. Shared by every executor so
     they agree on what an input is. Where a fed leaf carries host data, the executor's
     `write` must not store into that array (Session copies it on write)."""
-    leafs = list(graph.leafs)
-    known = set(leafs)
-    names = {leaf.name for leaf in leafs if leaf.name}
+    leafs = graph.leafs
+    # what keys are checked against, made only for the kinds of keys given: a decode step
+    # feeds a few tensors of a graph of hundreds of leafs, every token (a Graph answers `in`
+    # from its own set of members; a leaf is a member without an op)
+    names: set[str] | None = None
+    known: Any = graph if isinstance(graph, Graph) else None
     by_name: dict[str, Any] = {}
     by_tensor: dict[Tensor, Any] = {}
     for k, v in inputs.items():
         if isinstance(k, str):
+            if names is None:
+                names = {leaf.name for leaf in leafs if leaf.name}
             if k not in names:
                 raise ValueError(f"input name {k!r} is not the name of a leaf of the graph; "
                                  f"its inputs are {_names(_inputs_of(leafs))}")
             by_name[k] = v
         elif isinstance(k, Tensor):
-            if k not in known:
+            if known is None:
+                known = set(leafs)
+            if k.op is not None or k not in known:
                 raise ValueError(f"input {k.describe()} is not a leaf of the graph"
                                  f"{' (it is computed by op ' + str(k.op) + ')' if k.op else ''}"
                                  f"; its inputs are {_names(_inputs_of(leafs))}")

@@ -36,6 +36,9 @@ class Flag(IntFlag):
     PARAM = 4   # trainable parameter (ggml keeps these as nodes); unused by inference
 
 
+_INPUT, _OUTPUT = int(Flag.INPUT), int(Flag.OUTPUT)
+
+
 def fmt_ne(ne: Sequence[int]) -> str:
     return "[" + ", ".join(str(int(x)) for x in ne) + "]"
 
@@ -182,13 +185,15 @@ class Tensor:
         o = self.owner
         return o.buffer is not None or o.data is not None
 
+    # plain int arithmetic: IntFlag's own `&` is Python code (~2.5 us), and feeding a graph
+    # asks every unfed leaf, every token
     @property
     def is_input(self) -> bool:
-        return bool(self.flags & Flag.INPUT)
+        return (int(self.flags) & _INPUT) != 0
 
     @property
     def is_output(self) -> bool:
-        return bool(self.flags & Flag.OUTPUT)
+        return (int(self.flags) & _OUTPUT) != 0
 
     # -- host data for leafs ---------------------------------------------------------------
     def set_data(self, values: np.ndarray) -> "Tensor":
