@@ -25,8 +25,10 @@ prefix got. llama-cpp-python is measured the same way.
 
 bw% (generation tests): the weights a token reads (every tensor but the token embeddings,
 unless the output layer reads them too) times tokens/s, over the machine's read bandwidth at
-the test's thread count, measured at the start of the run (a numba reduction over 1 GiB;
---no-bandwidth skips it): how close decoding is to the memory's speed.
+the test's thread count, measured just before and just after that test (a numba reduction
+over 1 GiB, the median of 3 reads each time; the higher of the two is the denominator, as a
+neighbour's load on a shared host only lowers it; --no-bandwidth skips it): how close
+decoding is to the memory's speed at the time it ran.
 
 -ngl N puts the last N layers on the offload devices of -dev/--devices (ggraph's list: cuda,
 cuda,cuda, cuda:1, or cpu for a second CPU backend standing in for a device), the output
@@ -285,7 +287,7 @@ class Printer:
         self.records: list[dict[str, Any]] = []
         self.csv: Any = None
         self.load_start = (0.0, 0.0, 0.0)
-        self.bandwidth: dict[int, float] = {}   # threads -> GB/s, set by run()
+        self.bandwidth: dict[int, list[float]] = {}   # threads -> GB/s per test, by run()
 
     def fmt_row(self, values: Sequence[str]) -> str:
         parts = []
@@ -335,13 +337,32 @@ class Printer:
                 print("ggraph/llama.cpp: the ratio of the mean tokens/s, measured in one "
                       "process taking turns", file=self.out)
             if self.bandwidth:
-                bw = ", ".join(f"{n} threads {gbs:.1f} GB/s" for n, gbs in self.bandwidth.items())
+                bw = ", ".join(f"{n} threads {_span(g)} GB/s"
+                               for n, g in sorted(self.bandwidth.items()) if g)
                 print(f"bw%: a generation test's weights read per second over the machine's "
-                      f"read bandwidth, measured in this run ({bw})", file=self.out)
+                      f"read bandwidth, measured beside each test ({bw})", file=self.out)
         elif self.fmt == "json":
             json.dump(self.records, self.out, indent=1)
             print(file=self.out)
         self.out.flush()
+
+
+def _span(values: Sequence[float]) -> str:
+    lo, hi = f"{min(values):.1f}", f"{max(values):.1f}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def beside_bandwidth(measure: bool, n_threads: int, test: Callable[[], Any]
+                     ) -> tuple[Any, float]:
+    """(test(), the machine's read bandwidth at n_threads just before and after it: the
+    higher median of 3 reads; 0.0 when not `measure`)."""
+    if not measure:
+        return test(), 0.0
+    from ggraph.backends.cpu.membw import read_bandwidth
+
+    before = read_bandwidth(n_threads, 3)
+    out = test()
+    return out, max(before, read_bandwidth(n_threads, 3))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -371,13 +392,9 @@ def run(args: argparse.Namespace) -> int:
         for pr in printers:
             f(pr)
 
-    bandwidth: dict[int, float] = {}
-    if s.bandwidth:   # the machine's read bandwidth at each thread count, in this run
-        from ggraph.backends.cpu.membw import read_bandwidth
-
-        bandwidth = {n: read_bandwidth(n) for n in s.n_threads}
-        for pr in printers:
-            pr.bandwidth = bandwidth
+    bandwidth: dict[int, list[float]] = {n: [] for n in s.n_threads}
+    for pr in printers:
+        pr.bandwidth = bandwidth
     start = load_average()
     each(lambda pr: pr.header(start))
     for i, t in enumerate(tests, 1):
@@ -387,10 +404,14 @@ def run(args: argparse.Namespace) -> int:
         if args.progress:
             say(f"{infos[t.model].model_type} {t.name} t={t.n_threads} fa={int(t.flash_attn)}"
                 + (f" ngl={t.n_gpu_layers}" if s.devices else ""))
-        rs = run_test(t, reps=args.repetitions, peers=peers, warmup=not args.no_warmup,
-                      model=infos[t.model], progress=say if args.progress else None)
-        for r in rs:
-            r.read_gbs = bandwidth.get(t.n_threads, 0.0)
+        rs, read = beside_bandwidth(
+            s.bandwidth and t.n_gen > 0 and not t.n_prompt, t.n_threads,
+            lambda: run_test(t, reps=args.repetitions, peers=peers, warmup=not args.no_warmup,
+                             model=infos[t.model], progress=say if args.progress else None))
+        if read:
+            bandwidth[t.n_threads].append(read)
+            for r in rs:
+                r.read_gbs = read
         each(lambda pr: pr.test(rs))
     end = load_average()
     each(lambda pr: pr.footer(end))

@@ -306,21 +306,29 @@ def test_vs_llama_cpp_at_depth(capsys, tiny, monkeypatch):
 
 
 def test_bandwidth_share_of_generation(capsys, tiny, monkeypatch):
-    """bw%: the weights a token reads times tokens/s over the read bandwidth measured in the
-    run (here a stand-in figure), for generation tests only."""
+    """bw%: the weights a token reads times tokens/s over the read bandwidth measured just
+    before and just after that test (here stand-in figures: the higher one is taken), for
+    generation tests only; prompt tests read none."""
     from ggraph.backends.cpu import membw
 
-    monkeypatch.setattr(membw, "read_bandwidth", lambda n: 10.0 * n)
+    reads: list[tuple[int, int]] = []
+
+    def fake(n: int, runs: int = 5) -> float:
+        reads.append((n, runs))
+        return 10.0 * n + (2.0 if len(reads) % 2 == 0 else 0.0)   # after > before
+
+    monkeypatch.setattr(membw, "read_bandwidth", fake)
     rc, out, _ = cli(capsys, "-m", tiny, "-p", "8", "-n", "3", "-r", "1", "-t", "1,2",
                      "--bandwidth", "-o", "json")
     assert rc == 0
     recs = json.loads(out)
     info = bench.model_info(tiny)
     assert info.token_bytes == info.size   # tied output: the embeddings are read in full
+    assert reads == [(1, 3), (1, 3), (2, 3), (2, 3)]   # around each generation test only
     for r in recs:
-        assert r["read_gbs"] == 10.0 * r["n_threads"]
         if r["n_prompt"]:
-            assert r["bw_share"] is None
+            assert r["bw_share"] is None and r["read_gbs"] is None
         else:
+            assert r["read_gbs"] == 10.0 * r["n_threads"] + 2.0
             assert r["bw_share"] == pytest.approx(
                 r["weights_per_token"] * r["avg_ts"] / (r["read_gbs"] * 1e9))
