@@ -126,8 +126,16 @@ def f32_identity(x):
     return np.float32(x)
 
 
+def rint_np(x):
+    """Round half to even by the CPU's own instruction (roundss; a loop of it vectorizes):
+    backends/shared/numeric.rint's value for every finite float (the shared one is branches
+    and floors, as numba-cuda has no rint), and an infinity or NaN as given."""
+    return np.rint(x)
+
+
 half_to_f32 = half_to_f32_f16c if F16C else half_to_f32_table
 # the CPU target's replacements of shared scalar math (backends/jit.py Target overrides)
 OVERRIDES = {"half_to_f32": half_to_f32, "silu": silu_expf, "sigmoid": sigmoid_expf,
-             "gelu": gelu_expf, **({"f32_to_half": f32_to_half_f16c} if F16C else {})}
+             "gelu": gelu_expf, "rint": rint_np,
+             **({"f32_to_half": f32_to_half_f16c} if F16C else {})}
 

@@ -444,25 +444,42 @@ def dec_q8_k(x, i3, i2, i1, out, n):
 def enc_q8_k(v, x, i3, i2, i1, n):
     """quantize_row_q8_K_ref: q = round half even (-127/max * x) capped at 127, d = 1/iscale,
     int16 sums of each 16 (zero blocks: all zero)."""
+    row = x[i3, i2, i1]   # one row's bytes: stores without four-index address arithmetic
     for b in range(n // 256):
-        amax = np.float32(0.0)
+        s = b * 256
+        # the largest magnitude in 8 independent running maxima (one chain of compares was
+        # the quantizer's critical path; each lane skips NaN as the one chain did), then the
+        # first element of that magnitude, as ggml's strict > keeps the first
+        m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.float32(0.0)
+        for j in range(s, s + 256, 8):
+            a0, a1, a2, a3 = abs(v[j]), abs(v[j + 1]), abs(v[j + 2]), abs(v[j + 3])
+            a4, a5, a6, a7 = abs(v[j + 4]), abs(v[j + 5]), abs(v[j + 6]), abs(v[j + 7])
+            m0 = a0 if a0 > m0 else m0
+            m1 = a1 if a1 > m1 else m1
+            m2 = a2 if a2 > m2 else m2
+            m3 = a3 if a3 > m3 else m3
+            m4 = a4 if a4 > m4 else m4
+            m5 = a5 if a5 > m5 else m5
+            m6 = a6 if a6 > m6 else m6
+            m7 = a7 if a7 > m7 else m7
+        amax = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
         mx = np.float32(0.0)
-        for j in range(256):
-            a = abs(v[b * 256 + j])
-            if a > amax:
-                amax = a
-                mx = v[b * 256 + j]
+        if amax > 0:
+            for j in range(s, s + 256):
+                if abs(v[j]) == amax:
+                    mx = v[j]
+                    break
         o = b * 292
         iscale = np.float32(np.float32(-127.0) / mx) if amax > 0 else np.float32(0.0)
         for g in range(16):
             t = 0
             for j in range(16):
-                f = _finite_or_zero(rint(np.float32(iscale * v[b * 256 + g * 16 + j])))  # noqa
+                f = _finite_or_zero(rint(np.float32(iscale * v[s + g * 16 + j])))
                 q = min(127, np.int32(f))
                 t += q
-                x[i3, i2, i1, o + 4 + g * 16 + j] = np.uint8(q & 0xFF)
-            x[i3, i2, i1, o + 260 + 2 * g] = np.uint8(t & 0xFF)
-            x[i3, i2, i1, o + 261 + 2 * g] = np.uint8((t >> 8) & 0xFF)
+                row[o + 4 + g * 16 + j] = np.uint8(q & 0xFF)
+            row[o + 260 + 2 * g] = np.uint8(t & 0xFF)
+            row[o + 261 + 2 * g] = np.uint8((t >> 8) & 0xFF)
         _put_f32(x, i3, i2, i1, o, np.float32(np.float32(1.0) / iscale) if amax > 0
                  else np.float32(0.0))
 

@@ -222,6 +222,22 @@ def test_small_and_large_division_by_zero_agree():
         assert np.isinf(got.ravel()[0]) and np.isnan(got.ravel()[1])
 
 
+def test_cpu_rint_equals_the_shared_rint():
+    """The CPU binds rint to its rounding instruction (fastmath.OVERRIDES: the quantizers'
+    loops vectorize); on finite floats it is the shared rint exactly, ties to even included."""
+    from ggraph.backends.shared import numeric
+
+    rng = np.random.default_rng(7)
+    x = np.concatenate([
+        np.arange(-300, 300, 0.25, dtype=np.float32),            # every tie in range
+        rng.standard_normal(100_000).astype(np.float32) * 200,
+        np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 8388607.5, -8388607.5, 1e9, -1e9,
+                  np.nextafter(np.float32(0.5), np.float32(0)), 0.0, -0.0], np.float32)])
+    got = _map(TARGET.fn("rint"), x, np.float64)
+    want = _map(numba.njit(numeric.rint), x, np.float64)
+    assert np.array_equal(got, want)
+
+
 @pytest.mark.parametrize("name", ["silu", "sigmoid", "gelu"])
 def test_cpu_exp_based_activations_near_the_shared_formulas(name):
     """The CPU binds silu, sigmoid and gelu through its float32 expf (fastmath.OVERRIDES: loops
