@@ -336,7 +336,7 @@ class Printer:
             if self.peers:
                 print("ggraph/llama.cpp: the ratio of the mean tokens/s, measured in one "
                       "process taking turns", file=self.out)
-            if self.bandwidth:
+            if any(self.bandwidth.values()):   # a figure read beside some test
                 bw = ", ".join(f"{n} threads {_span(g)} GB/s"
                                for n, g in sorted(self.bandwidth.items()) if g)
                 print(f"bw%: a generation test's weights read per second over the machine's "

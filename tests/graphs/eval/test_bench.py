@@ -305,6 +305,14 @@ def test_vs_llama_cpp_at_depth(capsys, tiny, monkeypatch):
     assert kept and set(kept) == {5}
 
 
+def test_no_bandwidth_footer_without_a_reading(capsys, tiny):
+    """--no-bandwidth (the helper's default here): no bw% column and no footer line about a
+    bandwidth that was never read."""
+    rc, out, _ = cli(capsys, "-m", tiny, "-p", "0", "-n", "3", "-r", "1", "-o", "md")
+    assert rc == 0
+    assert "bw%" not in out and "read bandwidth" not in out
+
+
 def test_bandwidth_share_of_generation(capsys, tiny, monkeypatch):
     """bw%: the weights a token reads times tokens/s over the read bandwidth measured just
     before and just after that test (here stand-in figures: the higher one is taken), for
