@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import threading
 import time
@@ -133,6 +134,11 @@ def main(args: argparse.Namespace) -> int:
     loader.start()
     print(f"main: server is listening on http://{args.host}:{args.port} - starting the "
           f"main loop", file=sys.stderr, flush=True)
+    # uvicorn drains on SIGTERM/SIGINT, then restores the handlers it found and raises the
+    # signal again; handlers that only note it let the scheduler stop and the exit be clean
+    stopped: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda n, _frame: stopped.append(n))
     server.run()
     if state.scheduler is not None:   # uvicorn has drained the connections: stop the thread
         state.scheduler.drain(timeout=30.0)

@@ -142,7 +142,8 @@ class Scheduler:
                 self.metrics.add(requests_rejected_total=1)
                 raise RequestError("the server is shutting down", status=503,
                                    type="unavailable_error", code="shutting_down")
-            if len(self.queue) + len(choices) > self.cfg.max_queue:
+            free = sum(s.choice is None for s in self.slots)
+            if len(self.queue) + len(choices) - free > self.cfg.max_queue:
                 self.metrics.add(requests_rejected_total=1)
                 raise RequestError(f"the server is busy ({len(self.queue)} choices waiting "
                                    f"for {len(self.slots)} slots); retry later", status=503,
