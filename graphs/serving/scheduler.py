@@ -33,7 +33,7 @@ from ggraph.graphs.models.batch import Batch
 from ggraph.graphs.runtime.engine import NoKVSlot
 from ggraph.graphs.runtime.sampling import Sampler
 from ggraph.graphs.serving.metrics import Metrics
-from ggraph.graphs.serving.prefix import PrefixIndex
+from ggraph.graphs.serving.prefix import PrefixIndex, common_prefix
 from ggraph.graphs.serving.requests import RequestError
 from ggraph.graphs.serving.textout import TextOut
 
@@ -99,6 +99,8 @@ class Slot:
     pending: int | None = None        # sampled, evaluated at the next step
     out: TextOut | None = None
     last_used: float = 0.0
+    # (slot, n): the first n prompt tokens come from that slot once it has evaluated them
+    wait_for: tuple[int, int] | None = None
 
     @property
     def prefilling(self) -> bool:
@@ -111,6 +113,8 @@ class SchedulerConfig:
     prefill_chunk: int = 256          # prompt tokens a step while other slots generate
     max_queue: int = 64               # choices waiting for a slot before 503
     cross_slot_prefix: bool = True    # share a prefix another slot holds (unified cache)
+    # wait for a slot still reading a prompt that shares at least this many more tokens
+    min_shared_wait: int = 16
 
 
 class Scheduler:
@@ -228,6 +232,7 @@ class Scheduler:
             if s.choice is not None and s.choice.cancelled:
                 self._end(s, "cancelled", now)
         self._admit()
+        self._resolve_waits()
         budget = self.cfg.n_batch
         while True:
             plan = self._plan(budget)
@@ -289,9 +294,55 @@ class Scheduler:
         c.slot, c.n_cached, c.t_started = best, keep, time.perf_counter()
         c.sampler.accept_many(c.prompt)   # the penalties see the prompt, as llama-cli's
         slot.choice, slot.n_prompt, slot.pending = c, keep, None
+        slot.wait_for = self._wait_target(c, best, keep, limit)
         slot.out = TextOut(eng.tokenizer, c.stops)
         slot.last_used = time.perf_counter()
         self.metrics.add(prompt_tokens_cached_total=keep)
+
+    def _wait_target(self, c: Choice, sid: int, keep: int, limit: int
+                     ) -> tuple[int, int] | None:
+        """A slot still reading a prompt that starts with more of c's than any cache holds
+        (requests with one long system prompt arriving together; the n choices of one
+        request): c waits for those tokens instead of evaluating them again."""
+        if not (c.cache_prompt and self.unified and self.cfg.cross_slot_prefix):
+            return None
+        best: tuple[int, int] | None = None
+        for o in self.slots:
+            if o.id == sid or not o.prefilling or o.wait_for is not None:
+                continue
+            assert o.choice is not None
+            n = min(common_prefix(np.asarray(c.prompt, np.int32),
+                                  np.asarray(o.choice.prompt, np.int32)), limit)
+            if n - keep >= self.cfg.min_shared_wait and (best is None or n > best[1]):
+                best = (o.id, n)
+        return best
+
+    def _resolve_waits(self) -> None:
+        """Waiting slots whose source has evaluated the shared tokens (or stopped reading)
+        take what it holds of them by seq_cp, then read the rest themselves."""
+        for s in self.slots:
+            if s.wait_for is None or s.choice is None:
+                s.wait_for = None
+                continue
+            o, n = s.wait_for
+            src = self.slots[o]
+            held = min(common_prefix(np.asarray(s.choice.prompt[:n], np.int32),
+                                     self.index.tokens[o]), n)
+            if held < n and src.prefilling and src.wait_for is None:
+                continue          # still coming
+            s.wait_for = None
+            if held <= s.n_prompt:
+                continue
+            try:
+                self.engine.cache.check_cut(o, held)
+            except ValueError:
+                continue
+            self.engine.seq_rm(s.id, -1, -1)
+            self.engine.seq_cp(o, s.id, 0, held)
+            self.index.set(s.id, s.choice.prompt[:held])
+            self.metrics.add(prompt_tokens_cached_total=held - s.n_prompt)
+            s.choice.n_cached = held
+            s.n_prompt = held
 
     def _plan(self, budget: int) -> tuple[Batch, list[tuple[Slot, bool]], int] | None:
         """The step's batch: tokens, positions, sequences, logits flags, and per logits row
@@ -312,7 +363,7 @@ class Scheduler:
         if toks:
             room = min(room, self.cfg.prefill_chunk)
         n_prompt = 0
-        for s in sorted((s for s in self.slots if s.prefilling),
+        for s in sorted((s for s in self.slots if s.prefilling and s.wait_for is None),
                         key=lambda s: s.choice.t_queued):   # type: ignore[union-attr]
             if room <= 0:
                 break
@@ -406,7 +457,7 @@ class Scheduler:
             return
         c.finish, c.t_done = why, now
         rest = s.out.finish() if s.out is not None and why != "cancelled" else ""
-        s.choice, s.pending, s.out, s.last_used = None, None, None, now
+        s.choice, s.pending, s.out, s.last_used, s.wait_for = None, None, None, now, None
         if why != "cancelled":
             if rest:
                 c.emit(Event("token", text=rest))
@@ -418,7 +469,7 @@ class Scheduler:
         for s in self.slots:
             c = s.choice
             if c is not None:
-                s.choice, s.pending, s.out = None, None, None
+                s.choice, s.pending, s.out, s.wait_for = None, None, None, None
                 self.engine.seq_rm(s.id, -1, -1)
                 self.index.cut(s.id, 0)
                 c.finish = "error"

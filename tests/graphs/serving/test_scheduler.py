@@ -195,3 +195,25 @@ def test_full_cache_evicts_idle_slots_then_ends_with_length():
     sched.submit([e.choice])
     e.wait()
     assert e.finish == "length" and sched.drain(30.0)
+
+
+def test_prompts_arriving_together_share_their_common_start(engine, sched):
+    """The second waits for the first to evaluate the shared system prompt, then copies it;
+    its text is the one it gets without sharing."""
+    system = "You are a careful assistant who answers in one short sentence. " * 6
+    tok = engine.tokenizer
+
+    def prompt(q):
+        return tok.encode(tok.render([{"role": "system", "content": system},
+                                      {"role": "user", "content": q}]))
+    p, q = prompt("Name a fruit."), prompt("Name a tree.")
+    shared = next(i for i, (x, y) in enumerate(zip(p, q)) if x != y)
+    assert shared > 60
+    a, b = Run(p, 4), Run(q, 4)
+    sched.submit([a.choice, b.choice])
+    a.wait()
+    text = b.wait()
+    assert a.choice.n_cached == 0 and b.choice.n_cached == shared
+    cold = Run(q, 4, cache_prompt=False)
+    sched.submit([cold.choice])
+    assert cold.wait() == text
