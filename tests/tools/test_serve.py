@@ -172,3 +172,27 @@ def test_client_leaving_mid_stream_frees_its_slot(server):
     assert max(s["n_cached_tokens"] for s in slots) < 100   # freed long before 400 tokens
     status, r = server.post("/v1/chat/completions", {"messages": Q, "max_tokens": 2})
     assert status == 200
+
+
+def test_a_template_error_is_that_requests_400():
+    """prompt_tokens turns the sandboxed template's error into the request's 400."""
+    from ggraph.graphs.gguf.gguf_file import GGUFError
+    from ggraph.graphs.serving.requests import RequestError, parse_request
+    from ggraph.tools.server.app import prompt_tokens
+
+    class Tok:
+        def render(self, messages, max_chars=None):
+            raise GGUFError("model.gguf: tokenizer.chat_template raised an error: roles must "
+                            "alternate")
+
+        def chars_for(self, n):
+            return 4 * n
+
+    class Eng:
+        tokenizer, n_ctx_seq = Tok(), 512
+
+    gen = parse_request("chat", {"messages": Q}, 1000, 4)
+    with pytest.raises(RequestError) as e:
+        prompt_tokens(Eng(), gen)
+    assert e.value.status == 400 and "roles must alternate" in e.value.message
+    assert e.value.code == "template_error"

@@ -239,7 +239,10 @@ async def generate(request: Request, endpoint: str, state: ServerState) -> Respo
 
     def emitter(i: int) -> Callable[[Event], None]:
         def emit(ev: Event) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, (i, ev))
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, (i, ev))
+            except RuntimeError:   # the event loop closed (shutdown): nobody is listening
+                pass
         return emit
 
     seed = gen.sampling.seed

@@ -217,3 +217,25 @@ def test_prompts_arriving_together_share_their_common_start(engine, sched):
     cold = Run(q, 4, cache_prompt=False)
     sched.submit([cold.choice])
     assert cold.wait() == text
+
+
+def test_a_failing_step_ends_its_choices_with_an_error_and_the_next_runs(engine, sched,
+                                                                         monkeypatch):
+    real = engine.decode
+    calls = []
+
+    def broken(batch):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a kernel failed")
+        return real(batch)
+    monkeypatch.setattr(engine, "decode", broken)
+    a = Run(chat(engine, "Say hi."), 4)
+    sched.submit([a.choice])
+    a.wait()
+    assert isinstance(a.finish, RequestError) and a.finish.status == 500
+    assert "a kernel failed" in a.finish.message
+    b = Run(chat(engine, "Say hi."), 4)
+    sched.submit([b.choice])
+    b.wait()
+    assert b.finish in ("stop", "length") and b.tokens
