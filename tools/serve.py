@@ -1,7 +1,7 @@
 """`ggraph serve`: an OpenAI-compatible HTTP server with continuous batching, as llama-server.
 
     ggraph serve -m MODEL [--host 127.0.0.1] [--port 8080] [-np N] [-c N] [--kv-unified]
-                 [-fa on|off|auto] [-ctk T] [-ctv T] [-t N] [--api-key KEY]
+                 [-fa on|off|auto] [-ctk T] [-ctv T] [-t N] [--api-key KEY] [-md DRAFT]
 
 Endpoints: POST /v1/chat/completions, /v1/completions, /completion (llama-server's),
 /tokenize, /detokenize; GET /v1/models, /health, /metrics (Prometheus), /slots. Streaming
@@ -10,7 +10,9 @@ is server-sent events ending with `data: [DONE]`.
 llama-server's flag names and defaults: -np auto (-1) is 4 slots sharing one unified KV cache
 of -c cells; -b 2048; the host is 127.0.0.1 unless told otherwise. ggraph's own:
 --max-queue (choices that may wait for a slot before requests get 503 with Retry-After) and
---prefill-chunk (prompt tokens a step takes while other slots generate). The server listens
+--prefill-chunk (prompt tokens a step takes while other slots generate). -md DRAFT adds
+speculative decoding for every slot (--spec-draft-n-max, --spec-draft-n-min, --draft-p-min
+as llama.cpp's; graphs/serving/drafting.py). The server listens
 at once and answers /health with 503 while the model loads. SIGTERM (or Ctrl-C) stops
 accepting connections, lets running requests finish, then exits.
 
@@ -69,8 +71,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="prompt tokens a step takes while other slots generate (default 256)")
     p.add_argument("--max-body", type=int, default=4 << 20, metavar="BYTES",
                    help="largest request body; larger ones get 413 (default 4 MiB)")
-    p.add_argument("-md", "--model-draft", default=None, metavar="MODEL",
-                   help="speculative decoding in the server is not done yet (refused)")
+    s = p.add_argument_group("speculative decoding (llama-server's draft model flags)")
+    s.add_argument("-md", "--model-draft", default=None, metavar="MODEL",
+                   help="a draft model sharing the vocabulary: every generating slot checks "
+                        "its drafts in the decode batch")
+    s.add_argument("--spec-draft-n-max", type=int, default=3, metavar="N",
+                   help="most tokens drafted per slot and step (default 3)")
+    s.add_argument("--spec-draft-n-min", type=int, default=0, metavar="N",
+                   help="a shorter draft is dropped (default 0)")
+    s.add_argument("--draft-p-min", type=float, default=0.0, metavar="P",
+                   help="stop drafting below this probability (default 0.0)")
     p.set_defaults(func=main)
 
 
@@ -89,8 +99,9 @@ def check(args: argparse.Namespace) -> None:
     if args.parallel == 0 or args.parallel < -1 or args.parallel > 256:
         raise ValueError(f"-np/--parallel must be -1 (auto) or 1..256, got {args.parallel}")
     if args.model_draft:
-        raise ValueError("-md: speculative decoding in `ggraph serve` is not done yet; "
-                         "`ggraph run -md` speculates for one prompt")
+        from ggraph.graphs.runtime.speculative import SpecParams
+
+        SpecParams(args.spec_draft_n_max, args.spec_draft_n_min, args.draft_p_min)
 
 
 def api_key(args: argparse.Namespace) -> str | None:
@@ -152,7 +163,10 @@ def main(args: argparse.Namespace) -> int:
 def load(state: Any, path: str, cfg: Any, args: argparse.Namespace, server: Any) -> None:
     """Load the model and start the scheduler while the server answers 503; a model that
     fails to load stops the server with its error."""
+    from ggraph.graphs.gguf.fetch import resolve_model
     from ggraph.graphs.runtime.engine import Engine
+    from ggraph.graphs.runtime.speculative import SpecParams
+    from ggraph.graphs.serving.drafting import Drafter
     from ggraph.graphs.serving.scheduler import Scheduler, SchedulerConfig
 
     try:
@@ -161,10 +175,17 @@ def load(state: Any, path: str, cfg: Any, args: argparse.Namespace, server: Any)
         engine.tokenizer   # a model ggraph cannot tokenize cannot serve text
         for line in engine.load_notes() + engine.memory_lines():
             print(line, file=sys.stderr)
+        drafter = None
+        if args.model_draft:   # its own cache, a sequence per slot, as the target's
+            draft = Engine(resolve_model(args.model_draft), cfg)
+            drafter = Drafter.for_target(engine, draft, SpecParams(
+                args.spec_draft_n_max, args.spec_draft_n_min, args.draft_p_min))
+            print(f"main: draft model {os.path.basename(draft.file.path)}: up to "
+                  f"{args.spec_draft_n_max} tokens a slot and step", file=sys.stderr)
         state.engine = engine
         state.scheduler = Scheduler(engine, SchedulerConfig(
             n_batch=args.batch_size, prefill_chunk=args.prefill_chunk,
-            max_queue=args.max_queue))
+            max_queue=args.max_queue), drafter)
         n, kind = len(state.scheduler.slots), "unified" if cfg.kv_unified else "a stream each"
         print(f"main: model loaded in {time.perf_counter() - t0:.1f} s: {n} slots, "
               f"{engine.n_ctx_seq} tokens of context each ({kind})", file=sys.stderr,

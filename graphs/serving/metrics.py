@@ -28,8 +28,10 @@ class Metrics:
             for k, v in kw.items():
                 setattr(self, k, getattr(self, k) + v)
 
-    def prometheus(self, gauges: dict[str, tuple[float, str]]) -> str:
-        """The text exposition format: the counters, then `gauges` (name -> (value, help))."""
+    def prometheus(self, gauges: dict[str, tuple[float, str]],
+                   more: dict[str, tuple[float, str]] | None = None) -> str:
+        """The text exposition format: the counters (with `more`, name -> (value, help)),
+        then `gauges`."""
         counters = {
             "prompt_tokens_total": "Number of prompt tokens processed.",
             "prompt_tokens_cached_total": "Number of prompt tokens reused from the KV cache.",
@@ -42,8 +44,8 @@ class Metrics:
         }
         lines: list[str] = []
         with self.lock:
-            for name, help_ in counters.items():
-                v = getattr(self, name)
+            values = {n: (getattr(self, n), h) for n, h in counters.items()} | (more or {})
+            for name, (v, help_) in values.items():
                 lines += [f"# HELP llamacpp:{name} {help_}", f"# TYPE llamacpp:{name} counter",
                           f"llamacpp:{name} {_num(v)}"]
             gauges = {"n_tokens_max": (self.n_tokens_max, "Largest observed n_tokens."),

@@ -6,13 +6,16 @@ scheduler
 1. frees the slots whose client left (`Choice.cancel`: within one token);
 2. gives waiting choices free slots: the slot whose cached tokens share the longest start
    with the prompt (else the least recently used), and, with a unified cache, the longest
-   start any slot holds, shared by seq_cp instead of evaluated again (graphs/serving/prefix.py);
-3. builds one batch: the last sampled token of every generating slot, then prompt tokens of
+   start any slot holds, shared by seq_cp instead of evaluated again (graphs/serving/prefix.py),
+   or, when a slot still reading its prompt shares a longer start, that start once it is read;
+3. builds one batch: the last sampled token of every generating slot (with a draft model,
+   followed by the slot's draft, graphs/serving/drafting.py), then prompt tokens of
    the slots still reading theirs, at most `n_batch` in all and at most `prefill_chunk` while
    others are generating, so a long new prompt does not stall their tokens for long;
-4. decodes it (on a full cache: drop idle slots' cached sequences, least recently used first,
-   then halve the prompt tokens, then end the slot holding the most cells with "length"),
-   samples each slot's next token and hands it to the choice's `emit` callback.
+4. decodes it (on a full cache: drop the drafts, then idle slots' cached sequences, least
+   recently used first, then take fewer prompt tokens, then end the slot holding the most
+   cells with "length"), samples each slot's next token (and, while the draws equal its
+   draft, the next ones) and hands it to the choice's `emit` callback.
 
 Everything a client sees arrives through `emit` as `Event`s, called on the scheduler's
 thread: the HTTP side posts them to its own event loop. A failure while decoding ends the
@@ -32,6 +35,7 @@ import numpy as np
 from ggraph.graphs.models.batch import Batch
 from ggraph.graphs.runtime.engine import NoKVSlot
 from ggraph.graphs.runtime.sampling import Sampler
+from ggraph.graphs.serving.drafting import Drafter
 from ggraph.graphs.serving.metrics import Metrics
 from ggraph.graphs.serving.prefix import PrefixIndex, common_prefix
 from ggraph.graphs.serving.requests import RequestError
@@ -118,8 +122,10 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    def __init__(self, engine: Any, config: SchedulerConfig | None = None) -> None:
+    def __init__(self, engine: Any, config: SchedulerConfig | None = None,
+                 drafter: Drafter | None = None) -> None:
         self.engine = engine
+        self.drafter = drafter
         self.cfg = config or SchedulerConfig()
         if self.cfg.n_batch < 1 or self.cfg.prefill_chunk < 1 or self.cfg.max_queue < 0:
             raise ValueError("n_batch and prefill_chunk must be at least 1, max_queue >= 0")
@@ -187,7 +193,8 @@ class Scheduler:
         out = []
         for s in self.slots:
             c = s.choice
-            out.append({"id": s.id, "n_ctx": self.n_ctx_slot, "speculative": False,
+            out.append({"id": s.id, "n_ctx": self.n_ctx_slot,
+                        "speculative": self.drafter is not None,
                         "is_processing": c is not None,
                         "state": "idle" if c is None else "prompt" if s.prefilling else
                         "generating",
@@ -209,6 +216,15 @@ class Scheduler:
                 "kv_cache_cells_total": (cells, "KV cache cells."),
                 "kv_cache_usage_ratio": ((cells - cache.n_free()) / max(cells, 1),
                                          "KV cache cells in use over all cells.")}
+
+    def counters(self) -> dict[str, tuple[float, str]]:
+        """llama-server's speculative counters (zero without a draft model)."""
+        d = self.drafter
+        return {"spec_decode_num_drafts_total": (d.n_drafts if d else 0, "Drafts proposed."),
+                "spec_decode_num_draft_tokens_total": (d.n_drafted if d else 0,
+                                                       "Draft tokens proposed."),
+                "spec_decode_num_accepted_tokens_total": (d.n_accepted if d else 0,
+                                                          "Draft tokens accepted.")}
 
     # -- the scheduler thread -----------------------------------------------------------------
     def _loop(self) -> None:
@@ -234,14 +250,18 @@ class Scheduler:
         self._admit()
         self._resolve_waits()
         budget = self.cfg.n_batch
+        drafts = self._drafts()
         while True:
-            plan = self._plan(budget)
+            plan = self._plan(budget, drafts)
             if plan is None:
                 return
             batch, rows, n_prompt = plan
             try:
                 logits = self.engine.decode(batch)
             except NoKVSlot:
+                if drafts:     # first the drafts go: they are only an optimisation
+                    drafts = {}
+                    continue
                 budget = self._make_room(budget, n_prompt)
                 continue
             break
@@ -344,21 +364,25 @@ class Scheduler:
             s.choice.n_cached = held
             s.n_prompt = held
 
-    def _plan(self, budget: int) -> tuple[Batch, list[tuple[Slot, bool]], int] | None:
-        """The step's batch: tokens, positions, sequences, logits flags, and per logits row
-        its slot and whether the row ends a prompt. None when nothing is to run."""
+    def _plan(self, budget: int, drafts: dict[int, list[int]]
+              ) -> tuple[Batch, list[tuple[Slot, bool, list[int]]], int] | None:
+        """The step's batch: tokens, positions, sequences, logits flags; per group of logits
+        rows its slot, whether it ends a prompt, and the draft it checks (a generating slot's
+        last token and its draft each give a row). None when nothing is to run."""
         toks: list[int] = []
         pos: list[int] = []
         seqs: list[tuple[int, ...]] = []
         want: list[bool] = []
-        rows: list[tuple[Slot, bool]] = []
+        rows: list[tuple[Slot, bool, list[int]]] = []
         for s in self.slots:
             if s.choice is not None and s.pending is not None:
-                toks.append(s.pending)
-                pos.append(self.index.held(s.id))
-                seqs.append((s.id,))
-                want.append(True)
-                rows.append((s, False))
+                d = drafts.get(s.id, [])
+                p0 = self.index.held(s.id)
+                toks.extend([s.pending, *d])
+                pos.extend(range(p0, p0 + 1 + len(d)))
+                seqs.extend([(s.id,)] * (1 + len(d)))
+                want.extend([True] * (1 + len(d)))
+                rows.append((s, False, d))
         room = budget - len(toks)
         if toks:
             room = min(room, self.cfg.prefill_chunk)
@@ -377,12 +401,28 @@ class Scheduler:
             last = s.n_prompt + k == len(c.prompt)
             want.extend([False] * (k - 1) + [last])
             if last:
-                rows.append((s, True))
+                rows.append((s, True, []))
             room -= k
             n_prompt += k
         if not toks:
             return None
         return Batch(toks, pos, seqs, want), rows, n_prompt
+
+    def _drafts(self) -> dict[int, list[int]]:
+        """With a draft model: each generating slot's draft, as long as its context and
+        max_tokens leave room for."""
+        if self.drafter is None:
+            return {}
+        wants = {}
+        for s in self.slots:
+            c = s.choice
+            if c is None or s.pending is None:
+                continue
+            held = self.index.held(s.id)
+            n = min(self.n_ctx_slot - held - 2, c.max_tokens - c.n_generated - 1)
+            if n > 0:
+                wants[s.id] = ([*self.index.tokens[s.id].tolist(), s.pending], n)
+        return self.drafter.propose(wants)
 
     def _make_room(self, budget: int, n_prompt: int) -> int:
         """After NoKVSlot: free an idle slot's cells (least recently used), else take fewer
@@ -402,31 +442,62 @@ class Scheduler:
         self._end(s, "length", time.perf_counter())
         return budget
 
-    def _consume(self, batch: Batch, rows: list[tuple[Slot, bool]], logits: np.ndarray) -> None:
+    def _consume(self, batch: Batch, rows: list[tuple[Slot, bool, list[int]]],
+                 logits: np.ndarray) -> None:
         now = time.perf_counter()
         # the evaluated tokens now sit in each slot's sequence (a slot's are consecutive)
         per: dict[int, list[int]] = {}
         for tok, ids in zip(batch.tokens, batch.seq_ids or ()):
             per.setdefault(ids[0], []).append(int(tok))
         n_prompt = 0
+        base: dict[int, int] = {}
         for sid, toks in per.items():
             s = self.slots[sid]
+            base[sid] = self.index.held(sid)
             self.index.append(sid, toks)
-            if s.pending is not None:     # a generating slot's one token
+            if s.pending is not None:     # a generating slot's token (and its draft)
                 s.pending = None
             else:
                 s.n_prompt += len(toks)
                 n_prompt += len(toks)
         self.metrics.add(prompt_tokens_total=n_prompt)
-        for row, (s, ends_prompt) in enumerate(rows):
+        row = 0
+        for s, ends_prompt, draft in rows:
+            n_rows = 1 + len(draft)
             c = s.choice
-            if c is None:
-                continue
-            if ends_prompt:
+            if c is not None and ends_prompt:
                 self.metrics.add(prompt_seconds_total=now - c.t_started)
-            self._next_token(s, logits[row], now)
+            if c is not None:
+                first = self.index.held(s.id) if ends_prompt else base[s.id] + 1
+                kept = self._take(s, logits[row:row + n_rows], draft, now, first)
+                if draft:
+                    # the rejected part of the draft leaves the cache
+                    cut = base[s.id] + 1 + kept
+                    if cut < self.index.held(s.id):
+                        self.engine.seq_rm(s.id, cut, -1)
+                        self.index.cut(s.id, cut)
+                    if self.drafter is not None:
+                        self.drafter.accepted(kept)
+            row += n_rows
 
-    def _next_token(self, s: Slot, logits: np.ndarray, now: float) -> None:
+    def _take(self, s: Slot, logits: np.ndarray, draft: list[int], now: float,
+              pos: int) -> int:
+        """Sample the slot's next tokens from its rows: the first, and while it equals the
+        draft token of its row, the next (the target's own draw each time, so the text is the
+        one without a draft). `pos`: where the first sampled token would go in the cache.
+        Returns the draft tokens kept."""
+        for i in range(len(draft) + 1):
+            tok = self._next_token(s, logits[i], now, pos + i)
+            if tok is None:            # the choice ended
+                return i
+            if i < len(draft) and tok == draft[i]:
+                continue               # already in the cache: go on to its row
+            s.pending = tok
+            return i
+        return len(draft)
+
+    def _next_token(self, s: Slot, logits: np.ndarray, now: float, pos: int) -> int | None:
+        """Sample and hand out one token; None when the choice ends with it."""
         c = s.choice
         assert c is not None and s.out is not None
         tok = int(c.sampler.sample(logits))
@@ -440,16 +511,17 @@ class Scheduler:
         lp = _logprob(logits, tok, c.logprobs) if c.want_logprobs else None
         if tok in self.eog:
             self._end(s, "stop", now)
-            return
+            return None
         text = s.out.add(tok)
         c.emit(Event("token", text=text, token=tok, logprob=lp))
         if s.out.stopped_by is not None:
             c.stopped_by = s.out.stopped_by
             self._end(s, "stop", now)
-        elif c.n_generated >= c.max_tokens or self.index.held(s.id) + 1 >= self.n_ctx_slot:
+            return None
+        if c.n_generated >= c.max_tokens or pos + 1 >= self.n_ctx_slot:
             self._end(s, "length", now)
-        else:
-            s.pending = tok
+            return None
+        return tok
 
     def _end(self, s: Slot, why: str, now: float) -> None:
         c = s.choice

@@ -82,7 +82,7 @@ def create_app(state: ServerState) -> Starlette:
     async def metrics(request: Request) -> Response:
         s = state.scheduler
         assert s is not None
-        return PlainTextResponse(s.metrics.prometheus(s.gauges()),
+        return PlainTextResponse(s.metrics.prometheus(s.gauges(), s.counters()),
                                  media_type="text/plain; version=0.0.4")
 
     async def slots(request: Request) -> Response:

@@ -239,3 +239,33 @@ def test_a_failing_step_ends_its_choices_with_an_error_and_the_next_runs(engine,
     sched.submit([b.choice])
     b.wait()
     assert b.finish in ("stop", "length") and b.tokens
+
+
+def test_drafts_keep_the_text_and_are_accepted(engine, sched):
+    """With a draft model (here the same model: every clear draft token is kept), the slots
+    check their drafts in the decode batch; the greedy text is the one without drafts."""
+    from ggraph.graphs.runtime.speculative import SpecParams
+    from ggraph.graphs.serving.drafting import Drafter
+
+    prompts = [chat(engine, q) for q in ("What is 2+2?", "Name three colors.")]
+    plain = [Run(p, 16, cache_prompt=False) for p in prompts]
+    sched.submit([r.choice for r in plain])
+    for r in plain:
+        r.wait()
+    assert sched.drain(30.0)
+    engine.reset()
+    draft = Engine(resolve_model("default"), EngineConfig(n_ctx=1024, n_seq_max=3,
+                                                          n_threads=2, flash_attn=True))
+    drafter = Drafter.for_target(engine, draft, SpecParams(n_max=4))
+    spec = Scheduler(engine, SchedulerConfig(), drafter)
+    runs = [Run(p, 16, cache_prompt=False) for p in prompts]
+    spec.submit([r.choice for r in runs])
+    for r in runs:
+        r.wait()
+    assert spec.drain(30.0)
+    for a, b, p in zip(plain, runs, prompts):
+        want = alone(engine, p, 16)
+        assert a.tokens[:len(want)] == want and b.tokens[:len(want)] == want
+        assert b.finish == a.finish and len(b.tokens) == len(a.tokens)
+    assert drafter.n_drafted >= 8 and drafter.n_accepted >= drafter.n_drafted // 2
+    assert spec.slots_info()[0]["speculative"]
