@@ -114,14 +114,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="generate N sequences together: the lines of -f, N at a time, or N "
                         "samples of -p (default 1)")
     s = p.add_argument_group("speculative decoding (llama.cpp's draft model flags)")
-    s.add_argument("-md", "--model-draft", default=None, metavar="MODEL",
-                   help="draft model (a path or a model name) sharing the vocabulary")
-    s.add_argument("--spec-draft-n-max", type=int, default=3, metavar="N",
-                   help="most tokens drafted per step (default 3)")
-    s.add_argument("--spec-draft-n-min", type=int, default=0, metavar="N",
-                   help="a shorter draft is dropped (default 0)")
-    s.add_argument("--draft-p-min", type=float, default=0.0, metavar="P",
-                   help="stop drafting below this probability (default 0.0)")
+    from ggraph.tools.common.defaults import add_draft_flags
+
+    add_draft_flags(s, "draft model (a path or a model name) sharing the vocabulary")
     for old, new in (("--draft-max", "--spec-draft-n-max"), ("--draft-min",
                                                              "--spec-draft-n-min")):
         s.add_argument(old, dest=f"removed_{old[2:].replace('-', '_')}", default=None,

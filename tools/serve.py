@@ -72,15 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body", type=int, default=4 << 20, metavar="BYTES",
                    help="largest request body; larger ones get 413 (default 4 MiB)")
     s = p.add_argument_group("speculative decoding (llama-server's draft model flags)")
-    s.add_argument("-md", "--model-draft", default=None, metavar="MODEL",
-                   help="a draft model sharing the vocabulary: every generating slot checks "
-                        "its drafts in the decode batch")
-    s.add_argument("--spec-draft-n-max", type=int, default=3, metavar="N",
-                   help="most tokens drafted per slot and step (default 3)")
-    s.add_argument("--spec-draft-n-min", type=int, default=0, metavar="N",
-                   help="a shorter draft is dropped (default 0)")
-    s.add_argument("--draft-p-min", type=float, default=0.0, metavar="P",
-                   help="stop drafting below this probability (default 0.0)")
+    from ggraph.tools.common.defaults import add_draft_flags
+
+    add_draft_flags(s, "a draft model sharing the vocabulary: every generating slot checks its drafts in the decode batch")
     p.set_defaults(func=main)
 
 

@@ -108,3 +108,15 @@ def check_bounds(args: argparse.Namespace, bounds: dict[str, tuple[str, float, s
         v = getattr(args, attr, None)
         if v is not None and v < lo:
             raise ValueError(f"{flag} must be >= {lo}{meaning}, got {v}")
+
+
+def add_draft_flags(group: Any, draft_help: str) -> None:
+    """llama.cpp's draft model flags (-md, --spec-draft-n-max/-n-min, --draft-p-min), shared
+    by `ggraph run` and `ggraph serve`."""
+    group.add_argument("-md", "--model-draft", default=None, metavar="MODEL", help=draft_help)
+    group.add_argument("--spec-draft-n-max", type=int, default=3, metavar="N",
+                       help="most tokens drafted per step (default 3)")
+    group.add_argument("--spec-draft-n-min", type=int, default=0, metavar="N",
+                       help="a shorter draft is dropped (default 0)")
+    group.add_argument("--draft-p-min", type=float, default=0.0, metavar="P",
+                       help="stop drafting below this probability (default 0.0)")
