@@ -140,10 +140,9 @@ def main(args: argparse.Namespace) -> int:
     print(f"main: server is listening on http://{args.host}:{args.port} - starting the "
           f"main loop", file=sys.stderr, flush=True)
     # uvicorn drains on SIGTERM/SIGINT, then restores the handlers it found and raises the
-    # signal again; handlers that only note it let the scheduler stop and the exit be clean
-    stopped: list[int] = []
+    # signal again; handlers that do nothing let the scheduler stop and the exit be clean
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda n, _frame: stopped.append(n))
+        signal.signal(sig, lambda _n, _frame: None)
     server.run()
     if state.scheduler is not None:   # uvicorn has drained the connections: stop the thread
         state.scheduler.drain(timeout=30.0)

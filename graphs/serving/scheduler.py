@@ -299,10 +299,7 @@ class Scheduler:
         eng = self.engine
         try:
             if src is not None:
-                eng.cache.check_cut(src, keep)
-                eng.seq_rm(best, -1, -1)
-                eng.seq_cp(src, best, 0, keep)
-                self.index.set(best, c.prompt[:keep])
+                self._copy_start(src, best, c.prompt, keep)
             else:
                 eng.cache.check_cut(best, keep)
                 eng.seq_rm(best, keep, -1)
@@ -327,15 +324,24 @@ class Scheduler:
         if not (c.cache_prompt and self.unified and self.cfg.cross_slot_prefix):
             return None
         best: tuple[int, int] | None = None
+        mine = np.asarray(c.prompt, np.int32)
         for o in self.slots:
             if o.id == sid or not o.prefilling or o.wait_for is not None:
                 continue
             assert o.choice is not None
-            n = min(common_prefix(np.asarray(c.prompt, np.int32),
-                                  np.asarray(o.choice.prompt, np.int32)), limit)
+            n = min(common_prefix(mine, np.asarray(o.choice.prompt, np.int32)), limit)
             if n - keep >= self.cfg.min_shared_wait and (best is None or n > best[1]):
                 best = (o.id, n)
         return best
+
+    def _copy_start(self, src: int, dst: int, prompt: list[int], n: int) -> None:
+        """Slot dst's sequence becomes the first n tokens of `prompt`, shared from slot src's
+        cells by seq_cp; ValueError (nothing changed) where src's sliding window no longer
+        holds them."""
+        self.engine.cache.check_cut(src, n)
+        self.engine.seq_rm(dst, -1, -1)
+        self.engine.seq_cp(src, dst, 0, n)
+        self.index.set(dst, prompt[:n])
 
     def _resolve_waits(self) -> None:
         """Waiting slots whose source has evaluated the shared tokens (or stopped reading)
@@ -354,12 +360,9 @@ class Scheduler:
             if held <= s.n_prompt:
                 continue
             try:
-                self.engine.cache.check_cut(o, held)
+                self._copy_start(o, s.id, s.choice.prompt, held)
             except ValueError:
                 continue
-            self.engine.seq_rm(s.id, -1, -1)
-            self.engine.seq_cp(o, s.id, 0, held)
-            self.index.set(s.id, s.choice.prompt[:held])
             self.metrics.add(prompt_tokens_cached_total=held - s.n_prompt)
             s.choice.n_cached = held
             s.n_prompt = held
