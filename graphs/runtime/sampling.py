@@ -28,7 +28,7 @@ import math
 import secrets
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Iterable
+from typing import Callable, ClassVar, Iterable, Protocol
 
 import numpy as np
 
@@ -100,6 +100,9 @@ class SamplerParams:
     dry_multiplier: float = 0.0
     mirostat: int = 0
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
+    # GBNF text ("" = none): only tokens that keep the output in it are sampled, and the end
+    # of generation only when it is complete (graphs/grammar/)
+    grammar: str = ""
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -126,6 +129,9 @@ class SamplerParams:
         if unknown:
             raise bad("samplers", f"unknown sampler(s) {unknown}; known: {sorted(STEPS)}")
         object.__setattr__(self, "samplers", tuple(self.samplers))
+        if not isinstance(self.grammar, str):
+            raise ValueError(f"sampling parameter grammar must be GBNF text, got "
+                             f"{type(self.grammar).__name__}")
 
 
 # --- float32 helpers: llama.cpp computes in float with expf/logf; float64 then rounding
@@ -520,18 +526,53 @@ class Dist:
         return min(int(np.searchsorted(run, target, side="left")), c.size - 1)
 
 
+class GrammarLike(Protocol):
+    """What the sampler needs of a grammar (graphs/grammar/constraint.py's GrammarState)."""
+
+    def allows(self, token: int) -> bool: ...
+
+    def mask(self) -> np.ndarray: ...
+
+    def accept(self, token: int) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+class NoTokenAllowed(ValueError):
+    """The grammar allows no token the chain left (e.g. it is complete and the end of
+    generation is excluded)."""
+
+
 class Sampler:
-    """The chain built from `params` (steps in params.samplers order, then dist).
+    """The chain built from `params` (steps in params.samplers order, then dist), and a
+    grammar if given.
 
     `sample(logits)` runs the chain, draws a token and, like llama_sampler_sample, accepts it
     into the history (pass accept=False to accept it yourself). Prompt tokens should be
-    `accept`ed too, as llama-cli does, so the penalties see them."""
+    `accept_many`ed too, as llama-cli does, so the penalties see them; they are not fed to the
+    grammar (common_sampler_accept with accept_grammar = false).
 
-    def __init__(self, params: SamplerParams | None = None) -> None:
+    With a grammar, sampling is llama.cpp's common_sampler_sample: the chain draws from all
+    tokens; a token the grammar allows is kept (one cheap check), otherwise the grammar's mask
+    is applied to the logits first and the chain draws again (a second draw from the RNG, as
+    in llama.cpp, so a seed gives llama.cpp's tokens)."""
+
+    def __init__(self, params: SamplerParams | None = None, vocab: object = None,
+                 grammar: GrammarLike | None = None) -> None:
+        """`vocab`: the model's tokenizer, needed when params.grammar is set (the grammar is
+        compiled for it, once per text and tokenizer); `grammar`: a started grammar state
+        instead."""
         self.params = params or SamplerParams()
         self.steps: list[Step] = [s for s in (STEPS[n](self.params) for n in self.params.samplers)
                                   if s is not None]
         self.dist = Dist(self.params.seed)
+        if grammar is None and self.params.grammar:
+            if vocab is None:
+                raise ValueError("a grammar needs the model's vocabulary (pass vocab=)")
+            from ggraph.graphs.grammar.constraint import start_grammar
+            grammar = start_grammar(self.params.grammar, vocab)
+        self.grammar = grammar
+        self.n_resampled = 0   # draws the grammar refused (each one cost a full mask)
 
     @property
     def seed(self) -> int:
@@ -548,6 +589,20 @@ class Sampler:
     def sample(self, logits: np.ndarray, accept: bool = True) -> int:
         c = self.candidates(logits)
         token = int(c.ids[self.dist.select(c)])
+        g = self.grammar
+        if g is not None and not g.allows(token):
+            self.n_resampled += 1
+            allowed = g.mask()
+            if not allowed.any():
+                raise NoTokenAllowed("the grammar allows no token here")
+            logits = np.asarray(logits, dtype=F32)
+            if allowed.size != logits.size:   # rows past the vocabulary (padding) never
+                allowed = np.concatenate([allowed, np.zeros(logits.size, bool)])[:logits.size]
+            masked = np.where(allowed, logits, F32(-np.inf))
+            c = self.candidates(masked)
+            if not np.isfinite(c.logits).any():
+                raise NoTokenAllowed("the sampler chain left no token the grammar allows")
+            token = int(c.ids[self.dist.select(c)])
         if accept:
             self.accept(token)
         return token
@@ -555,17 +610,25 @@ class Sampler:
     def accept(self, token: int) -> None:
         for step in self.steps:
             step.accept(token)
+        if self.grammar is not None:
+            self.grammar.accept(token)
 
     def accept_many(self, tokens: Iterable[int]) -> None:
+        """The prompt: the penalties' history only, never the grammar."""
         for t in tokens:
-            self.accept(t)
+            for step in self.steps:
+                step.accept(t)
 
     def reset(self) -> None:
-        """Forget the history and reseed (a random seed draws a new one)."""
+        """Forget the history and reseed (a random seed draws a new one); the grammar starts
+        over."""
         for step in self.steps:
             step.reset()
         self.dist.reset()
+        if self.grammar is not None:
+            self.grammar.reset()
 
     def describe(self) -> str:
         """The chain as llama.cpp prints it ("top-k -> top-p -> ... -> dist")."""
-        return " -> ".join([s.name for s in self.steps] + ["dist"])
+        names = [s.name for s in self.steps] + ["dist"]
+        return " -> ".join((["grammar"] if self.grammar is not None else []) + names)
