@@ -159,8 +159,21 @@ def _top_order(logits: np.ndarray, k: int) -> np.ndarray:
         # The k-th largest of every 16th logit is a bound that at least k logits reach (those
         # k do), so a cheap partition of the subsample shrinks the full one ~16-fold.
         sub = logits[::16]
-        part = np.flatnonzero(logits >= np.partition(sub, sub.size - k)[sub.size - k])
-        part = part[np.argpartition(logits[part], part.size - k)[part.size - k:]]
+        bound = np.partition(sub, sub.size - k)[sub.size - k]
+        if bound == -np.inf:
+            # a grammar's masked logits: nearly all -inf, so the bound keeps everything and
+            # the partition below would sort 262k ties (8 ms on Gemma 3); the finite ones,
+            # then the lowest positions of the -inf ties
+            part = np.flatnonzero(logits > -np.inf)
+            if part.size >= k:
+                part = part[np.argpartition(logits[part], part.size - k)[part.size - k:]]
+            else:
+                # (the first k + size positions hold at least k of the -inf ones)
+                head = logits[:k + part.size]
+                part = np.concatenate([part, np.flatnonzero(head == -np.inf)[:k - part.size]])
+        else:
+            part = np.flatnonzero(logits >= bound)
+            part = part[np.argpartition(logits[part], part.size - k)[part.size - k:]]
     else:
         part = np.argpartition(logits, n - k)[n - k:]
     return part[np.lexsort((part, -logits[part]))]

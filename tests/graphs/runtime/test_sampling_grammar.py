@@ -92,3 +92,17 @@ def test_a_grammar_needs_the_vocabulary():
         Sampler(SamplerParams(grammar='root ::= "a"'))
     with pytest.raises(ValueError, match="GBNF text"):
         SamplerParams(grammar=5)
+
+
+def test_top_k_of_masked_logits_keeps_llama_cpps_order():
+    """A grammar's redraw runs top-k over logits that are nearly all -inf (262k on Gemma 3):
+    the finite ones first by value, then -inf ties by position, as a full stable sort."""
+    from ggraph.graphs.runtime.sampling import Candidates, TopK
+
+    rng = np.random.default_rng(1)
+    for n_finite in (1, 3, 39, 40, 500):
+        logits = np.full(1 << 18, -np.inf, np.float32)
+        logits[rng.choice(logits.size, n_finite, replace=False)] = rng.normal(size=n_finite)
+        got = TopK(40).apply(Candidates.from_logits(logits)).ids
+        ref = np.lexsort((np.arange(logits.size), -logits))[:40]
+        assert np.array_equal(got, ref), n_finite
