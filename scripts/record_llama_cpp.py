@@ -11,7 +11,8 @@ Parts: tokenizer (the corpus' ids for SmolLM2 and Gemma 3), eog, sampling (each 
 seeded chains on the tests' fixed logits), qwen_tiny, gemma3_tiny, synthetic_tiny,
 deepseek2_tiny (logits of the tiny files the tests write, recorded with their sha256),
 greedy_smollm2 (SmolLM2's greedy tokens for test_llama's prompt, with the margin between the
-two best logits at each step: the tests compare up to the first small one). The
+two best logits at each step: the tests compare up to the first small one), grammar_greedy
+(the same under each of test_greedy's grammars, with the grammar's sha256). The
 inputs are the tests' own (their constants and seeded generators, imported from tests/), so a
 recording matches what the test computes. Needs llama-cpp-python and the cached models."""
 from __future__ import annotations
@@ -27,7 +28,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 # tests/ (its helpers) and the test folders whose modules hold the inputs recorded here
 sys.path[:0] = [str(ROOT / "tests"), *(str(ROOT / "tests" / d) for d in (
-    "graphs/tokenizers", "graphs/runtime", "graphs/models", "graphs/testing")), str(ROOT)]
+    "graphs/tokenizers", "graphs/runtime", "graphs/models", "graphs/testing",
+    "graphs/grammar")), str(ROOT)]
 
 import llama_cpp  # noqa: E402
 
@@ -163,6 +165,21 @@ def greedy_smollm2() -> None:
         **La.llama_cpp_greedy(llama_cpp, path, La.GREEDY_PROMPT, La.N_GREEDY)})
 
 
+def grammar_greedy() -> None:
+    import test_greedy as Gr
+    from grammar_files import grammar_files
+    from llama_grammar_ref import llama_cpp_grammar_greedy
+    from ggraph.graphs.gguf.fetch import default_model
+
+    path = str(default_model())
+    files = grammar_files()
+    cases = {name: {"model": model_info(path), "grammar_sha256": sha256_text(files[name]),
+                    **llama_cpp_grammar_greedy(llama_cpp, path, text, files[name],
+                                               Gr.N_GREEDY)}
+             for name, text in Gr.CASES.items() if name in files}
+    write(DATA / "grammar_greedy.json", {"recorded": provenance(), "cases": cases})
+
+
 def seq_ops(d: Path) -> None:
     """test_sequences' scripts of batches and sequence operations, through llama.cpp's
     low-level API; the tiny Gemma 3 is made under the test's own arguments."""
@@ -186,7 +203,7 @@ def seq_ops(d: Path) -> None:
 PARTS = {"tokenizer": tokenizer, "eog": eog, "sampling": sampling, "qwen_tiny": qwen_tiny,
          "gemma3_tiny": gemma3_tiny, "synthetic_tiny": synthetic_tiny,
          "deepseek2_tiny": deepseek2_tiny, "greedy_smollm2": greedy_smollm2,
-         "seq_ops": seq_ops}
+         "grammar_greedy": grammar_greedy, "seq_ops": seq_ops}
 
 
 def main(argv: list[str]) -> int:

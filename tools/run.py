@@ -141,16 +141,19 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                        default=None, help=f"default {v}")
     g.add_argument("--sampler-seq", "--sampling-seq", dest="s_seq", default=None,
                    help="sampler order as letters, e.g. edskypmxt")
+    from ggraph.tools.common.grammar_flags import add_grammar_args
+    add_grammar_args(p)
 
 
 def sampler_params(args: argparse.Namespace) -> Any:
     from ggraph.graphs.runtime.sampling import SamplerParams, samplers_from_chars
+    from ggraph.tools.common.grammar_flags import grammar_text
 
     kw = {k[2:]: v for k, v in vars(args).items()
           if k.startswith("s_") and k != "s_seq" and v is not None}
     if args.s_seq:
         kw["samplers"] = samplers_from_chars(args.s_seq)
-    return SamplerParams(**kw)
+    return SamplerParams(**kw, grammar=grammar_text(args))
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -283,6 +286,9 @@ def main(args: argparse.Namespace) -> int:
                                   max_chars=eng.tokenizer.chars_for(n_ctx)) \
             if args.chat else user
         ids = prompt_ids(eng, path, user, text)
+    if sampling.grammar:   # a grammar that does not parse or compile fails before any output
+        from ggraph.graphs.grammar.constraint import start_grammar
+        start_grammar(sampling.grammar, eng.tokenizer)
     # llama.cpp's load messages once the prompt is known to be good: an error stays one line
     for line in notes + eng.memory_lines():   # on a terminal or not
         print(line, file=sys.stderr)

@@ -47,7 +47,7 @@ def run_parallel(args: Any, cfg: Any, sampling: Any, path: str) -> int:
         # sequence i the seed S + i, the random one a random seed each
         samplers = [Sampler(sampling if sampling.seed == LLAMA_DEFAULT_SEED else
                             dataclasses.replace(sampling, seed=(sampling.seed + i) %
-                                                LLAMA_DEFAULT_SEED))
+                                                LLAMA_DEFAULT_SEED), eng.tokenizer)
                     for i in range(len(wave))]
         t1 = time.perf_counter()
         results = generate_parallel(eng, wave, n_predict, samplers)

@@ -71,7 +71,7 @@ def stream(eng: Any, prompt: list[int], limits: Limits, sampling: Any,
 
     ends = eng.eog  # llama.cpp's end-of-generation set (graphs/tokenizers/special_tokens.py)
     for tok in eng.generate(prompt, limits.tokens(), stop_at_eos=False,
-                            sampler=Sampler(sampling), n_keep=limits.shift_keep()):
+                            sampler=Sampler(sampling, eng.tokenizer), n_keep=limits.shift_keep()):
         if tok in ends:
             break
         out.add(tok)
@@ -114,7 +114,8 @@ def stream_speculative(spec: Any, prompt: list[int], limits: Limits, sampling: A
     ends = eng.eog
     t0 = time.perf_counter()
     first = True
-    for tok in spec.generate(prompt, limits.tokens(), Sampler(sampling), stop_at_eos=False):
+    for tok in spec.generate(prompt, limits.tokens(), Sampler(sampling, eng.tokenizer),
+                              stop_at_eos=False):
         now = time.perf_counter()
         if first:   # the prompt's share: up to the first token
             eng.timings.prompt_tokens += len(prompt)
