@@ -6,7 +6,9 @@ and llama-server's `/completion` (`prompt`, `n_predict`, `n_probs`). Each field 
 (its JSON type and range); a body that breaks one gets a `RequestError` naming the field, in
 OpenAI's error shape, never a traceback. Unknown fields are refused (a misspelt `max_token`
 would otherwise be ignored silently), and so are known ones this server does not do yet
-(`tools`, constrained output), each with its reason. Sampling fields map onto llama.cpp's
+(`tools`, `logit_bias`), each with its reason. Constrained output (`grammar`, `json_schema`,
+`response_format` json_object / json_schema) becomes GBNF in the sampling record, a schema
+converted as llama-server converts it. Sampling fields map onto llama.cpp's
 sampler chain (graphs/runtime/sampling.py) with llama-server's defaults, not OpenAI's: a
 request without `temperature` samples at 0.8, as llama-server does.
 
@@ -163,16 +165,69 @@ def _stream_options(name: str, v: Any) -> bool:
     return boolean(f"{name}.include_usage", v.get("include_usage", False))
 
 
-def _response_format(name: str, v: Any) -> str:
+_NO_SCHEMA = object()
+
+
+def _schema(name: str, v: Any) -> Any:
+    if not isinstance(v, (dict, bool)):
+        raise bad(name, f"must be a JSON Schema (an object or a boolean), got {_kind(v)}",
+                  "invalid_type")
+    return v
+
+
+def _response_format(name: str, v: Any) -> Any:
+    """The schema the output must follow (llama-server's reading), or _NO_SCHEMA for text."""
     if not isinstance(v, dict) or not isinstance(v.get("type"), str):
         raise bad(name, "must be an object with a 'type'", "invalid_type")
     kind = v["type"]
+    extra = set(v) - {"type", "schema", "json_schema"}
+    if extra:
+        raise bad(f"{name}.{sorted(map(str, extra))[0][:64]}", "is not a known field",
+                  "unknown_parameter")
     if kind == "text":
-        return kind
-    if kind in ("json_object", "json_schema"):
-        raise RequestError(f"'{name}' of type '{kind}' needs constrained output, which this "
-                           f"server does not do yet", param=name, code="not_supported")
+        return _NO_SCHEMA
+    if kind == "json_object":      # any JSON object, or the schema given beside it
+        return _schema(f"{name}.schema", v.get("schema", {}))
+    if kind == "json_schema":
+        w = v.get("json_schema", {})
+        if not isinstance(w, dict):
+            raise bad(f"{name}.json_schema", f"must be an object, got {_kind(w)}",
+                      "invalid_type")
+        return _schema(f"{name}.json_schema.schema", w.get("schema", {}))
     raise bad(f"{name}.type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
+
+
+def _grammar(name: str, v: Any) -> str:
+    from ggraph.graphs.grammar.gbnf import MAX_GRAMMAR_CHARS
+    if not isinstance(v, str):
+        raise bad(name, f"must be a GBNF grammar (a string), got {_kind(v)}", "invalid_type")
+    if len(v) > MAX_GRAMMAR_CHARS:
+        raise bad(name, f"has {len(v)} characters; at most {MAX_GRAMMAR_CHARS}")
+    return v
+
+
+def _constraint(f: dict[str, Any]) -> str:
+    """The GBNF a request asks for ("" for none): `grammar`, or the JSON Schema of
+    `json_schema` / `response_format`, converted as llama-server converts it (an empty schema
+    means any object)."""
+    schemas = [(k, f[k]) for k in ("json_schema", "response_format")
+               if k in f and f[k] is not _NO_SCHEMA]
+    given = [k for k in ("grammar",) if f.get(k)] + [k for k, _ in schemas]
+    if len(given) > 1:
+        raise RequestError(f"give one of {' or '.join(given)}, not both (the output can follow "
+                           f"one grammar)", param=given[1], code="invalid_value")
+    if f.get("grammar"):
+        return f["grammar"]
+    if not schemas:
+        return ""
+    key, schema = schemas[0]
+    if schema == {}:
+        schema = {"type": "object"}
+    from ggraph.graphs.grammar.json_schema import SchemaError, schema_to_gbnf
+    try:
+        return schema_to_gbnf(schema)
+    except SchemaError as e:
+        raise RequestError(f"'{key}': {e}", param=key, code="invalid_value") from None
 
 
 def not_supported(why: str) -> Rule:
@@ -226,8 +281,8 @@ _COMMON: dict[str, Rule] = {
     "user": string(256),
     "cache_prompt": boolean,
     "logit_bias": not_supported("logit biases are not applied"),
-    "grammar": not_supported("grammars need constrained output, not done yet"),
-    "json_schema": not_supported("JSON schemas need constrained output, not done yet"),
+    "grammar": _grammar,
+    "json_schema": _schema,
 }
 
 CHAT_FIELDS: dict[str, Rule] = {
@@ -274,6 +329,7 @@ def _checked(body: Any, rules: dict[str, Rule]) -> dict[str, Any]:
 
 def _sampling(f: dict[str, Any]) -> SamplerParams:
     kw = {k[2:]: v for k, v in f.items() if k.startswith("s_")}
+    kw["grammar"] = _constraint(f)
     seed = f.get("seed", -1)
     kw["seed"] = LLAMA_DEFAULT_SEED if seed in (-1, None) else seed
     try:

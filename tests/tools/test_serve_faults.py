@@ -73,7 +73,8 @@ OTHER = {"/tokenize": {"content": "Hello"}, "/detokenize": {"tokens": [1, 2, 3]}
 FIELDS = ["temperature", "top_p", "top_k", "min_p", "seed", "n", "stop", "stream", "logprobs",
           "top_logprobs", "max_tokens", "presence_penalty", "frequency_penalty", "messages",
           "prompt", "stream_options", "response_format", "n_predict", "n_probs", "model",
-          "tokens", "content", "user", "bogus", "", "\u00e9\u0000"]
+          "tokens", "content", "user", "bogus", "", "\u00e9\u0000", "grammar", "json_schema",
+          "type", "properties", "items", "required", "$ref", "enum", "pattern"]
 
 
 def value(rng: random.Random, depth: int = 0):

@@ -226,6 +226,25 @@ def prompt_tokens(engine: Any, gen: Generation) -> list[int]:
     return ids
 
 
+def choice_samplers(gen: Generation, tokenizer: Any) -> list[Sampler]:
+    """A sampler per choice (a given seed S: choice i draws with S + i); a grammar is
+    compiled here (once per text), so one that does not parse is this request's 400."""
+    from ggraph.graphs.grammar.gbnf import GrammarError
+
+    seed = gen.sampling.seed
+    out = []
+    for i in range(gen.n):
+        params = gen.sampling if gen.n == 1 or seed == 0xFFFFFFFF else \
+            SamplerParams(**{**gen.sampling.__dict__, "seed": (seed + i) & 0xFFFFFFFF})
+        try:
+            out.append(Sampler(params, tokenizer))
+        except GrammarError as e:
+            missing = "llguidance" in str(e)
+            raise RequestError(f"'grammar': {e}", param="grammar",
+                               code="not_supported" if missing else "invalid_value") from None
+    return out
+
+
 async def generate(request: Request, endpoint: str, state: ServerState) -> Response:
     engine, sched = state.engine, state.scheduler
     assert sched is not None
@@ -245,13 +264,10 @@ async def generate(request: Request, endpoint: str, state: ServerState) -> Respo
                 pass
         return emit
 
-    seed = gen.sampling.seed
-    choices = []
-    for i in range(gen.n):
-        params = gen.sampling if gen.n == 1 or seed == 0xFFFFFFFF else \
-            SamplerParams(**{**gen.sampling.__dict__, "seed": (seed + i) & 0xFFFFFFFF})
-        choices.append(Choice(list(ids), max_tokens, Sampler(params), emitter(i), gen.stop,
-                              gen.logprobs, gen.want_logprobs, gen.cache_prompt, index=i))
+    samplers = await run_in_threadpool(choice_samplers, gen, engine.tokenizer)
+    choices = [Choice(list(ids), max_tokens, s, emitter(i), gen.stop, gen.logprobs,
+                      gen.want_logprobs, gen.cache_prompt, index=i)
+               for i, s in enumerate(samplers)]
     sched.submit(choices)   # 503 when the queue is full
     reply = R.Reply(endpoint, gen.model or state.model_name, len(ids))
     results = [R.ChoiceResult(c) for c in choices]

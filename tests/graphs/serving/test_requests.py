@@ -38,6 +38,21 @@ def test_chat_fields_map_onto_the_sampler_chain():
     assert d.sampling.seed == LLAMA_DEFAULT_SEED
 
 
+def test_constrained_output_becomes_gbnf():
+    g = parse_request("chat", {"messages": MSG, "response_format": {"type": "json_object"}},
+                      1000, 4)
+    assert "root ::=" in g.sampling.grammar          # {} means any object, as llama-server
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    g2 = parse_request("chat", {"messages": MSG, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}, 1000, 4)
+    g3 = parse_request("completion", {"prompt": "x", "json_schema": schema}, 1000, 4)
+    assert g2.sampling.grammar == g3.sampling.grammar and 'a-kv ::=' in g2.sampling.grammar
+    g4 = parse_request("completions", {"prompt": "x", "grammar": 'root ::= "yes"'}, 1000, 4)
+    assert g4.sampling.grammar == 'root ::= "yes"'
+    assert parse_request("chat", {"messages": MSG, "response_format": {"type": "text"}},
+                         1000, 4).sampling.grammar == ""
+
+
 def test_completion_shapes():
     g = parse_request("completions", {"prompt": ["Once"], "logprobs": 2}, 1000, 4)
     assert (g.prompt, g.max_tokens, g.logprobs, g.want_logprobs) == ("Once", 16, 2, True)
@@ -66,8 +81,14 @@ def test_completion_shapes():
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content[0]", "not_supported"),
     ({}, "messages", "missing_required_parameter"),
-    ({"messages": MSG, "response_format": {"type": "json_object"}}, "response_format",
-     "not_supported"),
+    ({"messages": MSG, "response_format": {"type": "json_object", "schema": 5}},
+     "response_format.schema", "invalid_type"),
+    ({"messages": MSG, "response_format": {"type": "xml"}}, "response_format.type",
+     "invalid_value"),
+    ({"messages": MSG, "grammar": 'root ::= "a"', "json_schema": {}}, "json_schema",
+     "invalid_value"),
+    ({"messages": MSG, "grammar": 5}, "grammar", "invalid_type"),
+    ({"messages": MSG, "json_schema": {"$ref": "#/nope"}}, "json_schema", "invalid_value"),
     ({"messages": MSG, "tools": [{"type": "function"}]}, "tools", "not_supported"),
     ({"messages": MSG, "stream_options": {"include_usage": True, "x": 1}},
      "stream_options.x", "unknown_parameter"),
