@@ -46,6 +46,25 @@ except (OSError, AttributeError):
     START_LOAD = (0.0, 0.0, 0.0)
 
 
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-quantile (0..1), linear between the sorted values; None for none."""
+    if not values:
+        return None
+    v, x = sorted(values), q * (len(values) - 1)
+    lo = int(x)
+    return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (x - lo)
+
+
+def cpu_vendor() -> str | None:
+    """"intel" or "amd" from /proc/cpuinfo (the suffix of a result's markdown copy)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            info = f.read()
+    except OSError:
+        return None
+    return "intel" if "GenuineIntel" in info else "amd" if "AuthenticAMD" in info else None
+
+
 def results_path(name: str) -> str:
     """benchmarks/results/NAME, whatever the working directory: a script's default JSON."""
     return os.path.join(RESULTS, name)

@@ -44,8 +44,8 @@ import time
 from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
-from benchlib import (Column, model_arg, out_option, print_table, results_path, threads_option,
-                      write_results)
+from benchlib import (Column, model_arg, out_option, percentile, print_table, results_path,
+                      threads_option, write_results)
 
 HOST = "127.0.0.1"
 LLAMA_SERVER = os.path.expanduser("~/.cache/llamacpp-tools/build/bin/llama-server")
@@ -81,15 +81,6 @@ ADVICE = ["name the trade-offs before recommending one option",
 SYSTEM = ("You are a careful, friendly assistant for a software team. Follow these rules:\n"
           + "\n".join(f"{i + 1}. When a question touches {TOPICS[i % len(TOPICS)]}, "
                       f"{ADVICE[i % len(ADVICE)]}." for i in range(30)))
-
-
-def pct(values: list[float], q: float) -> float | None:
-    """The q-quantile (0..1), linear between the sorted values; None for none."""
-    if not values:
-        return None
-    v, x = sorted(values), q * (len(values) - 1)
-    lo = int(x)
-    return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (x - lo)
 
 
 def cpu_model() -> str | None:
@@ -258,8 +249,8 @@ def run_cell(port: int, clients: int, n: int, messages: Callable[[int], list[dic
                 first_error=errors[0] if errors else None, wall_s=round(wall, 3),
                 req_s=len(ok) / wall if wall > 0 else None,
                 gen_tok_s=gen / wall if wall > 0 else None, gen_tokens=gen,
-                ttft_p50_ms=pct(ttft, 0.5), ttft_p99_ms=pct(ttft, 0.99),
-                itl_p50_ms=pct(gaps, 0.5), itl_p99_ms=pct(gaps, 0.99),
+                ttft_p50_ms=percentile(ttft, 0.5), ttft_p99_ms=percentile(ttft, 0.99),
+                itl_p50_ms=percentile(gaps, 0.5), itl_p99_ms=percentile(gaps, 0.99),
                 prompt_tokens_mean=sum(prompts) / len(prompts) if prompts else None,
                 cached_tokens_mean=sum(cached) / len(cached) if cached else None,
                 cached_hits=sum(1 for r in done if (r["cached"] or 0) * 2 >= (r["prompt"] or 1)))
