@@ -288,6 +288,9 @@ class GrammarState:
         n = self.compiled.vocab.n_vocab
         allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:n].astype(bool)
         allowed &= ~self.compiled.refused
+        # the end only when complete, whatever the grammar says of tokens (a negated token
+        # reference, !<[id]>, would let llguidance take the end token mid-way)
+        allowed[list(self.compiled.vocab.eog)] = bool(self._m.is_accepting())
         return allowed
 
     def accept(self, token: int) -> None:

@@ -87,3 +87,17 @@ def test_partial_characters_follow_llama_cpp():
     assert st.allows(258)          # C3 completes to U+00C0..U+00FF: nothing excluded there
     st2 = compile_grammar('root ::= [\\u2000-\\u2030]+', vocab).start()
     assert st2.allows(257)         # a positive class: refused only with [^...] in the grammar
+
+
+def test_token_references():
+    """<[id]> takes exactly that token, !<[id]> any other one (llama.cpp's token elements)."""
+    st = compile_grammar('root ::= <[65]> !<[66]> "x"', VOCAB).start()
+    assert st.allows(65) and not st.allows(ord("a"))
+    st.accept(65)
+    assert not st.allows(66) and st.allows(ord("c"))
+    m = st.mask()
+    assert not m[66] and not m[256] and m[ord("c")]   # not the end token either
+    st.accept(ord("c"))
+    assert st.allows(ord("x"))
+    st.accept(ord("x"))
+    assert st.allows(256)
