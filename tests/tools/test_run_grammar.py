@@ -56,3 +56,18 @@ def test_json_schema_and_file(capsys, tmp_path):
 def test_bad_grammar_flags(capsys, argv, says):
     line = fails(capsys, *RUN, "-n", "2", *argv)
     assert says in line, line
+
+
+def test_grammar_with_a_draft_model_and_with_parallel_sequences(capsys):
+    """-md: the target's sampler (with the grammar) checks every drafted token, so the text is
+    the one without a draft; -np: every sequence follows the grammar."""
+    g = 'root ::= " " [0-9]+ (", " [0-9]+){3} "."\n'
+    args = ("-p", "Four prime numbers:", "-n", "40", "--temp", "0", "--grammar", g)
+    plain = generated(capsys, *args)
+    assert re.fullmatch(r"Four prime numbers: [0-9]+(, [0-9]+){3}\.\s*", plain), plain
+    assert generated(capsys, *args, "-md", "default", "--spec-draft-n-max", "4") == plain
+    out = generated(capsys, "-np", "3", "-p", "Four numbers:", "-n", "40", "--grammar", g)
+    texts = [t.split("\n", 1)[1].strip() for t in out.split("Sequence ")[1:]]
+    assert len(texts) == 3
+    for t in texts:
+        assert re.fullmatch(r"Four numbers: [0-9]+(, [0-9]+){3}\.", t), t
