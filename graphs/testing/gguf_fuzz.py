@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ggraph.graphs.gguf.gguf_reader import HeaderField, ValueType, read_header
+from ggraph.graphs.gguf.gguf_writer import GGUFWriter
 from ggraph import config
 
 KINDS = ("bitflip", "edge", "typeid", "truncate", "weights")
@@ -178,38 +179,26 @@ def rewrite_gguf(src: str | os.PathLike, dst: str | os.PathLike,
                  drop_kv: tuple[str, ...] = (), drop_tensors: tuple[str, ...] = ()) -> str:
     """Copy a GGUF with metadata replaced (key -> (value, GGUF type, element type for arrays)),
     keys or tensors dropped: a valid file whose content says what a test wants."""
-    import gguf
-    from gguf.constants import GGMLQuantizationType, GGUFValueType
-
     hdr = read_header(src)
     set_kv = dict(set_kv or {})
     arch_kv = set_kv.pop("general.architecture", None)
     arch = arch_kv[0] if arch_kv else hdr.metadata.get("general.architecture", "llama")
-    w = gguf.GGUFWriter(os.fspath(dst), arch)
+    # a source's own general.alignment is written by the writer, right after the architecture
+    w = GGUFWriter(dst, arch, alignment=hdr.alignment)
     for k, v in hdr.metadata.items():
-        if k in drop_kv or k in set_kv or k == "general.architecture":
+        if k in drop_kv or k in set_kv or k in ("general.architecture", "general.alignment"):
             continue
         t = hdr.kv_types[k]
-        w.add_key_value(k, v, GGUFValueType(int(t.type)),
-                        GGUFValueType(int(t.element)) if t.element is not None else None)
+        w.add(k, v, t.type, t.element)
     for k, (v, vt, et) in set_kv.items():
-        w.add_key_value(k, v, GGUFValueType(int(vt)),
-                        GGUFValueType(int(et)) if et is not None else None)
+        w.add(k, v, vt, et)
     data = np.frombuffer(hdr.mm, np.uint8)
     for info in hdr.tensors:
         if info.name in drop_tensors:
             continue
         start = hdr.data_offset + info.offset
-        raw = data[start:start + info.nbytes]
-        rows = int(np.prod(info.ne[1:])) if len(info.ne) > 1 else 1
-        shape = tuple(reversed(info.ne[1:])) + (info.nbytes // max(rows, 1),)
-        w.add_tensor(info.name, raw.reshape(shape), raw_shape=shape,
-                     raw_dtype=GGMLQuantizationType(info.type_id))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return os.fspath(dst)
+        w.add_tensor(info.name, info.ne, info.type_id, data[start:start + info.nbytes])
+    return w.write()
 
 
 def patch_field(path: str | os.PathLike, match: str, value: int | Callable[[int], int],

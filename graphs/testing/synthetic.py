@@ -36,7 +36,11 @@ from ggraph.ir.types import GGMLType
 
 from ggraph.graphs.testing.tiny import (DenseTensor, TinyDense, byte_alphabet, dense_tensors,
                                         merged_tokens)
-from ggraph.graphs.testing.tiny import MERGES, write_hparam_keys
+from ggraph.graphs.testing.tiny import MERGES, write_hparam_keys, write_tokenizer_keys
+from ggraph.graphs.gguf.gguf_writer import GGUFWriter
+
+FILE_TYPE_Q4_K_M = 15    # llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M (general.file_type)
+QUANT_VERSION = 2        # GGML_QNT_VERSION (general.quantization_version)
 
 __all__ = ["Shape", "SHAPES", "PlannedTensor", "BLOCK_FILLS", "use_more_bits", "q4_k_m_type",
            "layer_ranks", "tensor_plan", "random_blocks", "vocab", "write_synthetic",
@@ -280,7 +284,6 @@ def write_synthetic(shape: str | Shape, path: str | os.PathLike, seed: int = 0,
     """Write the shape's Q4_K_M GGUF to `path` (through `path`.part, renamed when complete),
     tensor by tensor. `data=False` writes the header and leaves the data section a hole of
     its full size (zeros; a sparse file): headers and layout without the cost."""
-    import gguf
     from tqdm import tqdm
 
     name, s = _shape(shape)
@@ -288,48 +291,21 @@ def write_synthetic(shape: str | Shape, path: str | os.PathLike, seed: int = 0,
     plan = tensor_plan(s)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(f"{path.name}.{os.getpid()}.part")
-    w = gguf.GGUFWriter(os.fspath(part), cfg.arch)
+    w = GGUFWriter(path, cfg.arch)
     write_hparam_keys(w, cfg, s.n_vocab, f"synthetic {name} Q4_K_M (random weights)")
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_u32("general.file_type", FILE_TYPE_Q4_K_M)
+    w.add_u32("general.quantization_version", QUANT_VERSION)
     tokens, types = vocab(s)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(s.pre)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(MERGES)
-    w.add_bos_token_id(s.bos)
-    w.add_eos_token_id(s.eos)
-    w.add_add_bos_token(s.add_bos)
+    write_tokenizer_keys(w, s.pre, tokens, types, MERGES, s.bos, s.eos, s.add_bos)
     for pt in plan:
-        # byte shape in numpy order; the writer turns it back into ne for the type
-        row = pt.ne[0] // pt.type.block_size * pt.type.type_size
-        w.add_tensor_info(pt.name, (*reversed(pt.ne[1:]), row), np.dtype(np.uint8),
-                          pt.nbytes, raw_dtype=gguf.GGMLQuantizationType(int(pt.type)))
-    try:
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        if data:
-            rng = np.random.Generator(np.random.SFC64(seed))
-            total = sum(pt.nbytes for pt in plan)
-            with tqdm(total=total, unit="B", unit_scale=True, disable=not progress,
-                      desc=path.name, file=sys.stderr) as bar:
-                for pt in plan:
-                    w.write_tensor_data(tensor_data(rng, pt))
-                    bar.update(pt.nbytes)
-            w.close()
-        else:
-            w.close()
-            align = w.data_alignment
-            end = gguf.GGUFWriter.ggml_pad(part.stat().st_size, align) + sum(
-                gguf.GGUFWriter.ggml_pad(pt.nbytes, align) for pt in plan)
-            os.truncate(part, end)
-        part.replace(path)
-    finally:
-        w.close()
-        part.unlink(missing_ok=True)
+        w.add_tensor(pt.name, pt.ne, pt.type)
+    rng = np.random.Generator(np.random.SFC64(seed))
+    total = sum(pt.nbytes for pt in plan)
+    by_name = {pt.name: pt for pt in plan}
+    with tqdm(total=total, unit="B", unit_scale=True, disable=not (progress and data),
+              desc=path.name, file=sys.stderr) as bar:
+        w.write(lambda spec: tensor_data(rng, by_name[spec.name]),
+                progress=lambda spec: bar.update(spec.nbytes), data=data)
     return path
 
 

@@ -1,6 +1,7 @@
 """Small random-weight GGUF models of the dense llama-like architectures (llama, qwen2,
 qwen3) with the real keys and tensor names, for tests and users who want a model that loads
-in milliseconds. Written with the `gguf` package's writer; llama.cpp loads them.
+in milliseconds. Written with ggraph's GGUF writer (graphs/gguf/gguf_writer.py); llama.cpp
+loads them.
 
 `DENSE_ARCHS` is the table of what each architecture's file holds beyond llama's (biases, Q/K
 norms, the head-size key, the tokenizer's pre-tokenizer name); a `TinyDense` config names its
@@ -27,6 +28,8 @@ import numpy as np
 
 from ggraph.codecs import quants
 from ggraph.ir.types import GGMLType
+from ggraph.graphs.gguf.gguf_reader import ValueType
+from ggraph.graphs.gguf.gguf_writer import GGUFWriter
 
 from ggraph.graphs.models.tensor_names import TensorNames
 
@@ -200,37 +203,53 @@ def tiny_tensors(cfg: TinyDense) -> dict[str, tuple[np.ndarray, bool]]:
     return out
 
 
-def write_hparam_keys(w: Any, cfg: TinyDense, n_vocab: int, name: str) -> None:
-    """The model keys of cfg (general.name, sizes, attention, rope, norm) to the gguf writer
-    `w`, as a converter writes them for cfg's architecture."""
-    spec = cfg.layout
-    w.add_name(name)
-    w.add_block_count(cfg.n_layer)
-    w.add_context_length(cfg.n_ctx_train)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_feed_forward_length(cfg.n_ff)
-    w.add_head_count(cfg.n_head)
-    w.add_head_count_kv(cfg.n_head_kv)
+def write_size_keys(w: GGUFWriter, name: str, n_layer: int, n_ctx_train: int, n_embd: int,
+                    n_ff: int, n_head: int, n_head_kv: int) -> None:
+    """general.name and the sizes every architecture has, under the writer's arch name."""
+    a = w.arch
+    w.add_str("general.name", name)
+    w.add_u32(f"{a}.block_count", n_layer)
+    w.add_u32(f"{a}.context_length", n_ctx_train)
+    w.add_u32(f"{a}.embedding_length", n_embd)
+    w.add_u32(f"{a}.feed_forward_length", n_ff)
+    w.add_u32(f"{a}.attention.head_count", n_head)
+    w.add_u32(f"{a}.attention.head_count_kv", n_head_kv)
+
+
+def write_hparam_keys(w: GGUFWriter, cfg: TinyDense, n_vocab: int, name: str) -> None:
+    """The model keys of cfg (general.name, sizes, attention, rope, norm) to the writer `w`
+    (keys under its architecture name, cfg.arch's unless the file names another), as a
+    converter writes them."""
+    spec, a = cfg.layout, w.arch or cfg.arch
+    write_size_keys(w, name, cfg.n_layer, cfg.n_ctx_train, cfg.n_embd, cfg.n_ff, cfg.n_head,
+                    cfg.n_head_kv)
     if spec.head_dim_key:
-        w.add_key_length(cfg.hd)
-        w.add_value_length(cfg.hd)
+        w.add_u32(f"{a}.attention.key_length", cfg.hd)
+        w.add_u32(f"{a}.attention.value_length", cfg.hd)
     else:
-        w.add_rope_dimension_count(cfg.hd)
-    w.add_rope_freq_base(cfg.rope_freq_base)
-    w.add_layer_norm_rms_eps(cfg.rms_eps)
-    w.add_vocab_size(n_vocab)
+        w.add_u32(f"{a}.rope.dimension_count", cfg.hd)
+    w.add_f32(f"{a}.rope.freq_base", cfg.rope_freq_base)
+    w.add_f32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_eps)
+    w.add_u32(f"{a}.vocab_size", n_vocab)
 
 
-def _write_keys(w: Any, cfg: TinyDense, tokens: list[str]) -> None:
+def write_tokenizer_keys(w: GGUFWriter, pre: str, tokens: list[str], types: list[int],
+                         merges: list[str], bos: int, eos: int, add_bos: bool) -> None:
+    """A byte-level BPE tokenizer's keys, as a converter writes them."""
+    w.add_str("tokenizer.ggml.model", "gpt2")
+    w.add_str("tokenizer.ggml.pre", pre)
+    w.add_array("tokenizer.ggml.tokens", tokens, ValueType.STRING)
+    w.add_array("tokenizer.ggml.token_type", types, ValueType.INT32)
+    w.add_array("tokenizer.ggml.merges", merges, ValueType.STRING)
+    w.add_u32("tokenizer.ggml.bos_token_id", bos)
+    w.add_u32("tokenizer.ggml.eos_token_id", eos)
+    w.add_bool("tokenizer.ggml.add_bos_token", add_bos)
+
+
+def _write_keys(w: GGUFWriter, cfg: TinyDense, tokens: list[str]) -> None:
     write_hparam_keys(w, cfg, len(tokens), f"tiny-{cfg.arch}")
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(cfg.layout.tokenizer_pre)
-    w.add_token_list(tokens)
-    w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
-    w.add_token_merges(MERGES)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
+    write_tokenizer_keys(w, cfg.layout.tokenizer_pre, tokens,
+                         [3, 3, 3] + [1] * (len(tokens) - 3), MERGES, 1, 2, False)
 
 
 def write_tiny(path: str | os.PathLike, cfg: TinyDense = TinyDense(),
@@ -239,11 +258,8 @@ def write_tiny(path: str | os.PathLike, cfg: TinyDense = TinyDense(),
     """Write a tiny GGUF of cfg.arch. `skip` drops tensors and `reshape` changes their shapes
     (ne order), for bad-input tests; `arch` writes another `general.architecture` name over
     cfg.arch's layout."""
-    import gguf
-
     tokens = vocab()
-    name = arch or cfg.arch
-    w = gguf.GGUFWriter(os.fspath(path), name)
+    w = GGUFWriter(path, arch or cfg.arch)
     _write_keys(w, cfg, tokens)
     wt = GGMLType.parse(cfg.weight_type)
     for tname, (arr, is_matrix) in tiny_tensors(cfg).items():
@@ -252,11 +268,7 @@ def write_tiny(path: str | os.PathLike, cfg: TinyDense = TinyDense(),
         if reshape and tname in reshape:
             arr = np.resize(arr, tuple(reversed(reshape[tname])))
         add_weight(w, tname, arr, wt if is_matrix else GGMLType.F32)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return os.fspath(path)
+    return w.write()
 
 
 def write_tiny_llama(path: str | os.PathLike, cfg: TinyDense = TinyDense(),
@@ -271,17 +283,16 @@ def write_tiny_gguf(path: str | os.PathLike, arch: str = "llama", **kw: Any) -> 
     return write_tiny(path, replace(TinyDense(arch=arch), **kw))
 
 
-def add_weight(w: Any, name: str, arr: np.ndarray, t: GGMLType) -> None:
-    """Add `arr` to the gguf writer `w` as tensor `name`, stored (quantized) as type t."""
-    import gguf
-
+def add_weight(w: GGUFWriter, name: str, arr: np.ndarray, t: GGMLType) -> None:
+    """Add `arr` (numpy order) to the writer `w` as tensor `name`, stored (quantized) as
+    type t."""
+    ne = tuple(reversed(arr.shape))
     if t == GGMLType.F32:
-        w.add_tensor(name, arr.astype(np.float32))
+        w.add_tensor(name, ne, t, arr.astype(np.float32))
     elif t == GGMLType.F16:
-        w.add_tensor(name, arr.astype(np.float16))
+        w.add_tensor(name, ne, t, arr.astype(np.float16))
     else:
-        raw = quants.quantize(t, arr)
-        w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType(int(t)))
+        w.add_tensor(name, ne, t, quants.quantize(t, arr))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ import numpy as np
 from ggraph.ir.types import GGMLType
 
 from ggraph.graphs.models.tensor_names import TensorNames
-from ggraph.graphs.testing.tiny import MERGES, add_weight, vocab as _tiny_vocab
+from ggraph.graphs.gguf.gguf_writer import GGUFWriter
+from ggraph.graphs.testing.tiny import MERGES, add_weight, vocab as _tiny_vocab, write_tokenizer_keys
 
 DEEPSEEK2_TENSORS = TensorNames.of("deepseek2")
 
@@ -131,70 +132,60 @@ def tiny_deepseek2_tensors(cfg: TinyDeepSeek2) -> dict[str, tuple[np.ndarray, bo
 def write_tiny_deepseek2(path: str | os.PathLike, cfg: TinyDeepSeek2 = TinyDeepSeek2(),
                          skip: tuple[str, ...] = ()) -> str:
     """Write a tiny deepseek2 GGUF (`skip` drops tensors, for bad-input tests)."""
-    import gguf
-
     vocab = _tiny_vocab()
     H, r, rope = cfg.n_head, cfg.kv_lora_rank, cfg.n_rot
-    w = gguf.GGUFWriter(os.fspath(path), "deepseek2")
-    w.add_name("tiny-deepseek2")
-    w.add_block_count(cfg.n_layer)
-    w.add_context_length(cfg.n_ctx_train)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_feed_forward_length(cfg.n_ff)
-    w.add_head_count(H)
+    a = "deepseek2"
+    w = GGUFWriter(path, a)
+    w.add_str("general.name", "tiny-deepseek2")
+    w.add_u32(f"{a}.block_count", cfg.n_layer)
+    w.add_u32(f"{a}.context_length", cfg.n_ctx_train)
+    w.add_u32(f"{a}.embedding_length", cfg.n_embd)
+    w.add_u32(f"{a}.feed_forward_length", cfg.n_ff)
+    w.add_u32(f"{a}.attention.head_count", H)
     if cfg.kv_b == "legacy":   # per-head widths under the plain keys, no _mla keys
-        w.add_head_count_kv(H)
-        w.add_key_length(cfg.n_nope + rope)
-        w.add_value_length(cfg.head_v)
+        w.add_u32(f"{a}.attention.head_count_kv", H)
+        w.add_u32(f"{a}.attention.key_length", cfg.n_nope + rope)
+        w.add_u32(f"{a}.attention.value_length", cfg.head_v)
     else:                      # MLA: compressed widths, one K/V head, per-head widths in _mla
-        w.add_head_count_kv(1)
-        w.add_key_length(r + rope)
-        w.add_value_length(r)
-        w.add_key_length_mla(cfg.n_nope + rope)
-        w.add_value_length_mla(cfg.head_v)
+        w.add_u32(f"{a}.attention.head_count_kv", 1)
+        w.add_u32(f"{a}.attention.key_length", r + rope)
+        w.add_u32(f"{a}.attention.value_length", r)
+        w.add_u32(f"{a}.attention.key_length_mla", cfg.n_nope + rope)
+        w.add_u32(f"{a}.attention.value_length_mla", cfg.head_v)
     if cfg.q_lora_rank:
-        w.add_q_lora_rank(cfg.q_lora_rank)
-    w.add_kv_lora_rank(r)
-    w.add_layer_norm_rms_eps(cfg.rms_eps)
-    w.add_rope_dimension_count(rope)
-    w.add_rope_freq_base(cfg.rope_freq_base)
+        w.add_u32(f"{a}.attention.q_lora_rank", cfg.q_lora_rank)
+    w.add_u32(f"{a}.attention.kv_lora_rank", r)
+    w.add_f32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_eps)
+    w.add_u32(f"{a}.rope.dimension_count", rope)
+    w.add_f32(f"{a}.rope.freq_base", cfg.rope_freq_base)
     if cfg.yarn_factor:
-        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        w.add_rope_scaling_factor(cfg.yarn_factor)
-        w.add_rope_scaling_orig_ctx_len(cfg.yarn_orig_ctx)
+        w.add_str(f"{a}.rope.scaling.type", "yarn")
+        w.add_f32(f"{a}.rope.scaling.factor", cfg.yarn_factor)
+        w.add_u32(f"{a}.rope.scaling.original_context_length", cfg.yarn_orig_ctx)
         if cfg.yarn_log_mul:
-            w.add_rope_scaling_yarn_log_mul(cfg.yarn_log_mul)
-    w.add_leading_dense_block_count(cfg.n_layer_dense_lead)
-    w.add_expert_count(cfg.n_expert)
-    w.add_expert_used_count(cfg.n_expert_used)
-    w.add_expert_shared_count(cfg.n_expert_shared)
-    w.add_expert_feed_forward_length(cfg.n_ff_exp)
-    w.add_expert_weights_scale(cfg.expert_weights_scale)
-    w.add_expert_weights_norm(cfg.expert_weights_norm)
-    w.add_expert_gating_func(gguf.ExpertGatingFuncType(cfg.gating))
+            w.add_f32(f"{a}.rope.scaling.yarn_log_multiplier", cfg.yarn_log_mul)
+    w.add_u32(f"{a}.leading_dense_block_count", cfg.n_layer_dense_lead)
+    w.add_u32(f"{a}.expert_count", cfg.n_expert)
+    w.add_u32(f"{a}.expert_used_count", cfg.n_expert_used)
+    w.add_u32(f"{a}.expert_shared_count", cfg.n_expert_shared)
+    w.add_u32(f"{a}.expert_feed_forward_length", cfg.n_ff_exp)
+    w.add_f32(f"{a}.expert_weights_scale", cfg.expert_weights_scale)
+    w.add_bool(f"{a}.expert_weights_norm", cfg.expert_weights_norm)
+    w.add_u32(f"{a}.expert_gating_func", int(cfg.gating))
     if cfg.n_expert_groups:
-        w.add_expert_group_count(cfg.n_expert_groups)
-        w.add_expert_group_used_count(cfg.n_group_used)
-    w.add_vocab_size(len(vocab))
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(vocab)
-    w.add_token_types([3, 3, 3] + [1] * (len(vocab) - 3))
-    w.add_token_merges(MERGES)  # llama.cpp refuses a BPE vocabulary without merges
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
+        w.add_u32(f"{a}.expert_group_count", cfg.n_expert_groups)
+        w.add_u32(f"{a}.expert_group_used_count", cfg.n_group_used)
+    w.add_u32(f"{a}.vocab_size", len(vocab))
+    # llama.cpp refuses a BPE vocabulary without merges
+    write_tokenizer_keys(w, "default", vocab, [3, 3, 3] + [1] * (len(vocab) - 3), MERGES,
+                         1, 2, False)
     wt = GGMLType.parse(cfg.weight_type)
     for name, (arr, is_matrix) in tiny_deepseek2_tensors(cfg).items():
         if name in skip:
             continue
         t = wt if is_matrix and arr.shape[-1] % wt.block_size == 0 else GGMLType.F32
         add_weight(w, name, arr, t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return os.fspath(path)
+    return w.write()
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ import numpy as np
 from ggraph.ir.types import GGMLType
 
 from ggraph.graphs.models.tensor_names import TensorNames
-from ggraph.graphs.testing.tiny import add_weight
+from ggraph.graphs.gguf.gguf_reader import ValueType
+from ggraph.graphs.gguf.gguf_writer import GGUFWriter
+from ggraph.graphs.testing.tiny import add_weight, write_size_keys
 
 GEMMA3_TENSORS = TensorNames.of("gemma3")
 PIECES = ["▁", "▁the", "▁a", "▁of", "▁and", "ing", "ed", "s", "e", "t", "▁to", "▁in"]
@@ -64,8 +66,6 @@ def _matrix(rng: np.random.Generator, ne0: int, ne1: int, scale: float) -> np.nd
 
 def write_tiny_gguf(path: str | os.PathLike, **hparams: Any) -> str:
     """Write a tiny Gemma 3 GGUF; keyword arguments override TinyGemma3's fields."""
-    import gguf
-
     known = {f.name for f in fields(TinyGemma3)}
     if unknown := sorted(set(hparams) - known):
         raise TypeError(f"write_tiny_gguf: unknown hyperparameters {unknown}; known: "
@@ -73,40 +73,36 @@ def write_tiny_gguf(path: str | os.PathLike, **hparams: Any) -> str:
     cfg = TinyGemma3(**hparams)
     rng = np.random.default_rng(cfg.seed)
     tokens, scores, types = vocab()
-    w = gguf.GGUFWriter(os.fspath(path), "gemma3")
-    w.add_name("tiny-gemma3")
-    w.add_block_count(cfg.n_layer)
-    w.add_context_length(cfg.n_ctx_train)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_feed_forward_length(cfg.n_ff)
-    w.add_head_count(cfg.n_head)
-    w.add_head_count_kv(cfg.n_head_kv)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_freq_base)
-    w.add_layer_norm_rms_eps(cfg.rms_eps)
-    w.add_sliding_window(cfg.n_swa)
+    w = GGUFWriter(path, "gemma3")
+    a = "gemma3"
+    write_size_keys(w, "tiny-gemma3", cfg.n_layer, cfg.n_ctx_train, cfg.n_embd, cfg.n_ff,
+                    cfg.n_head, cfg.n_head_kv)
+    w.add_u32(f"{a}.attention.key_length", cfg.head_dim)
+    w.add_u32(f"{a}.attention.value_length", cfg.head_dim)
+    w.add_f32(f"{a}.rope.freq_base", cfg.rope_freq_base)
+    w.add_f32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_eps)
+    w.add_u32(f"{a}.attention.sliding_window", cfg.n_swa)
     if cfg.rope_freq_base_swa is not None:
-        w.add_float32(gguf.Keys.Rope.FREQ_BASE_SWA.format(arch="gemma3"), cfg.rope_freq_base_swa)
+        w.add_f32(f"{a}.rope.freq_base_swa", cfg.rope_freq_base_swa)
     if isinstance(cfg.swa_pattern, int):
-        w.add_uint32(gguf.Keys.Attention.SLIDING_WINDOW_PATTERN.format(arch="gemma3"),
-                     cfg.swa_pattern)
+        w.add_u32(f"{a}.attention.sliding_window_pattern", cfg.swa_pattern)
     elif cfg.swa_pattern is not None:
-        w.add_sliding_window_pattern(list(cfg.swa_pattern))
+        w.add_array(f"{a}.attention.sliding_window_pattern", list(cfg.swa_pattern),
+                    ValueType.BOOL)
     if cfg.final_logit_softcapping is not None:
-        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_pad_token_id(0)
-    w.add_eos_token_id(1)
-    w.add_bos_token_id(2)
-    w.add_unk_token_id(3)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    w.add_add_space_prefix(False)
+        w.add_f32(f"{a}.final_logit_softcapping", cfg.final_logit_softcapping)
+    w.add_str("tokenizer.ggml.model", "llama")
+    w.add_str("tokenizer.ggml.pre", "default")
+    w.add_array("tokenizer.ggml.tokens", tokens, ValueType.STRING)
+    w.add_array("tokenizer.ggml.scores", scores, ValueType.FLOAT32)
+    w.add_array("tokenizer.ggml.token_type", types, ValueType.INT32)
+    w.add_u32("tokenizer.ggml.padding_token_id", 0)
+    w.add_u32("tokenizer.ggml.eos_token_id", 1)
+    w.add_u32("tokenizer.ggml.bos_token_id", 2)
+    w.add_u32("tokenizer.ggml.unknown_token_id", 3)
+    w.add_bool("tokenizer.ggml.add_bos_token", True)
+    w.add_bool("tokenizer.ggml.add_eos_token", False)
+    w.add_bool("tokenizer.ggml.add_space_prefix", False)
     e, hd, n_v = cfg.n_embd, cfg.head_dim, len(tokens)
     q, kv = hd * cfg.n_head, hd * cfg.n_head_kv
     tn = GEMMA3_TENSORS
@@ -135,8 +131,4 @@ def write_tiny_gguf(path: str | os.PathLike, **hparams: Any) -> str:
     wt = GGMLType.parse(cfg.weight_type)
     for name, (arr, is_matrix) in tensors.items():
         add_weight(w, name, arr, wt if is_matrix else GGMLType.F32)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return os.fspath(path)
+    return w.write()
