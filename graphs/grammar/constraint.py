@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .gbnf import Grammar, GrammarError, parse_gbnf
+from .gbnf import Chars, Grammar, GrammarError, TokenRef, items, parse_gbnf
 from .lark import to_lark
 
 EXTRA_HINT = "pip install 'ggraph[grammar]' (the llguidance engine)"
@@ -174,17 +174,7 @@ def _fragile(grammar: Grammar, vocab: Vocab) -> np.ndarray:
 
 
 def _negated(alts: Any) -> list[tuple[tuple[int, int], ...]]:
-    from .gbnf import Chars, Group, Repeat
-    found, stack = [], [it for seq in alts for it in seq]
-    while stack:
-        it = stack.pop()
-        if isinstance(it, Chars) and it.negated:
-            found.append(it.ranges)
-        elif isinstance(it, Group):
-            stack.extend(x for seq in it.alts for x in seq)
-        elif isinstance(it, Repeat):
-            stack.append(it.item)
-    return found
+    return [it.ranges for it in items(alts) if isinstance(it, Chars) and it.negated]
 
 
 _VOCABS: "weakref.WeakKeyDictionary[Any, Vocab]" = weakref.WeakKeyDictionary()
@@ -249,17 +239,10 @@ def start_grammar(text: str, tok: PieceSource) -> "GrammarState":
 
 
 def _check_tokens(alts: Any, n_vocab: int, rule: str) -> None:
-    from .gbnf import Group, Repeat, TokenRef
-    stack = [it for seq in alts for it in seq]
-    while stack:
-        it = stack.pop()
+    for it in items(alts):
         if isinstance(it, TokenRef) and not 0 <= it.token < n_vocab:
             raise GrammarError(f"grammar rule '{rule}': token <[{it.token}]> is outside the "
                                f"vocabulary of {n_vocab}")
-        if isinstance(it, Group):
-            stack.extend(x for seq in it.alts for x in seq)
-        elif isinstance(it, Repeat):
-            stack.append(it.item)
 
 
 class GrammarState:

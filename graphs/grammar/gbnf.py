@@ -19,7 +19,7 @@ and column and the text there.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Union
+from typing import Callable, Iterator, Union
 
 MAX_REPETITION = 2000          # llama.cpp's MAX_REPETITION_THRESHOLD
 MAX_GRAMMAR_CHARS = 4 << 20    # a JSON schema's grammar is far smaller; bounds hostile input
@@ -87,6 +87,18 @@ class Grammar:
     rules: dict[str, Alts]
     root: str = "root"
     text: str = ""
+
+
+def items(alts: Alts) -> Iterator[Item]:
+    """Every item of a rule's alternatives, those inside groups and repetitions too."""
+    stack = [it for seq in alts for it in seq]
+    while stack:
+        it = stack.pop()
+        yield it
+        if isinstance(it, Group):
+            stack.extend(x for seq in it.alts for x in seq)
+        elif isinstance(it, Repeat):
+            stack.append(it.item)
 
 
 def _is_word(c: str) -> bool:

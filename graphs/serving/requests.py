@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ggraph.graphs.grammar.gbnf import MAX_GRAMMAR_CHARS
 from ggraph.graphs.runtime.sampling import LLAMA_DEFAULT_SEED, SamplerParams
 
 MAX_STOPS = 16            # stop strings a request may give
@@ -197,15 +198,6 @@ def _response_format(name: str, v: Any) -> Any:
     raise bad(f"{name}.type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
 
 
-def _grammar(name: str, v: Any) -> str:
-    from ggraph.graphs.grammar.gbnf import MAX_GRAMMAR_CHARS
-    if not isinstance(v, str):
-        raise bad(name, f"must be a GBNF grammar (a string), got {_kind(v)}", "invalid_type")
-    if len(v) > MAX_GRAMMAR_CHARS:
-        raise bad(name, f"has {len(v)} characters; at most {MAX_GRAMMAR_CHARS}")
-    return v
-
-
 def _constraint(f: dict[str, Any]) -> str:
     """The GBNF a request asks for ("" for none): `grammar`, or the JSON Schema of
     `json_schema` / `response_format`, converted as llama-server converts it (an empty schema
@@ -281,7 +273,7 @@ _COMMON: dict[str, Rule] = {
     "user": string(256),
     "cache_prompt": boolean,
     "logit_bias": not_supported("logit biases are not applied"),
-    "grammar": _grammar,
+    "grammar": string(MAX_GRAMMAR_CHARS),
     "json_schema": _schema,
 }
 
