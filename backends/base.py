@@ -13,13 +13,15 @@ a thread other than the one whose run produced the current values is refused (an
 may come in between); `with session:` holds the lock around a run and its reads.
 
 A Session is the one-device runner of backends/runner.py (reserve, run, read, write, plans,
-memory lines); backends/multi.py's MultiSession is the same interface over several.
+memory lines); backends/multi.py's MultiSession is the same interface over several. Either
+runs a graph observed (`run(..., observe=Observer(ask, receive))`, backends/observe.py: ggml's
+eval callback), handing asked nodes' values over as they are computed.
 """
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Collection, Iterator, Mapping
 
 import numpy as np
 
@@ -31,11 +33,16 @@ from ggraph.ir.tensor import Tensor
 
 from .buffer_type import BufferType, HostBufferType
 from .executor import Executor
+from .fusion_rules import Group
+from .observe import Handoff, ObservedStep, Observer, Recorder, run_steps, schedule
 from .profile import Profile
 from .registry import KINDS
 from .runner import ComputeBuffer, MemoryFigures, ModelMemory, ThreadGuard, check_device
 
 KernelFn = Callable[[Tensor, "Session"], None]
+
+__all__ = ["Backend", "BoundGraph", "Kernel", "Observer", "Recorder", "Session",
+           "UnsupportedOpError"]
 
 
 @dataclass(frozen=True)
@@ -287,10 +294,15 @@ class Session(ThreadGuard):
             return self.plan
 
     def run(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None = None,
-            profile: Profile | None = None) -> "Session":
+            profile: Profile | None = None, observe: Observer | None = None) -> "Session":
         """Feed `inputs` (see buffers.feed_inputs) and run `graph`; read results afterwards
         from the same thread, or hold `with session:` around run and read. With `profile`
-        (or one attached to the session), every kernel call is timed into it."""
+        (or one attached to the session), every kernel call is timed into it. With
+        `observe`, the run hands the nodes its observer asks for to its receive as they are
+        computed (backends/observe.py); such a run is not timed into a profile."""
+        if observe is not None and profile is not None:
+            raise ValueError("run: give profile or observe, not both (an observed run's "
+                             "callbacks would be timed with its kernels)")
         with self._lock:
             if (graph is not self._graph or self._calls is None) and not self._rebind(graph):
                 self._graph = None
@@ -311,6 +323,9 @@ class Session(ThreadGuard):
                 while len(self._bound) > BOUND_GRAPHS:
                     self._bound.pop(next(iter(self._bound)))
             self.mark_run()
+            if observe is not None:
+                self._run_observed(graph, observe)
+                return self
             profile = profile if profile is not None else self.profile
             with self.running(), self.backend.executor.run_context(graph):
                 if profile is None:
@@ -363,6 +378,32 @@ class Session(ThreadGuard):
         calls, self._groups = self.bind_calls(self.plan_order(graph), fuse=True)
         return calls
 
+    def _run_observed(self, graph: Graph, observer: Observer) -> None:
+        """The bound graph's calls bound again with the observer's nodes kept (ask is
+        consulted here, in execution order), run step by step; the plain calls stay bound.
+        Not keyed to the graph (no thread governor's timing): callbacks run in it."""
+        order = self.plan_order(graph)
+        steps = self.observed_steps(order, observer.wanted(order), fuse=True)
+        with self.running(), self.backend.executor.run_context():
+            run_steps(steps, self.value_of, observer.receive)
+
+    def observed_steps(self, nodes: list[Tensor], asked: Collection[Tensor], fuse: bool = False,
+                       shown: Mapping[Tensor, Tensor] | None = None) -> list[ObservedStep]:
+        """The steps of an observed run of `nodes` (of the prepared graph, as `bind_calls`
+        takes them): each call, then the handoffs of the `asked` nodes it computed (views at
+        their place). Asked nodes are not fused away (Executor.fuse's `observed`). `shown`:
+        the caller's node for each local one (a scheduler's clones)."""
+        observed = frozenset(t.owner for t in asked)
+        return schedule(nodes, self.bind_groups(nodes, fuse, observed), asked, shown)
+
+    def value_of(self, h: Handoff) -> np.ndarray:
+        """A handed node's values (a copy, as `read` gives), from where its call left them;
+        during a run, with no check of the plan's lifetimes (the value is current)."""
+        if h.held is not None:
+            return buffers.read(h.held, h.local.view_offs, h.local)
+        buf, off = self._storage(h.local)
+        return self.backend.buffers.read(buf, off, h.local)
+
     def bind(self, nodes: list[Tensor]) -> list[Callable[[], None]]:
         """Zero-argument calls running `nodes` (of the prepared graph) in order; views add
         none. The scheduler binds each split of a device's graph separately."""
@@ -374,16 +415,23 @@ class Session(ThreadGuard):
         `fuse`, `nodes` is a whole planned graph and the backend's fusion groups run as one
         call each (a split of a scheduled graph is bound unfused: a node's readers in other
         splits are not in `nodes`)."""
+        groups = self.bind_groups(nodes, fuse)
+        return [g.call for g in groups], [g.nodes for g in groups]
+
+    def bind_groups(self, nodes: list[Tensor], fuse: bool = False,
+                    observed: frozenset[Tensor] = frozenset()) -> list[Group]:
+        """`bind_calls` as Groups (backends/fusion_rules.py: a call and the nodes it
+        computes; a node nothing computes, a view, has none). `observed`: nodes an observer
+        reads after their call, which fusion must not leave unwritten."""
         kernels = self.backend.kernels
         self.bind_memo = {}  # the calls run in `nodes` order: a binder may leave work to an earlier one
-        fused = self.backend.executor.fuse(nodes, self) if fuse else {}
+        fused = self.backend.executor.fuse(nodes, self, observed) if fuse else {}
         inside: set[Tensor] = set()
-        calls, groups = [], []
+        groups: list[Group] = []
         for node in nodes:
             g = fused.get(node)
             if g is not None:
-                calls.append(g.call)
-                groups.append(tuple(g.nodes))
+                groups.append(g)
                 inside.update(g.nodes)
                 continue
             if node in inside:
@@ -395,9 +443,8 @@ class Session(ThreadGuard):
                     continue
             else:
                 c = (lambda k=k, node=node: k.fn(node, self))
-            calls.append(c)
-            groups.append((node,))
-        return calls, groups
+            groups.append(Group((node,), c))
+        return groups
 
     def plan_order(self, graph: Graph) -> list[Tensor]:
         return list(self.plan.order) if self.plan is not None else graph.nodes

@@ -26,11 +26,14 @@ class Executor:
         for call in calls:
             call()
 
-    def fuse(self, order: list[Tensor], session: Any) -> Mapping[Tensor, Any]:
+    def fuse(self, order: list[Tensor], session: Any,
+             observed: frozenset[Tensor] = frozenset()) -> Mapping[Tensor, Any]:
         """Groups of consecutive nodes of a planned graph's `order` (bound by `session`, a
-        backends/base.py Session) run as one call, keyed by each group's first node: objects
-        with `nodes` (the group, in order) and `call` (zero arguments, computing them all).
-        None by default."""
+        backends/base.py Session) run as one call, keyed by each group's first node:
+        backends/fusion_rules.py Groups (`nodes`, the group in order; `call`, zero arguments,
+        computing them all; `held`, where it leaves values it does not write to memory).
+        `observed`: nodes an observer reads after their group (backends/observe.py), which a
+        group must write or hold. None by default."""
         return {}
 
     def synchronize(self) -> None:

@@ -4,11 +4,15 @@ group leaves unwritten. The CPU's fusion pass (backends/cpu/fusion.py) and CUDA'
 (backends/cuda/fusion.py) bind the groups these rules find to their own kernels.
 
     [s = a + b]  ->  n = rms_norm(s) | norm(s)  ->  [m = n * w1]  ->  [d = m + w2]
+
+An observed run (backends/observe.py) names the nodes its observer reads after their group:
+those are never left unwritten (`dead` says no), or the group hands their values over in
+`held`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
 from ggraph.ir.opkind import OpKind
 from ggraph.ir.tensor import Tensor
@@ -21,9 +25,14 @@ POST_OPS = (OpKind.MUL, OpKind.ADD)
 
 @dataclass(frozen=True)
 class Group:
-    """Nodes run by one call, in order; `call` computes all of them."""
+    """Nodes run by one call, in order; `call` computes all of them. `held`: for a member an
+    observer reads but the call does not write to its memory (the fused attention's K*Q and
+    softmax), a host array the call fills with the member's bytes (its type and layout), valid
+    until the next group of the binding that shares it runs (an observed run copies the values
+    out right after the call)."""
     nodes: tuple[Tensor, ...]
     call: Callable[[], None]
+    held: Mapping[Tensor, Any] = field(default_factory=dict)
 
 
 Try = Callable[[list[Tensor], int, dict[Tensor, set[Tensor]]], Group | None]
@@ -102,9 +111,12 @@ def match(seq: list[Tensor], i: int) -> list[Tensor]:
     return group if len(group) >= 2 else []
 
 
-def dead(t: Tensor, group: set[Tensor], read_by: dict[Tensor, set[Tensor]], plan: Any) -> bool:
-    """Nothing after the group may read t: no output, no reader outside, freed by the plan."""
-    if t.is_view or t.is_output or t.is_preallocated or not read_by.get(t, set()) <= group:
+def dead(t: Tensor, group: set[Tensor], read_by: dict[Tensor, set[Tensor]], plan: Any,
+         observed: frozenset[Tensor] = frozenset()) -> bool:
+    """Nothing after the group may read t: no output, no reader outside, no observer
+    (`observed`: what an observed run reads), freed by the plan."""
+    if t.is_view or t.is_output or t.is_preallocated or t in observed or \
+            not read_by.get(t, set()) <= group:
         return False
     placement = getattr(plan, "placement", None)
     if placement is None or t not in plan:

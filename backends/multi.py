@@ -5,6 +5,8 @@
 plans each device's graph with that device's allocator (reserve() sizes each compute buffer
 on a worst-case graph, as ggml_backend_sched_reserve does), binds each split's kernel calls,
 and runs: copy the split's inputs in from the devices holding them, then the split's calls.
+With `observe` (backends/observe.py) each split's calls are bound again, the observer's nodes
+handed over as they are computed, device by device, under the caller's original nodes.
 
 Like a Session it may be shared between threads: run/read/write serialise on its lock, a read
 from a thread other than the last run's is refused, and `with multi:` holds the lock across
@@ -26,6 +28,7 @@ from ggraph.plan.sched import Schedule, schedule_graph
 from ggraph.ir.tensor import Tensor
 
 from .base import Backend, Session
+from .observe import ObservedStep, Observer, run_steps
 from . import registry
 from .runner import ComputeBuffer, MemoryFigures, ModelMemory, Offload, ThreadGuard, check_device
 
@@ -117,10 +120,15 @@ class MultiSession(ThreadGuard):
         return BoundSchedule(sch, steps)
 
     # -- running ------------------------------------------------------------------------------
-    def run(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None = None
-            ) -> "MultiSession":
+    def run(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None = None,
+            observe: Observer | None = None) -> "MultiSession":
+        """Run `graph` split by split; with `observe`, hand the nodes its observer asks for
+        (the caller's nodes, not the devices' clones) to its receive as they are computed."""
         with self._lock:
             self._ready(graph, inputs)
+            if observe is not None:
+                self._run_observed(observe)
+                return self
             with contextlib.ExitStack() as running:
                 for s in self.sessions:      # kernels may read their sources (Session.running)
                     running.enter_context(s.running())
@@ -134,6 +142,31 @@ class MultiSession(ThreadGuard):
             for s in self.sessions:
                 s.synchronize()
             return self
+
+    def _run_observed(self, observer: Observer) -> None:
+        """Every split bound again for the observer (ask consulted for each node, in
+        execution order, before anything runs), then run as `run` does, step by step; a
+        receive returning False ends the run there."""
+        sch = self._bound.sch
+        legs: list[tuple[list[tuple[Tensor, Tensor, int]], Session, list[ObservedStep]]] = []
+        # asked over the whole graph first: a node may stand for one another split computes
+        wanted = set(observer.wanted([n for split in sch.splits for n in split.nodes]))
+        for (copies, d, _), split in zip(self._bound.steps, sch.splits):
+            shown = {sch.clones[n]: n for n in split.nodes}
+            asked = [c for c, n in shown.items() if n in wanted]
+            s = self.sessions[d]
+            legs.append((copies, s, s.observed_steps(list(shown), asked, shown=shown)))
+        with contextlib.ExitStack() as running:
+            for s in self.sessions:
+                running.enter_context(s.running())
+            for copies, dst, steps in legs:
+                for src_t, copy_t, sd in copies:
+                    self._copy(self.sessions[sd], src_t, dst, copy_t)
+                with dst.backend.executor.run_context():
+                    if not run_steps(steps, dst.value_of, observer.receive):
+                        break
+        for s in self.sessions:
+            s.synchronize()
 
     def _ready(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None) -> None:
         """Schedule, plan and bind `graph` (unless it is the one bound), feed its inputs."""

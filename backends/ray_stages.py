@@ -256,8 +256,11 @@ class RayMultiSession(MultiSession):
         if self.broken:
             raise StageError(f"this session lost a stage ({self.broken}); build a new Engine")
 
-    def run(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None = None
-            ) -> "RayMultiSession":
+    def run(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None = None,
+            observe: Any = None) -> "RayMultiSession":
+        if observe is not None:
+            raise ValueError("observe: a runner with remote stages cannot hand node values "
+                             "over yet; run the model on local devices to observe it")
         with self._lock:
             self._check()
             self._finish_pending(drop=True)

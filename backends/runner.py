@@ -24,6 +24,7 @@ from ggraph.ir.tensor import Tensor
 
 if TYPE_CHECKING:
     from ggraph.plan.alloc import Plan
+    from .observe import Observer
 
 
 class ThreadGuard:
@@ -143,8 +144,12 @@ class Runner(Protocol):
         """What the last reserve() returned (empty before any)."""
         ...
 
-    def run(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None = None
-            ) -> Runner: ...
+    def run(self, graph: Graph, inputs: Mapping[Tensor | str, np.ndarray] | None = None,
+            observe: Observer | None = None) -> Runner:
+        """Feed `inputs` and run `graph`; with `observe` (backends/observe.py: ggml's eval
+        callback), the nodes its `ask` wants are handed to its `receive` as they are
+        computed, in execution order (receive returning False stops the run)."""
+        ...
 
     def read(self, t: Tensor) -> np.ndarray: ...
 

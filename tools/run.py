@@ -7,6 +7,9 @@ MODEL is a path or a model name (`default` = smollm2, `gemma3`), given positiona
 `--frequency-penalty`, `--presence-penalty`, `--seed`, ...; `--temp 0` is greedy) and
 `-cnv`/`-i` (an interactive chat that keeps the KV cache between turns).
 
+`--dump-tensors REGEX` prints every graph node whose name the pattern finds as it is computed
+(its op, type, shape, a few values and their sum), as llama.cpp's llama-eval-callback does.
+
 `-np N` generates N sequences together in one KV cache (llama-parallel): the lines of `-f`
 as N prompts at a time, or N samples of `-p` (seed, seed + 1, ...); each sequence's text is
 printed when all are done.
@@ -107,6 +110,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--profile", action="store_true",
                    help="time every graph node of the prompt and the generation and print a "
                         "table per op and per node name (ggml's perf output)")
+    d.add_argument("--dump-tensors", metavar="REGEX", default=None,
+                   help="print each graph node whose name REGEX finds (re.search), as it is "
+                        "computed: op, type, shape, leading and trailing values and their sum "
+                        "(llama-eval-callback's format)")
     d.add_argument("--no-warmup", action="store_true",
                    help="skip the warmup run at load (kernels then compile, on a first run, "
                         "inside the prompt's time)")
@@ -176,6 +183,10 @@ def check_options(args: argparse.Namespace) -> None:
         raise ValueError(f"-np/--parallel must be >= 1, got {args.parallel}")
     if args.parallel > 1 and (args.conversation or args.interactive or args.model_draft):
         raise ValueError("-np generates from prompts (-p/-f); not with -cnv or -md")
+    if args.dump_tensors is not None and (args.parallel > 1 or args.model_draft or
+                                          args.conversation or args.interactive or args.profile):
+        raise ValueError("--dump-tensors watches one prompt's generation: not with -np, -md, "
+                         "-cnv or --profile")
     if args.model_draft and (args.conversation or args.interactive):
         raise ValueError("-md drafts for a prompt (-p/-f); the interactive chat does not "
                          "speculate yet")
@@ -255,6 +266,11 @@ def main(args: argparse.Namespace) -> int:
 
     cfg = engine_config(args)
     sampling = sampler_params(args)
+    observe = None
+    if args.dump_tensors is not None:
+        from ggraph.tools.common.tensor_dump import TensorDump
+
+        observe = TensorDump.of(args.dump_tensors).observer
     path = resolve_model(args.model_opt or args.model or "default")
     if args.parallel > 1:
         from ggraph.tools.common.parallel_text import run_parallel
@@ -314,7 +330,8 @@ def main(args: argparse.Namespace) -> int:
         else:
             status = generate_text(eng, user, ids, Limits(args.n_predict,
                                                           n_keep(args, eng, ids)),
-                                   sampling, echo=not args.chat, stops=args.reverse_prompt)
+                                   sampling, echo=not args.chat, stops=args.reverse_prompt,
+                                   observe=observe)
     if prof is not None:
         print("\n".join(prof.table()), file=sys.stderr)
         print("\n".join(prof.table(by="name", top=15)), file=sys.stderr)

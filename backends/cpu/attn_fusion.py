@@ -15,6 +15,13 @@ rounded to F16 (the vec_dot_type ggml converts them to), the softmax is soft_max
 query block) run on the BLAS thread pool (backends/cpu/blas.py: numpy releases the GIL in its
 products and exps), each a fixed piece whatever the thread count. The blockwise math (visible
 ranges, the row softmax) is flash attention's too: backends/cpu/attention.py.
+
+An observed run (backends/observe.py) that reads K*Q or the softmax gets them from host arrays
+the call fills as it goes (`Watch`): K*Q over every cell (one more product per unit, with the
+same F16-rounded queries), the softmax's float32 weights (before the F16 rounding V*p takes)
+with the hidden cells' exact zeros. The output is computed as without them, bit for bit; the
+values handed may differ from the unfused nodes' in their last bits (another product's order
+of sums for K*Q, attention.py's expf for the softmax).
 """
 from __future__ import annotations
 
@@ -60,13 +67,37 @@ def _floats(arr: np.ndarray, t: Tensor) -> np.ndarray:
     return arr.view(np.float16).astype(np.float32) if t.type == T.F16 else arr
 
 
-def bind(chain: list[Tensor], s: Any, apart: bool, nogil_for: Callable[[Callable], Any]
-         ) -> Callable[[], None]:
+@dataclass(frozen=True)
+class Watch:
+    """Host arrays an observed group fills with its K*Q and softmax, float32 in numpy order
+    (S, H, T, n_kv): the bytes of the (contiguous, F32) nodes they stand for. None: not
+    observed."""
+    kq: np.ndarray | None = None
+    sm: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, kq: Tensor | None, sm: Tensor | None, memo: dict) -> "Watch":
+        """Arrays for the nodes watched, shared by the groups of one binding (`memo`, its
+        bind_memo): they run one after another, and each group's values are handed over
+        before the next runs (backends/observe.py)."""
+        return cls(*(None if t is None else memo.setdefault(
+            ("attn watch", role, t.shape), np.zeros(t.shape, np.float32))
+            for role, t in (("kq", kq), ("sm", sm))))
+
+    def held(self, kq: Tensor, sm: Tensor) -> dict[Tensor, np.ndarray]:
+        """node -> its bytes (Group.held) for the nodes watched."""
+        return {t: a.reshape(-1).view(np.uint8) for t, a in ((kq, self.kq), (sm, self.sm))
+                if a is not None}
+
+
+def bind(chain: list[Tensor], s: Any, apart: bool, nogil_for: Callable[[Callable], Any],
+         watch: Watch = Watch()) -> Callable[[], None]:
     """The group's call: reads k, q, v and the mask where the run finds them, writes kqv.
     Unless `apart` (kqv overlaps none of them), kqv is written to a scratch array first and
     copied at the end: the plan may give kqv the memory of q, free once K*Q has read it,
     which the unfused nodes finish reading before kqv is written and the units here do not.
-    `nogil_for(template)`: a template of this module compiled to run in the pool's threads."""
+    `nogil_for(template)`: a template of this module compiled to run in the pool's threads.
+    `watch`: where an observer's K*Q and softmax go."""
     kq, sm, kqv = chain
     k, q = kq.src
     v, mask = kqv.src[0], sm.src[1]
@@ -88,7 +119,7 @@ def bind(chain: list[Tensor], s: Any, apart: bool, nogil_for: Callable[[Callable
     def call() -> None:
         if first:
             shared.update(M_, mask, Q_.shape[2], K_.shape[2])
-        run(_floats(K_, k), Q_, _floats(V_, v), shared, D, work)
+        run(_floats(K_, k), Q_, _floats(V_, v), shared, D, work, watch)
         if D is not out:
             out[...] = D
     return call
@@ -108,7 +139,7 @@ _NO_MASK = np.zeros((1, 1), np.float32)
 
 
 def run(K: np.ndarray, Q: np.ndarray, V: np.ndarray, mask: SharedMask | None, D: np.ndarray,
-        w: _Work) -> None:
+        w: _Work, watch: Watch = Watch()) -> None:
     """K (S, Hkv, n_kv, Dk), Q (S, H, T, Dk), V (S, Hkv, Dv, n_kv) float32 (V transposed, as
     the non-flash cache stores it); the mask's M (Sm, Hm, >=T, n_kv); D (S, H, T, Dv)."""
     ns, nh, nt, _ = Q.shape
@@ -123,9 +154,25 @@ def run(K: np.ndarray, Q: np.ndarray, V: np.ndarray, mask: SharedMask | None, D:
         q = np.array(Q[i3, h, b:b1], np.float32, order="C")  # a copy: rounded in place
         if w.k16:
             w.round_half(q)
+        if watch.kq is not None:  # every cell, as the node holds it (the hidden ones too)
+            np.matmul(q, K[j3, jh].T, out=watch.kq[i3, h, b:b1])
         x = q @ K[j3, jh, lo:hi].T
         m = M[i3 % M.shape[0], h % M.shape[1], b:b1, lo:hi] if M is not None else _NO_MASK
+        if watch.sm is not None:
+            _watched_soft_max(x, m, h, M is not None, w, lo, hi, watch.sm[i3, h, b:b1])
         w.soft_max(x, m, w.slopes[h], w.scale, M is not None, w.v16, False)
         np.matmul(x, V[j3, jh, :, lo:hi].T, out=D[i3, h, b:b1])
 
     run_units(unit, units)
+
+
+def _watched_soft_max(x: np.ndarray, m: np.ndarray, h: int, has_mask: bool, w: _Work, lo: int,
+                      hi: int, out: np.ndarray) -> None:
+    """The softmax node's rows for an observer: soft_max_ext's float32 weights over the
+    visible cells [lo, hi) (not rounded to F16: that is V*p's), exact zeros elsewhere (the
+    mask's -inf there), NaN across a row no cell is visible to (soft_max_ext's)."""
+    y = np.array(x, np.float32, order="C")
+    w.soft_max(y, m, w.slopes[h], w.scale, has_mask, False, False)
+    out[...] = 0.0
+    out[:, lo:hi] = y
+    out[np.isnan(y).any(axis=1)] = np.nan

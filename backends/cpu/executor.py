@@ -31,10 +31,11 @@ class CPUExecutor(Executor):
         self.blas_threads = blas_threads
         self.fusion = fusion
 
-    def fuse(self, order: list[Tensor], session: Session) -> Mapping[Tensor, Any]:
+    def fuse(self, order: list[Tensor], session: Session,
+             observed: frozenset[Tensor] = frozenset()) -> Mapping[Tensor, Any]:
         if not self.fusion:
             return {}
-        return fusion.fuse(order, session, compiled_for, compiled_nogil)
+        return fusion.fuse(order, session, compiled_for, compiled_nogil, observed)
 
     def run_context(self, key: Hashable | None = None) -> Any:
         """The threads of a run: the governor's choice for graph `key` (all of them without

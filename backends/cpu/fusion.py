@@ -12,8 +12,11 @@ the matching rules, shared with CUDA: backends/fusion_rules.py).
 The other is a prompt's non-flash attention, K*Q -> softmax -> V*p, which skips the cells
 its mask hides (backends/cpu/attn_fusion.py).
 A group's intermediate is left unwritten only when nothing outside the group reads it, it is
-no output, and the plan freed its memory at the group (exactly when Session.read would refuse
-it); otherwise the fused kernel writes it as the unfused node would. A group is refused when
+no output, no observer reads it (an observed run: backends/observe.py), and the plan freed its
+memory at the group (exactly when Session.read would refuse it); otherwise the fused kernel
+writes it as the unfused node would. The attention group, whose unfused nodes round
+differently, instead fills host arrays with the K*Q and softmax an observer reads
+(attn_fusion.Watch). A group is refused when
 memory it writes overlaps memory it reads other than the exact in-place alias the row-by-row
 kernel handles (the allocator may hand a freed source's bytes to a later node).
 
@@ -70,39 +73,47 @@ def overlap_safe(reads: list[np.ndarray], writes: list[np.ndarray]) -> bool:
 
 
 def fuse(order: Sequence[Tensor], session: Any, kernel_for: Callable[[Callable, Tensor], Any],
-         nogil_for: Callable[[Callable], Any]) -> dict[Tensor, Group]:
+         nogil_for: Callable[[Callable], Any], observed: frozenset[Tensor] = frozenset()
+         ) -> dict[Tensor, Group]:
     """Groups of `order` (a planned graph's nodes) keyed by their first node.
     `kernel_for(template, last_node)` compiles a fused template for the group's size (serial
     when it is too small to fork threads for); `nogil_for(template)` one of attn_fusion's, to
-    run in threads of our own."""
+    run in threads of our own. `observed`: the nodes an observer reads after their group."""
     return scan(order, [
-        lambda seq, i, rb: _bind(c, session, rb, kernel_for) if (c := match(seq, i)) else None,
-        lambda seq, i, rb: _bind_attention(c, session, rb, nogil_for)
+        lambda seq, i, rb: _bind(c, session, rb, kernel_for, observed)
+        if (c := match(seq, i)) else None,
+        lambda seq, i, rb: _bind_attention(c, session, rb, nogil_for, observed)
         if (c := attn_fusion.match(seq, i)) else None])
 
 
 def _bind_attention(chain: list[Tensor], s: Any, read_by: dict[Tensor, set[Tensor]],
-                    nogil_for: Callable[[Callable], Any]) -> Group | None:
-    """The attention group (attn_fusion.py) where K*Q and the softmax are read by nothing
-    else; told whether its output overlaps an input (the plan may place it where q was
-    freed)."""
+                    nogil_for: Callable[[Callable], Any], observed: frozenset[Tensor]
+                    ) -> Group | None:
+    """The attention group (attn_fusion.py) where K*Q and the softmax are read by no other
+    node; told whether its output overlaps an input (the plan may place it where q was
+    freed). Where an observer reads K*Q or the softmax, the call also fills host arrays with
+    them (`held`): unfusing would change how the output rounds."""
     members = set(chain)
     if not all(dead(t, members, read_by, s.plan) for t in chain[:2]):
         return None
     kq, sm, kqv = chain
     reads = [s.arr(t) for t in (*kq.src, kqv.src[0], sm.src[1]) if t is not None]
-    return Group(tuple(chain), attn_fusion.bind(chain, s, overlap_safe(reads, [s.arr(kqv)]),
-                                                nogil_for))
+    watch = attn_fusion.Watch.of(kq if kq in observed else None,
+                                 sm if sm in observed else None, s.bind_memo)
+    call = attn_fusion.bind(chain, s, overlap_safe(reads, [s.arr(kqv)]), nogil_for, watch)
+    return Group(tuple(chain), call, watch.held(kq, sm))
 
 
 def _bind(chain: list[Tensor], s: Any, read_by: dict[Tensor, set[Tensor]],
-          kernel_for: Callable[[Callable, Tensor], Any]) -> Group | None:
+          kernel_for: Callable[[Callable, Tensor], Any], observed: frozenset[Tensor]
+          ) -> Group | None:
     members = set(chain)
     pre = chain[0] if chain[0].op in PRE_OPS else None
     norm = chain[1] if pre is not None else chain[0]
     posts = chain[chain.index(norm) + 1:]
     last = chain[-1]
-    write = {t: t is not last and not dead(t, members, read_by, s.plan) for t in chain}
+    write = {t: t is not last and not dead(t, members, read_by, s.plan, observed)
+             for t in chain}
     x = pre.src[0] if pre is not None else norm.src[0]
     arrays = {t: s.arr(t) for t in chain}
     a = s.arr(x)

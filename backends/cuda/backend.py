@@ -59,9 +59,10 @@ class CUDASession(Session):
         super().__init__(backend, **kw)
         self.tc_scratch = Scratch()
 
-    def bind_calls(self, nodes: list[Tensor], fuse: bool = False) -> Any:
+    def bind_groups(self, nodes: list[Tensor], fuse: bool = False,
+                    observed: frozenset[Tensor] = frozenset()) -> Any:
         with self.backend.device.active():
-            return super().bind_calls(nodes, fuse)
+            return super().bind_groups(nodes, fuse, observed)
 
     def _bind(self, graph: Any) -> list:
         # a whole graph's calls: replayed as one CUDA graph from its third run (replay.py)

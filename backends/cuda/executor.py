@@ -22,10 +22,11 @@ class CUDAExecutor(Executor):
     def run_calls(self, calls: list) -> None:
         run_calls(calls)
 
-    def fuse(self, order: list[Tensor], session: Session) -> Any:
+    def fuse(self, order: list[Tensor], session: Session,
+             observed: frozenset[Tensor] = frozenset()) -> Any:
         from .fusion import fuse
 
-        return fuse(order, session)
+        return fuse(order, session, observed)
 
     def synchronize(self) -> None:
         with self.device.active():

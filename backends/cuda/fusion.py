@@ -12,9 +12,10 @@ more than most of a small model's kernels take on the GPU). Two groups:
   GLU the memory x leaves free, which other warps would still be reading).
 
 The IR is untouched, as on the CPU (backends/cpu/fusion.py): a group's intermediate is left
-unwritten only when the liveness rule says nobody reads it afterwards. A group is refused
-when memory it writes overlaps memory it reads, other than the exact alias each kernel
-handles (one thread reads an element, then writes the same element).
+unwritten only when the liveness rule says nobody reads it afterwards (an observer of an
+observed run included: backends/observe.py; a product it reads then keeps its own launch).
+A group is refused when memory it writes overlaps memory it reads, other than the exact alias
+each kernel handles (one thread reads an element, then writes the same element).
 
 GGRAPH_FUSE=0 turns the pass off, as on the CPU.
 """
@@ -38,8 +39,10 @@ from .templates_mm import MV_PAIR
 ENABLED = config.fuse()
 
 
-def fuse(order: Sequence[Tensor], session: Any) -> dict[Tensor, Group]:
-    """Groups of `order` (a planned graph's nodes) keyed by their first node."""
+def fuse(order: Sequence[Tensor], session: Any, observed: frozenset[Tensor] = frozenset()
+         ) -> dict[Tensor, Group]:
+    """Groups of `order` (a planned graph's nodes) keyed by their first node; `observed`:
+    nodes an observer reads after their group."""
     if not ENABLED:
         return {}
 
@@ -47,13 +50,15 @@ def fuse(order: Sequence[Tensor], session: Any) -> dict[Tensor, Group]:
         chain = match(seq, i)
         # a chain led by the residual add: the add stays a launch of its own, and its norm
         # matches at the next node
-        return _bind_norm(chain, session, rb) if chain and chain[0].op not in PRE_OPS else None
+        return _bind_norm(chain, session, rb, observed) \
+            if chain and chain[0].op not in PRE_OPS else None
 
     return scan(order, [
         norm,
-        lambda seq, i, rb: _bind_mat_vec_add(c, session, rb)
+        lambda seq, i, rb: _bind_mat_vec_add(c, session, rb, observed)
         if (c := _match_mat_vec_add(seq, i)) else None,
-        lambda seq, i, rb: _bind_glu(c, session, rb) if (c := _match_glu(seq, i)) else None])
+        lambda seq, i, rb: _bind_glu(c, session, rb, observed)
+        if (c := _match_glu(seq, i)) else None])
 
 
 # -- memory overlap, on the device's buffers ----------------------------------------------------
@@ -85,10 +90,12 @@ def _overlap_safe(s: Any, reads: list[Tensor], writes: list[Tensor]) -> bool:
 
 # -- the norm chain -----------------------------------------------------------------------------
 
-def _bind_norm(chain: list[Tensor], s: Any, read_by: dict[Tensor, set[Tensor]]) -> Group | None:
+def _bind_norm(chain: list[Tensor], s: Any, read_by: dict[Tensor, set[Tensor]],
+               observed: frozenset[Tensor]) -> Group | None:
     norm, posts, last = chain[0], chain[1:], chain[-1]
     members = set(chain)
-    write = {t: t is not last and not dead(t, members, read_by, s.plan) for t in chain}
+    write = {t: t is not last and not dead(t, members, read_by, s.plan, observed)
+             for t in chain}
     ws = [p.src[1] for p in posts]
     writes = [t for t in chain if write[t] or t is last]
     if not _overlap_safe(s, [norm.src[0], *ws], writes):
@@ -125,10 +132,10 @@ def _match_mat_vec_add(seq: list[Tensor], i: int) -> list[Tensor]:
     return [mm, add]
 
 
-def _bind_mat_vec_add(chain: list[Tensor], s: Any,
-                      read_by: dict[Tensor, set[Tensor]]) -> Group | None:
+def _bind_mat_vec_add(chain: list[Tensor], s: Any, read_by: dict[Tensor, set[Tensor]],
+                      observed: frozenset[Tensor]) -> Group | None:
     mm, add = chain
-    if not dead(mm, set(chain), read_by, s.plan):
+    if not dead(mm, set(chain), read_by, s.plan, observed):
         return None  # someone reads the product itself
     c = add.src[1] if add.src[0] is mm else add.src[0]
     a, b = mm.src
@@ -162,11 +169,12 @@ def _match_glu(seq: list[Tensor], i: int) -> list[Tensor]:
     return [gate, up, glu]
 
 
-def _bind_glu(chain: list[Tensor], s: Any, read_by: dict[Tensor, set[Tensor]]) -> Group | None:
+def _bind_glu(chain: list[Tensor], s: Any, read_by: dict[Tensor, set[Tensor]],
+              observed: frozenset[Tensor]) -> Group | None:
     gate, up, glu = chain
     (g, x), u = gate.src, up.src[0]
     A, A2, X = s.arr(g), s.arr(u), s.arr(x)
-    if all(dead(t, set(chain), read_by, s.plan) for t in (gate, up)) \
+    if all(dead(t, set(chain), read_by, s.plan, observed) for t in (gate, up)) \
             and _overlap_safe(s, [g, u, x], [glu]):
         D = s.arr(glu)
         call = mat_vec(gate, A, A2, X, D, D, BINARY_CODE[OpKind.SWIGLU])

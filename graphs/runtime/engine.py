@@ -36,6 +36,7 @@ import numpy as np
 from ggraph.plan.alloc import GraphAllocator, Plan
 from ggraph import config
 from ggraph.backends import registry
+from ggraph.backends.observe import Observer
 from ggraph.backends.runner import ComputeBuffer, MemoryFigures, ModelMemory, Runner
 from ggraph.plan.host_memory import check_buffers
 from ggraph.ir.tensor import Context
@@ -50,7 +51,6 @@ from ggraph.graphs.runtime.memory_words import memory_lines
 from ggraph.graphs.deploy.placement import LayerMap, layer_map, parse_devices, place_tensors
 from ggraph.graphs.gguf.tensor_check import check_tensors
 from ggraph.graphs.tokenizers.tokenizer import Tokenizer
-
 
 
 class NoKVSlot(RuntimeError):
@@ -346,13 +346,14 @@ class Engine:
         return memory_lines(self.memory_figures(), self.cache.summary_lines())
 
     # -- evaluation ---------------------------------------------------------------------------
-    def decode(self, batch: Batch) -> np.ndarray:
+    def decode(self, batch: Batch, observe: Observer | None = None) -> np.ndarray:
         """Evaluate a batch of tokens of any sequences (llama_decode): the logits of the
         tokens whose flag is set, one row each in batch order. The batch is checked first
         (graphs/models/batch.py: a bad one changes nothing); a pending K-shift runs; then each
         ubatch (n_ubatch tokens in order, or equal shares of consecutive sequences with a
         cache stream per sequence) takes cells (NoKVSlot when they run out) and runs. On any
-        error the cache is as it was before the batch."""
+        error the cache is as it was before the batch. `observe`: each ubatch's graph runs
+        observed (backends/observe.py: ggml's eval callback; not the K-shift's)."""
         with self.lock:
             ub_all = prepare(batch, self.model.hp.n_vocab, self.cfg.n_seq_max, self.cache)
             self.file.check_unchanged()  # one fstat: a truncated mapping would be SIGBUS
@@ -362,7 +363,7 @@ class Engine:
             out, places = [], []
             try:
                 for ub in self.cache.split(ub_all, self.cfg.n_ubatch):
-                    logits = self._run_ubatch(ub)
+                    logits = self._run_ubatch(ub, observe)
                     if logits is not None:
                         out.append(logits)
                         places.append(ub.places[ub.out_rows])
@@ -375,7 +376,7 @@ class Engine:
             order = np.argsort(np.concatenate(places), kind="stable")  # back in batch order
             return rows if np.all(order[1:] > order[:-1]) else rows[order]
 
-    def _run_ubatch(self, ub: UBatch) -> np.ndarray | None:
+    def _run_ubatch(self, ub: UBatch, observe: Observer | None = None) -> np.ndarray | None:
         """Place and run one ubatch; its wanted rows of logits (None when none is wanted:
         a runner with remote stages then overlaps the next ubatch with this one)."""
         slots = self.cache.place(ub)
@@ -387,13 +388,14 @@ class Engine:
                            f"the context larger (-c)")
         rows = ub.out_rows if ub.out.any() else np.array([len(ub) - 1], np.int32)
         mg = self.build(len(ub), self.cache.n_kv(), len(rows), self.cache.streams_of(ub))
-        self.runner.run(mg.graph, self.model.ubatch_inputs(mg, self.cache, ub, slots))
+        self.runner.run(mg.graph, self.model.ubatch_inputs(mg, self.cache, ub, slots),
+                        observe=observe)
         if not ub.out.any():
             return None
         return self.runner.read(mg.logits).reshape(len(rows), -1)
 
-    def eval(self, tokens: list[int], all_logits: bool = False, n_past: int | None = None
-             ) -> np.ndarray:
+    def eval(self, tokens: list[int], all_logits: bool = False, n_past: int | None = None,
+             observe: Observer | None = None) -> np.ndarray:
         """Append tokens to sequence 0; logits of the last token (or of every token).
 
         With `n_past`, the sequence is first cut back to its first n_past tokens (llama.cpp's
@@ -408,7 +410,7 @@ class Engine:
                 raise ValueError(f"{self.cache.n_used + len(toks)} tokens exceed the context "
                                  f"of {self.n_ctx_seq}")
             wanted = np.ones(len(toks), bool) if all_logits else None
-            logits = self.decode(Batch(toks, logits=wanted))
+            logits = self.decode(Batch(toks, logits=wanted), observe)
             return logits if all_logits else logits[-1]
 
     def truncate(self, n_past: int) -> None:
@@ -551,8 +553,8 @@ class Engine:
             return True
 
     def generate(self, prompt: list[int], n_predict: int, stop_at_eos: bool = True,
-                 sampler: TokenSampler | None = None, n_keep: int | None = None
-                 ) -> Iterator[int]:
+                 sampler: TokenSampler | None = None, n_keep: int | None = None,
+                 observe: Observer | None = None) -> Iterator[int]:
         """Decoding: yields each new token, continuing the current sequence. Greedy without a
         sampler; with one (graphs/runtime/sampling.py's Sampler), the prompt's tokens are accepted
         into its history first, as llama-cli does, and each token is its `sample(logits)`.
@@ -564,11 +566,11 @@ class Engine:
 
         Other callers may use the Engine between tokens, but if one changes the KV cache
         (eval, reset) the next step raises RuntimeError instead of continuing on a cache that
-        no longer holds this sequence."""
+        no longer holds this sequence. `observe` watches every graph it runs (eval's)."""
         self.stop_reason = "n_predict"
         with self.lock:
             t0 = time.perf_counter()
-            logits = self.eval(prompt)
+            logits = self.eval(prompt, observe=observe)
             epoch = self._kv_epoch
             self.timings.prompt_tokens += len(prompt)
             self.timings.prompt_s += time.perf_counter() - t0
@@ -590,7 +592,7 @@ class Engine:
                     self.stop_reason = "context full"
                     return
                 t0 = time.perf_counter()
-                logits = self.eval([tok])
+                logits = self.eval([tok], observe=observe)
                 epoch = self._kv_epoch
                 self.timings.gen_tokens += 1
                 self.timings.gen_s += time.perf_counter() - t0

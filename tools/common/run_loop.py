@@ -63,15 +63,17 @@ class Limits:
 
 
 def stream(eng: Any, prompt: list[int], limits: Limits, sampling: Any,
-           out: TextStream) -> None:
+           out: TextStream, observe: Any = None) -> None:
     """Generate after `prompt` (continuing the KV cache) until the limits, an
     end-of-generation token or a stop string; each kept token goes to out. A context that
-    fills shifts, or ends the generation with llama-cli's message."""
+    fills shifts, or ends the generation with llama-cli's message. `observe`: an Observer
+    (backends/observe.py) watching every graph the generation runs (--dump-tensors)."""
     from ggraph.graphs.runtime.sampling import Sampler
 
     ends = eng.eog  # llama.cpp's end-of-generation set (graphs/tokenizers/special_tokens.py)
     for tok in eng.generate(prompt, limits.tokens(), stop_at_eos=False,
-                            sampler=Sampler(sampling, eng.tokenizer), n_keep=limits.shift_keep()):
+                            sampler=Sampler(sampling, eng.tokenizer), n_keep=limits.shift_keep(),
+                            observe=observe):
         if tok in ends:
             break
         out.add(tok)
@@ -133,14 +135,16 @@ def stream_speculative(spec: Any, prompt: list[int], limits: Limits, sampling: A
 
 
 def generate_text(eng: Any, user: str, prompt: list[int], limits: Limits, sampling: Any,
-                  echo: bool, stops: list[str] | None = None, spec: Any = None) -> int:
+                  echo: bool, stops: list[str] | None = None, spec: Any = None,
+                  observe: Any = None) -> int:
     """One prompt: print it (unless it is wrapped in a chat template), then the generated
-    text (with a draft model when `spec` is given). The exit status."""
+    text (with a draft model when `spec` is given; watched by `observe`, an Observer,
+    without). The exit status."""
     print(user if echo else "", end="", flush=True)
     if spec is not None:
         stream_speculative(spec, prompt, limits, sampling, TextStream(eng, stops))
     else:
-        stream(eng, prompt, limits, sampling, TextStream(eng, stops))
+        stream(eng, prompt, limits, sampling, TextStream(eng, stops), observe)
     print("\n", flush=True)
     return 0
 
