@@ -176,6 +176,22 @@ def write_results(path: str, rows: list | None = None, *, args: argparse.Namespa
     return out
 
 
+def write_markdown_table(json_path: str, rows: Sequence[dict], columns: Sequence["Column"],
+                         notes: Sequence[str] = ()) -> str:
+    """A markdown copy of a results table beside its JSON (NAME_{intel,amd}.md), headed by
+    the machine and the command; `notes` as bullets under it. Prints and returns its path."""
+    from ggraph.graphs.eval.bench import machine_info
+
+    path = f"{os.path.splitext(json_path)[0]}_{cpu_vendor() or 'cpu'}.md"
+    lines = [f"Machine: {machine_info().line}", "", f"Command: `{command_line()}`", "",
+             *table_lines(rows, columns, sep=" | ", markdown=True), "",
+             *(f"- {n}" for n in notes)]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines).rstrip() + "\n")
+    print(f"wrote {path}")
+    return path
+
+
 @dataclass(frozen=True)
 class Column:
     """One column of a printed table."""

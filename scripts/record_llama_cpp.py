@@ -12,7 +12,8 @@ seeded chains on the tests' fixed logits), qwen_tiny, gemma3_tiny, synthetic_tin
 deepseek2_tiny (logits of the tiny files the tests write, recorded with their sha256),
 greedy_smollm2 (SmolLM2's greedy tokens for test_llama's prompt, with the margin between the
 two best logits at each step: the tests compare up to the first small one), grammar_greedy
-(the same under each of test_greedy's grammars, with the grammar's sha256). The
+(the same under each of test_greedy's grammars, with the grammar's sha256), imatrix_smollm2
+(llama-imatrix's sums on SmolLM2, by digest: this part runs llama.cpp's program). The
 inputs are the tests' own (their constants and seeded generators, imported from tests/), so a
 recording matches what the test computes. Needs llama-cpp-python and the cached models."""
 from __future__ import annotations
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # tests/ (its helpers) and the test folders whose modules hold the inputs recorded here
 sys.path[:0] = [str(ROOT / "tests"), *(str(ROOT / "tests" / d) for d in (
     "graphs/tokenizers", "graphs/runtime", "graphs/models", "graphs/testing",
-    "graphs/grammar")), str(ROOT)]
+    "graphs/grammar", "graphs/quantize")), str(ROOT)]
 
 import llama_cpp  # noqa: E402
 
@@ -200,10 +201,18 @@ def seq_ops(d: Path) -> None:
             "stride": stride, "logits": [f32(x[::stride]) for x in logits]})
 
 
+def imatrix_smollm2() -> None:
+    """llama.cpp's llama-imatrix (the program: ../shared/tools/llamacpp-tools.sh builds it)
+    on SmolLM2, as test_imatrix runs ggraph's."""
+    import test_imatrix as Im
+
+    write(DATA / "imatrix_smollm2.json", Im.record_imatrix_smollm2(provenance()))
+
+
 PARTS = {"tokenizer": tokenizer, "eog": eog, "sampling": sampling, "qwen_tiny": qwen_tiny,
          "gemma3_tiny": gemma3_tiny, "synthetic_tiny": synthetic_tiny,
          "deepseek2_tiny": deepseek2_tiny, "greedy_smollm2": greedy_smollm2,
-         "grammar_greedy": grammar_greedy, "seq_ops": seq_ops}
+         "grammar_greedy": grammar_greedy, "seq_ops": seq_ops, "imatrix_smollm2": imatrix_smollm2}
 
 
 def main(argv: list[str]) -> int:
