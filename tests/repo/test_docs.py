@@ -22,7 +22,8 @@ PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 EXPECTED = {"index.md", "getting-started.md", "tutorial.md", "memory-planning.md",
             "conformance.md", "writing-ops.md", "writing-builders.md", "untrusted-files.md",
-            "architectures.md", "performance.md", "sequences.md", "server.md", "grammar.md"}
+            "architectures.md", "performance.md", "sequences.md", "server.md", "grammar.md",
+            "making-ggufs.md"}
 
 
 def blocks(page: Path, lang: str) -> list[tuple[int, str]]:
