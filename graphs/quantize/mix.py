@@ -178,7 +178,7 @@ _GLM5_NEXT_NO_QUANT = (
 
 def allows_quantization(name: str, ne: Sequence[int], arch: str, opts: MixOptions) -> bool:
     """llama.cpp's tensor_allows_quantization."""
-    if sum(1 for _ in _n_dims(ne)) < 2 or not name.endswith("weight"):
+    if len(ggml_dims(ne)) < 2 or not name.endswith("weight"):
         return False
     if any(p in name for p in _NO_QUANT_PARTS):
         return False
@@ -189,12 +189,13 @@ def allows_quantization(name: str, ne: Sequence[int], arch: str, opts: MixOption
     return not (arch == "glm5-next" and any(p in name for p in _GLM5_NEXT_NO_QUANT))
 
 
-def _n_dims(ne: Sequence[int]) -> range:
-    """ggml_n_dims: trailing dimensions of 1 do not count (at least one)."""
+def ggml_dims(ne: Sequence[int]) -> tuple[int, ...]:
+    """The shape as ggml_n_dims counts it (and gguf writes it): trailing dimensions of 1 do
+    not count, at least one does."""
     n = len(ne)
     while n > 1 and ne[n - 1] == 1:
         n -= 1
-    return range(n)
+    return tuple(ne[:n])
 
 
 def category(name: str) -> str:

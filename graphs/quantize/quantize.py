@@ -34,7 +34,7 @@ from ggraph.ir.types import GGMLType
 from ggraph.graphs.gguf.gguf_reader import GGUFError, read_header, type_name
 from ggraph.graphs.gguf.gguf_writer import GGUFWriter, TensorSpec
 
-from .mix import FTYPES, MixError, MixOptions, TensorChoice, choose_types
+from .mix import FTYPES, MixError, MixOptions, TensorChoice, choose_types, ggml_dims
 
 QUANTIZATION_VERSION = 2          # GGML_QNT_VERSION
 _ALIGN = 32                       # GGUF_DEFAULT_ALIGNMENT: llama-quantize pads every tensor so
@@ -94,20 +94,6 @@ def _nbytes(ne: tuple[int, ...], tname: str) -> int:
     for x in ne[1:]:
         n *= x
     return n * (ne[0] // t.block_size) * t.type_size
-
-
-def _n_dims(ne: tuple[int, ...]) -> tuple[int, ...]:
-    n = len(ne)
-    while n > 1 and ne[n - 1] == 1:
-        n -= 1
-    return ne[:n]
-
-
-def _readable(name: str, tid: int) -> str:
-    tn = type_name(tid)
-    if tn not in GGMLType.__members__:
-        raise GGUFError(f"tensor {name!r}: type {tn} cannot be read by ggraph")
-    return tn
 
 
 def _imatrix_for(c: TensorChoice, im: Imatrix | None, say: Callable[[str], None]
@@ -196,9 +182,13 @@ def quantize_model(src: str | os.PathLike, dst: str | os.PathLike | None,
         if not mix.has_imatrix:
             mix = MixOptions(**{**mix.__dict__, "has_imatrix": True})
     infos = {t.name: t for t in hdr.tensors}
-    table = [(t.name, t.ne, _readable(t.name, t.type_id)) for t in hdr.tensors]
+    table = [(t.name, t.ne, type_name(t.type_id)) for t in hdr.tensors]
     choices = choose_types(table, hdr.metadata, mix)
     for c in choices:
+        if c.quantize and c.src_type not in GGMLType.__members__:
+            raise MixError(f"tensor {c.name!r} is {c.src_type}: ggraph cannot decode that "
+                           f"type, so it can copy the tensor as it is but not convert it to "
+                           f"{c.new_type}")
         if c.quantize and c.src_type not in _FLOAT_TYPES and c.new_type not in _FLOAT_TYPES \
                 and not opts.allow_requantize and not opts.dry_run:
             raise MixError(f"tensor {c.name!r} is {c.src_type} already: requantizing it to "
@@ -226,7 +216,7 @@ def quantize_model(src: str | os.PathLike, dst: str | os.PathLike | None,
             w.add_u32("quantize.imatrix.chunks_count", im.chunk_count)
     by_spec: dict[str, TensorChoice] = {}
     for c in choices:
-        w.add_tensor(c.name, _n_dims(c.ne), _tid(c.new_type))
+        w.add_tensor(c.name, ggml_dims(c.ne), _tid(c.new_type))
         by_spec[c.name] = c
     n_elements = sum(int(np.prod(c.ne, dtype=np.int64)) for c in choices)
     size_in = sum(infos[c.name].nbytes for c in choices)

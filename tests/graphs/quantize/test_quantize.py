@@ -226,3 +226,27 @@ def test_imatrix_files_that_lie(tmp_path):
         read_imatrix(bad)
     with pytest.raises(ImatrixError, match="no such file"):
         read_imatrix(tmp_path / "none.dat")
+
+
+def test_a_type_ggraph_cannot_decode_is_copied_or_refused(tmp_path):
+    from ggraph.graphs.gguf.gguf_writer import GGUFWriter
+
+    def odd(path, name):
+        w = GGUFWriter(path, "llama")
+        w.add_u32("llama.block_count", 1)
+        w.add_tensor("blk.0.attn_norm.weight", (256,), 0, np.ones(256, np.float32))
+        w.add_tensor(name, (256, 2), 16, bytes(range(132)))     # IQ2_XXS: 66 bytes a block
+        return w.write()
+
+    with pytest.raises(MixError, match="'blk.0.odd.weight' is IQ2_XXS: ggraph cannot decode"):
+        quantize_model(odd(tmp_path / "a.gguf", "blk.0.odd.weight"), tmp_path / "o.gguf",
+                       QuantizeOptions(MixOptions(ftype="Q8_0")))
+    assert not (tmp_path / "o.gguf").exists()
+    # a tensor the mix leaves alone (a norm) is copied whatever its type
+    src = odd(tmp_path / "b.gguf", "blk.0.odd_norm.weight")
+    quantize_model(src, tmp_path / "o.gguf", QuantizeOptions(MixOptions(ftype="Q8_0")))
+    h = read_header(tmp_path / "o.gguf")
+    t = next(t for t in h.tensors if t.name == "blk.0.odd_norm.weight")
+    assert t.type_id == 16
+    raw = open(tmp_path / "o.gguf", "rb").read()
+    assert raw[h.data_offset + t.offset:h.data_offset + t.offset + 132] == bytes(range(132))
