@@ -250,3 +250,26 @@ def test_a_type_ggraph_cannot_decode_is_copied_or_refused(tmp_path):
     assert t.type_id == 16
     raw = open(tmp_path / "o.gguf", "rb").read()
     assert raw[h.data_offset + t.offset:h.data_offset + t.offset + 132] == bytes(range(132))
+
+
+@needs_llama
+@pytest.mark.parametrize("arch", ["deepseek2", "gemma3"])
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "IQ4_XS", "Q2_K"])
+def test_other_architectures_with_3d_weights(tmp_path, arch, ftype):
+    """DeepSeek2's per-head attn_k_b/attn_v_b and experts (3-D: an imatrix row per matrix)
+    and Gemma 3's layout: the same bytes, with a per-matrix importance matrix."""
+    if arch == "deepseek2":
+        from ggraph.graphs.testing.tiny_deepseek2 import write_tiny_deepseek2
+
+        src = write_tiny_deepseek2(tmp_path / "m.gguf")
+    else:
+        from ggraph.graphs.testing.tiny_gemma3 import write_tiny_gguf
+
+        src = write_tiny_gguf(tmp_path / "m.gguf")
+    rng = np.random.default_rng(5)
+    vals = {t.name: rng.gamma(0.5, 2.0, t.ne[0] * (t.ne[2] if len(t.ne) > 2 else 1))
+            .astype(np.float32) for t in read_header(src).tensors
+            if t.name.startswith("blk.") and len(t.ne) >= 2}
+    assert any(len(t.ne) > 2 for t in read_header(src).tensors) or arch == "gemma3"
+    assert _both(tmp_path, src, ftype) is None
+    assert _both(tmp_path, src, ftype, Imatrix(vals, "im.gguf", ["d"], 3)) is None
