@@ -136,6 +136,21 @@ class _Converter:
         if self.pool is not None:
             self.pool.shutdown()
 
+    def floats(self, src: GGMLType, raw: np.ndarray, ne0: int) -> np.ndarray:
+        """Rows of type `src` as float32, the rows split over the threads (numpy's decoders
+        release the GIL in their array operations)."""
+        n = raw.shape[0]
+        if self.pool is None or n < 2 * self.threads:
+            return quants.dequantize(src, raw, ne0)
+        out = np.empty((n, ne0), np.float32)
+        cuts = np.linspace(0, n, self.threads + 1).astype(int)
+
+        def run(i: int) -> None:
+            out[cuts[i]:cuts[i + 1]] = quants.dequantize(src, raw[cuts[i]:cuts[i + 1]], ne0)
+
+        list(self.pool.map(run, range(self.threads)))
+        return out
+
     def rows(self, tname: str, x: np.ndarray, imatrix: np.ndarray | None,
              experts_rows: int, first_row: int) -> np.ndarray:
         """x (rows, n) float32, rows first_row.. of the tensor -> (rows, row bytes) uint8.
@@ -271,7 +286,7 @@ def _convert(conv: _Converter, c: TensorChoice, raw: np.ndarray, weights: np.nda
     for a in range(0, rows, slab):
         b = min(rows, a + slab)
         x = raw[a:b].view(np.float32) if c.src_type == "F32" else \
-            quants.dequantize(src, raw[a:b], ne0)
+            conv.floats(src, raw[a:b], ne0)
         bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
         if bad.size:
             raise GGUFError(f"tensor {c.name!r}: row {a + int(bad[0])} holds a value that is "
