@@ -1,9 +1,9 @@
 """`ggraph imatrix` (graphs/quantize/imatrix.py) against llama-imatrix.
 
-On SmolLM2 (the default model), -c 64, 2 chunks, flash attention off, --ggml-exact: every
+On SmolLM2 (the default model), -c 32, 2 chunks, flash attention off, --ggml-exact: every
 entry's sums are llama-imatrix's bit for bit, and its counts equal. The reference is recorded
 by `python scripts/record_llama_cpp.py imatrix_smollm2` (llama.cpp's own llama-imatrix,
-`-b 64` so that it evaluates one chunk per batch as ggraph does), as each entry's sha256 and
+`-b 32` so that it evaluates one chunk per batch as ggraph does), as each entry's sha256 and
 float64 total; without --ggml-exact the totals agree within llama.cpp's own spread. (ggraph's
 flash attention in --ggml-exact mode is not bitwise ggml's for prompts, hence -fa off.)
 
@@ -30,7 +30,7 @@ from llama_cpp_ref import model_info, recorded
 from paths import ROOT
 
 TEXT = ROOT / "tests" / "data" / "ppl" / "python_reference.txt"
-ARGS = ["-c", "64", "--chunks", "2", "-fa", "off", "-t", "2"]
+ARGS = ["-c", "32", "--chunks", "2", "-fa", "off", "-t", "2"]
 LLAMA_IMATRIX = Path("~/.cache/llamacpp-tools/build/bin/llama-imatrix").expanduser()
 
 
@@ -51,7 +51,7 @@ def record_imatrix_smollm2(provenance: dict) -> dict:
     path = str(default_model())
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "imatrix.gguf")
-        subprocess.run([str(LLAMA_IMATRIX), "-m", path, "-f", str(TEXT), "-b", "64", *ARGS,
+        subprocess.run([str(LLAMA_IMATRIX), "-m", path, "-f", str(TEXT), "-b", ARGS[1], *ARGS,
                         "-o", out], check=True, capture_output=True)
         return {"recorded": provenance, "model": model_info(path), "args": ARGS,
                 **digest(out)}
@@ -76,7 +76,7 @@ def reference():
 
 def test_ggml_exact_is_llama_imatrix_bit_for_bit(reference, tmp_path, capsys):
     got = _ours(tmp_path, "--ggml-exact")
-    assert (got["chunk_count"], got["chunk_size"]) == (2, 64)
+    assert (got["chunk_count"], got["chunk_size"]) == (2, int(ARGS[1]))
     assert set(got["entries"]) == set(reference["entries"])
     assert len(got["entries"]) == 30 * 7
     for k, e in reference["entries"].items():
