@@ -31,6 +31,7 @@ import os
 import platform
 import shlex
 import subprocess
+import time
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -174,6 +175,16 @@ def write_results(path: str, rows: list | None = None, *, args: argparse.Namespa
         json.dump(out, f, indent=1, ensure_ascii=False)
     print(f"wrote {path}")
     return out
+
+
+def run_command(cmd: Sequence[str]) -> tuple[str, float]:
+    """Run a program to its end: (its standard output and error, the seconds it took). A
+    failure raises, with the command and the end of its standard error."""
+    t = time.perf_counter()
+    r = subprocess.run(list(cmd), capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return r.stdout + r.stderr, time.perf_counter() - t
 
 
 def write_markdown_table(json_path: str, rows: Sequence[dict], columns: Sequence["Column"],

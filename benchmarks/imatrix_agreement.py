@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
-from benchlib import (Column, print_table, results_path,  # noqa: E402
+from benchlib import (Column, run_command, print_table, results_path,  # noqa: E402
                       write_markdown_table, write_results)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,12 +40,8 @@ COLUMNS = [Column("model", align="<"), Column("pair", align="<"),
            Column("counts_equal", "counts equal")]
 
 
-def _run(cmd: list[str]) -> float:
-    t = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
-    return time.perf_counter() - t
+def seconds(cmd: list[str]) -> float:
+    return run_command(cmd)[1]
 
 
 def compare(a_path: str, b_path: str) -> dict:
@@ -79,11 +73,11 @@ def one_model(name: str, args: argparse.Namespace, rows: list[dict], d: str) -> 
     files = {}
     for fa in ("on", "off"):
         files[f"llama-{fa}"] = f = os.path.join(d, f"{name}-llama-{fa}.gguf")
-        _run([f"{BIN}/llama-imatrix", *common, "-b", str(args.ctx), "-fa", fa, "-o", f])
+        seconds([f"{BIN}/llama-imatrix", *common, "-b", str(args.ctx), "-fa", fa, "-o", f])
     files["ggraph"] = f = os.path.join(d, f"{name}-ggraph.gguf")
-    _run([sys.executable, "-m", "ggraph.cli", "imatrix", *common, "-o", f])
+    seconds([sys.executable, "-m", "ggraph.cli", "imatrix", *common, "-o", f])
     files["ggraph-exact"] = f = os.path.join(d, f"{name}-ggraph-exact.gguf")
-    _run([sys.executable, "-m", "ggraph.cli", "imatrix", *common, "--ggml-exact", "-fa", "off",
+    seconds([sys.executable, "-m", "ggraph.cli", "imatrix", *common, "--ggml-exact", "-fa", "off",
           "-o", f])
     for label, a, b in (("llama.cpp -fa on vs off (its spread)", "llama-on", "llama-off"),
                         ("ggraph vs llama.cpp (-fa on)", "ggraph", "llama-on"),

@@ -26,10 +26,9 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
-from benchlib import (Column, print_table, results_path,  # noqa: E402
+from benchlib import (Column, run_command, print_table, results_path,  # noqa: E402
                       write_markdown_table, write_results)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,12 +40,8 @@ COLUMNS = [Column("model", align="<"), Column("type", align="<"),
            Column("ggraph_s", "ggraph s", "{:.1f}"), Column("llama_s", "llama.cpp s", "{:.1f}")]
 
 
-def _run(cmd: list[str]) -> float:
-    t = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
-    return time.perf_counter() - t
+def seconds(cmd: list[str]) -> float:
+    return run_command(cmd)[1]
 
 
 def _ggraph(*args: str) -> list[str]:
@@ -77,8 +72,8 @@ def one_model(name: str, args: argparse.Namespace, rows: list[dict]) -> None:
     os.makedirs(work, exist_ok=True)
     t = str(args.threads)
     f32, f32g = os.path.join(work, "f32-llama.gguf"), os.path.join(work, "f32-ggraph.gguf")
-    tg = _run(_ggraph("quantize", src, f32g, "F32", t))
-    tl = _run([f"{BIN}/llama-quantize", "--allow-requantize", src, f32, "F32", t])
+    tg = seconds(_ggraph("quantize", src, f32g, "F32", t))
+    tl = seconds([f"{BIN}/llama-quantize", "--allow-requantize", src, f32, "F32", t])
     rows.append(dict(model=name, type="F32 (from the file)", imatrix="-",
                      result=_compare(f32g, f32), bytes=os.path.getsize(f32), ggraph_s=tg,
                      llama_s=tl))
@@ -86,13 +81,13 @@ def one_model(name: str, args: argparse.Namespace, rows: list[dict]) -> None:
     os.remove(f32g)
     imatrices = [("-", None)]
     im = os.path.join(work, "imatrix-llama.gguf")
-    _run([f"{BIN}/llama-imatrix", "-m", f32, "-f", args.text, "-c", str(args.ctx), "--chunks",
+    seconds([f"{BIN}/llama-imatrix", "-m", f32, "-f", args.text, "-c", str(args.ctx), "--chunks",
           str(args.chunks), "-o", im, "-t", t])
     imatrices.append(("llama-imatrix", im))
     imatrix_cmd = _ggraph("imatrix", "--help")
     if subprocess.run(imatrix_cmd, capture_output=True).returncode == 0:
         img = os.path.join(work, "imatrix-ggraph.gguf")
-        _run(_ggraph("imatrix", "-m", f32, "-f", args.text, "-c", str(args.ctx), "--chunks",
+        seconds(_ggraph("imatrix", "-m", f32, "-f", args.text, "-c", str(args.ctx), "--chunks",
                      str(args.chunks), "-o", img, "-t", t))
         imatrices.append(("ggraph imatrix", img))
     for ftype in _types(args.types):
@@ -103,8 +98,8 @@ def one_model(name: str, args: argparse.Namespace, rows: list[dict]) -> None:
                 continue   # needs an imatrix in both tools
             extra = [] if path is None else ["--imatrix", path]
             a, b = os.path.join(work, f"g-{ftype}.gguf"), os.path.join(work, f"l-{ftype}.gguf")
-            tg = _run(_ggraph("quantize", *extra, f32, a, ftype, t))
-            tl = _run([f"{BIN}/llama-quantize", *extra, f32, b, ftype, t])
+            tg = seconds(_ggraph("quantize", *extra, f32, a, ftype, t))
+            tl = seconds([f"{BIN}/llama-quantize", *extra, f32, b, ftype, t])
             rows.append(dict(model=name, type=ftype, imatrix=label, result=_compare(a, b),
                              bytes=os.path.getsize(b), ggraph_s=tg, llama_s=tl))
             print(_fmt(rows[-1]), flush=True)

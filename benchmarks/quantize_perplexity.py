@@ -24,10 +24,9 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
-from benchlib import (Column, print_table, results_path, table_lines,  # noqa: E402
+from benchlib import (Column, run_command, print_table, results_path, table_lines,  # noqa: E402
                       write_markdown_table, write_results)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,14 +44,6 @@ COLUMNS = [Column("model", align="<"), Column("type", align="<"),
            Column("ggraph_s", "ggraph s", "{:.1f}"), Column("llama_s", "llama.cpp s", "{:.1f}")]
 
 
-def _run(cmd: list[str]) -> tuple[str, float]:
-    t = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
-    return r.stdout + r.stderr, time.perf_counter() - t
-
-
 def _ggraph(*args: str) -> list[str]:
     return [sys.executable, "-m", "ggraph.cli", *args]
 
@@ -68,8 +59,8 @@ def one_file(model: str, ftype: str, label: str, path: str, args: argparse.Names
              rows: list[dict]) -> None:
     common = ["-f", args.text, "-c", str(args.ctx), "--chunks", str(args.chunks), "-t",
               str(args.threads)]
-    out_g, tg = _run(_ggraph("perplexity", "-m", path, *common))
-    out_l, tl = _run([f"{BIN}/llama-perplexity", "-m", path, *common])
+    out_g, tg = run_command(_ggraph("perplexity", "-m", path, *common))
+    out_l, tl = run_command([f"{BIN}/llama-perplexity", "-m", path, *common])
     (pg, eg), (pl, el) = _ppl(out_g, "ggraph perplexity"), _ppl(out_l, "llama-perplexity")
     rows.append(dict(model=model, type=ftype, imatrix=label, mib=os.path.getsize(path) / 2**20,
                      ggraph_ppl=pg, ggraph_err=eg, llama_ppl=pl, llama_err=el, ggraph_s=tg,
@@ -85,21 +76,21 @@ def one_model(model: str, args: argparse.Namespace, rows: list[dict]) -> None:
     os.makedirs(work, exist_ok=True)
     t = str(args.threads)
     f32 = os.path.join(work, "f32.gguf")
-    _run(_ggraph("quantize", src, f32, "F32", t))
+    run_command(_ggraph("quantize", src, f32, "F32", t))
     im = os.path.join(work, "imatrix.gguf")
     im_args = ["-m", f32, "-f", args.imatrix_text, "-c", str(args.ctx), "--chunks",
                str(args.chunks), "-o", im, "-t", t]
     if subprocess.run(_ggraph("imatrix", "--help"), capture_output=True).returncode == 0:
-        _run(_ggraph("imatrix", *im_args))
+        run_command(_ggraph("imatrix", *im_args))
         who = "ggraph imatrix"
     else:
-        _run([f"{BIN}/llama-imatrix", *im_args])
+        run_command([f"{BIN}/llama-imatrix", *im_args])
         who = "llama-imatrix"
     one_file(model, "F32", "-", f32, args, rows)
     for ftype in args.types.split(","):
         for label, extra in (("-", []), (who, ["--imatrix", im])):
             q = os.path.join(work, f"{ftype}.gguf")
-            _run(_ggraph("quantize", *extra, f32, q, ftype, t))
+            run_command(_ggraph("quantize", *extra, f32, q, ftype, t))
             one_file(model, ftype, label, q, args, rows)
             os.remove(q)
     if not args.keep:
