@@ -254,11 +254,11 @@ def test_a_view_of_a_held_value_goes_with_its_group():
     assert steps[1].handoffs[0].held is None      # read from memory
 
 
-@pytest.mark.parametrize("devices", ["", "cpu"], ids=["one_device", "two_devices"])
-def test_hand_gives_the_inputs_of_asked_products(smollm2, devices):
+def test_hand_gives_the_inputs_of_asked_products(smollm2, devices="cpu"):
     """Observer.hand: a product asked stands for its activations (llama-imatrix's use); each
     is handed once, when computed, with the value it has in a run that hands everything; a
-    source another split computes is handed there."""
+    source another split computes is handed there (split over two devices: the one-device
+    path is the same schedule, and test_imatrix runs it)."""
     eng, ref = _engine(smollm2, devices), _engine(smollm2, devices)
     prompt = eng.tokenizer.encode(LONG_PROMPT)
     products: list = []
