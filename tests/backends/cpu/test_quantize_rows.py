@@ -13,12 +13,12 @@ naming the type and the problem.
 """
 from __future__ import annotations
 
-import ctypes
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from ggml_quantize_ref import GGML_TYPE_ID, QUANTIZE_CHUNK, needs_ggml
 
 from ggraph.backends.cpu.quant_search import (
     KVALUES_IQ4NL, best_index_int8, fp16_to_fp32, fp32_to_fp16, iq4_block_scale, iq4_nl_index, make_qkx2_quants, make_qx_quants, nearest_int, roundf_i32,
@@ -30,32 +30,11 @@ from ggraph.backends.cpu.quantize_rows import (
     BLOCK_LAYOUT, QUANTIZABLE, USES_IMATRIX, quantize_rows, row_bytes,
 )
 
-# ggml_type enum values (ggml.h)
-GGML_TYPE_ID = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11,
-                "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23}
 SMALL_BLOCK = [t for t in QUANTIZABLE if BLOCK_LAYOUT[t][0] == 32]
 GEMMA = Path("/root/.cache/ggraph/gemma-3-270m-q4_k_m.gguf")
 SMOLLM = Path("/root/.cache/ggraph/SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-def _load_quantize_chunk():
-    try:
-        from ggraph.check.ggml_cdefs import GGMLUnavailable, find_libggml
-    except ImportError as e:  # pragma: no cover - ggraph always ships it
-        return None, f"ggraph.check.ggml_cdefs unavailable: {e}"
-    try:
-        lib = ctypes.CDLL(str(find_libggml() / "libggml-base.so"))
-    except (GGMLUnavailable, OSError) as e:
-        return None, str(e)
-    fn = lib.ggml_quantize_chunk
-    fn.restype = ctypes.c_size_t
-    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                   ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    return fn, ""
-
-
-QUANTIZE_CHUNK, WHY = _load_quantize_chunk()
-needs_ggml = pytest.mark.skipif(QUANTIZE_CHUNK is None, reason=f"libggml not available: {WHY}")
 
 
 def ggml(name: str, x: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:

@@ -10,11 +10,11 @@ blocks stay exactly zero, and bad shapes are refused with the function's name.
 """
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import numpy as np
 import pytest
+from ggml_quantize_ref import GGML_TYPE_ID, QUANTIZE_CHUNK, needs_ggml
 
 from ggraph.codecs.kquantize import KQUANT_KERNELS
 
@@ -22,8 +22,6 @@ gguf = pytest.importorskip("gguf", reason="gguf-py (the reference dequantizer) i
 from gguf.quants import dequantize  # noqa: E402
 
 TYPES = list(KQUANT_KERNELS)
-# ggml_type enum values (ggml.h)
-GGML_TYPE_ID = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_XS": 23}
 GEMMA = Path("/root/.cache/ggraph/gemma-3-270m-q4_k_m.gguf")
 # RMS error on N(0, 1) data: about 1.2x what ggml's own quantizer reaches (0.297, 0.151,
 # 0.0716, 0.0363, 0.0178, 0.0769 measured on 512 blocks)
@@ -31,24 +29,6 @@ RMS_BOUND = {"Q2_K": 0.36, "Q3_K": 0.18, "Q4_K": 0.086, "Q5_K": 0.044, "Q6_K": 0
              "IQ4_XS": 0.093}
 
 
-def _load_quantize_chunk():
-    try:
-        from ggraph.check.ggml_cdefs import GGMLUnavailable, find_libggml
-    except ImportError as e:  # pragma: no cover - ggraph always ships it
-        return None, f"ggraph.check.ggml_cdefs unavailable: {e}"
-    try:
-        lib = ctypes.CDLL(str(find_libggml() / "libggml-base.so"))
-    except (GGMLUnavailable, OSError) as e:
-        return None, str(e)
-    fn = lib.ggml_quantize_chunk
-    fn.restype = ctypes.c_size_t
-    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                   ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    return fn, ""
-
-
-QUANTIZE_CHUNK, WHY = _load_quantize_chunk()
-needs_ggml = pytest.mark.skipif(QUANTIZE_CHUNK is None, reason=f"libggml not available: {WHY}")
 
 
 def ours(name: str, x: np.ndarray) -> np.ndarray:
