@@ -1,4 +1,6 @@
-"""Softmax and attention: soft_max_ext (mask, scale, ALiBi, sinks) and flash_attn_ext.
+"""Softmax and attention: soft_max_ext (mask, scale, ALiBi, sinks) and flash_attn_ext;
+soft_max_ext_back (ggml's softmax gradient) and soft_max's backward rule. flash_attn_ext has
+no backward rule: training takes the unfused path (mul_mat, soft_max_ext, mul_mat).
 
 soft_max_ext runs in place on its input in ggml-alloc, which is how softmax(K*Q) reuses the
 K*Q buffer. flash_attn_ext reads K and V of every KV cache type (the records with kv=True:
@@ -22,6 +24,7 @@ from .registry import (FLOATS, GGMLMap, GGMLProbe, OpDef, ggml_fn, new_node, reg
 
 SOFT_MAX = OpKind.define("soft_max", Family.ATTENTION)
 FLASH_ATTN_EXT = OpKind.define("flash_attn_ext", Family.ATTENTION)
+SOFT_MAX_BACK = OpKind.define("soft_max_back", Family.ATTENTION)
 
 KV_TYPES = kv_types()  # the types whose record says kv=True (the KV cache types)
 MASK_TYPES = (GGMLType.F16, GGMLType.F32)
@@ -35,6 +38,12 @@ class SoftMaxParams:
     # head count, so each head keeps its true slope. 0 means "a.ne[2] heads from head 0".
     head_offset: int = 0
     n_head: int = 0
+
+
+@dataclass(frozen=True)
+class SoftMaxBackParams:
+    scale: float = 1.0
+    max_bias: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -104,10 +113,26 @@ def soft_max(a: Tensor, name: str = "") -> Tensor:
     return soft_max_ext(a, name=name)
 
 
+def soft_max_ext_back(dy: Tensor, y: Tensor, scale: float = 1.0, max_bias: float = 0.0,
+                      name: str = "") -> Tensor:
+    """ggml_soft_max_ext_back: the gradient of soft_max_ext's input a for the gradient dy of
+    its result y: scale * y * (dy - sum(dy * y)) per row. max_bias is carried as ggml does
+    and changes nothing (ALiBi biases the mask term, constant in a; ggml's CPU kernel
+    asserts max_bias == 0)."""
+    op = "soft_max_ext_back"
+    require_type(op, "dy", dy, (GGMLType.F32,))
+    require_type(op, "y", y, (GGMLType.F32,))
+    require(dy.ne == y.ne, op, "dy and y must have the same shape", dy=dy, y=y)
+    return new_node(OpKind.SOFT_MAX_BACK, (dy, y), GGMLType.F32, y.ne,
+                    SoftMaxBackParams(float(scale), float(max_bias)), name=name)
+
+
 def flash_attn_ext(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                    scale: float = 1.0, max_bias: float = 0.0, softcap: float = 0.0,
                    head_offset: int = 0, n_head: int = 0, name: str = "") -> Tensor:
-    """softmax(q.k*scale (softcapped) + slope*mask) . v per head, online softmax in kernels."""
+    """softmax(q.k*scale (softcapped) + slope*mask) . v per head, online softmax in kernels.
+    Not differentiable here (no backward rule, as in ggml): a training graph takes the
+    unfused path, mul_mat + soft_max_ext + mul_mat."""
     op = "flash_attn_ext"
     require_type(op, "q", q, (GGMLType.F32,))
     require_type(op, "k", k, KV_TYPES)
@@ -177,6 +202,22 @@ def _ref_soft_max(node: Tensor, ex) -> np.ndarray:
         return _softmax_rows(w, s)
 
 
+def _ref_soft_max_back(node: Tensor, ex) -> np.ndarray:
+    dy = ex.read(node.src[0]).astype(np.float64)
+    y = ex.read(node.src[1]).astype(np.float64)
+    return node.params.scale * y * (dy - np.sum(dy * y, axis=-1, keepdims=True))
+
+
+def _soft_max_grad(node: Tensor, grad: Tensor, wants: tuple[bool, ...]) -> tuple:
+    """a's gradient only: scale * y * (dy - sum(dy*y)), which holds with a mask, ALiBi slopes
+    (they scale the mask, not a) and sinks (extra terms of the denominator only). The mask
+    and the sinks get none (ggml differentiates neither)."""
+    if not wants[0]:
+        return (None,) * len(node.src)
+    p: SoftMaxParams = node.params
+    return (soft_max_ext_back(grad, node, p.scale, p.max_bias),) + (None,) * (len(node.src) - 1)
+
+
 def _ref_flash_attn_ext(node: Tensor, ex) -> np.ndarray:
     q, k, v, mask = node.src
     p: FlashAttnParams = node.params
@@ -219,6 +260,13 @@ def _soft_max_cases() -> Iterator[Case]:
     yield case(OpKind.SOFT_MAX, lambda B: soft_max_ext(
         B.inp(T.F32, 16, 4, 3), B.mask(16, 4), 0.5, 8.0, head_offset=2, n_head=8),
         TOL_SOFTMAX, head_offset=2, n_head=8, max_bias=8.0)
+
+
+def _soft_max_back_cases() -> Iterator[Case]:
+    for ne, scale in (((33, 5, 6, 2), 1.0), ((16, 4, 3), 0.125), ((1, 7), 1.0)):
+        yield case(OpKind.SOFT_MAX_BACK, lambda B, ne=ne, s=scale: soft_max_ext_back(
+            B.inp(T.F32, *ne), soft_max(B.inp(T.F32, *ne)), s), TOL_SOFTMAX, ne=list(ne),
+            scale=scale)
 
 
 def fa_flops(t: Tensor) -> float:
@@ -281,6 +329,14 @@ def _ggml_flash_attn_limits(t: Tensor) -> str | None:
     return None
 
 
+def _ggml_soft_max_back_limits(t: Tensor) -> str | None:
+    if t.params.max_bias != 0.0:
+        return f"ggml's CPU soft_max_back asserts max_bias == 0, got {t.params.max_bias}"
+    if not all(s.is_contiguous() for s in t.src):
+        return "ggml's CPU soft_max_back needs contiguous dy and y"
+    return None
+
+
 def _ggml_flash_attn_probe(k: GGMLProbe):
     return k.lib.ggml_flash_attn_ext(k.ctx, k.a, k.a, k.a, k.new(GGMLType.F16, 64, 4), 1.0,
                                      0.0, 0.0)
@@ -288,7 +344,7 @@ def _ggml_flash_attn_probe(k: GGMLProbe):
 
 register(OpDef(OpKind.SOFT_MAX, "soft_max", _ref_soft_max, SoftMaxParams, inplace=True,
                cases=_soft_max_cases, accepts=lambda n: types_ok(n, (T.F32,), FLOATS, (T.F32,)),
-               src_labels=True,
+               src_labels=True, backward=_soft_max_grad,
                ggml=GGMLMap(build=_ggml_soft_max, limits=_ggml_alibi, cdecl=_SOFT_MAX_DECL,
                             probe=lambda k: k.lib.ggml_soft_max_ext(k.ctx, k.a, k.null, 1.0,
                                                                     0.0))))
@@ -302,3 +358,12 @@ register(OpDef(OpKind.FLASH_ATTN_EXT, "flash_attn_ext", _ref_flash_attn_ext, Fla
                             build=lambda lib, ctx, t, S: lib.ggml_flash_attn_ext(
                    ctx, *S[:4], t.params.scale, t.params.max_bias, t.params.softcap),
                    limits=_ggml_flash_attn_limits, probe=_ggml_flash_attn_probe)))
+register(OpDef(OpKind.SOFT_MAX_BACK, "soft_max_back", _ref_soft_max_back, SoftMaxBackParams,
+               inplace=True, cases=_soft_max_back_cases,
+               accepts=lambda n: types_ok(n, (T.F32,), (T.F32,)), src_labels=True,
+               ggml=GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_soft_max_ext_back(
+                   ctx, S[0], S[1], t.params.scale, t.params.max_bias),
+                   cdecl=ggml_fn("ggml_soft_max_ext_back", "a", "b", "float scale",
+                                 "float max_bias"),
+                   cpu_limits=_ggml_soft_max_back_limits,
+                   probe=lambda k: k.lib.ggml_soft_max_ext_back(k.ctx, k.a, k.a, 1.0, 0.0))))

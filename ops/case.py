@@ -55,13 +55,16 @@ class CaseBuilder:
         self.ctx = Context("conformance")
         self.rng = np.random.default_rng(seed)
 
-    def inp(self, type: T, *ne: int, name: str = "") -> Tensor:
-        """A leaf of `type`; a quantized type's rows are widened to whole blocks."""
+    def inp(self, type: T, *ne: int, name: str = "", lo: float = -1.0, hi: float = 1.0
+            ) -> Tensor:
+        """A leaf of `type`, uniform in [lo, hi] (an op defined on part of the line, log or
+        sqrt, asks for positive values); a quantized type's rows are widened to whole
+        blocks."""
         t = self.ctx.new_tensor(type, (fit_row(type, ne[0]),) + tuple(ne[1:]), name=name)
         if type.is_quantized and type.traits.quantize is None:
             t.data = random_blocks(self.rng, type, t.nbytes)
             return t
-        return t.set_data(self.rng.uniform(-1.0, 1.0, t.shape))
+        return t.set_data(self.rng.uniform(lo, hi, t.shape))
 
     def idx(self, type: T, n_max: int, *ne: int, unique_rows: bool = False) -> Tensor:
         t = self.ctx.new_tensor(type, ne)

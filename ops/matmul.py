@@ -1,7 +1,11 @@
-"""Matrix products: mul_mat (with ggml's block-repeat broadcast) and mul_mat_id (experts).
+"""Matrix products: mul_mat (with ggml's block-repeat broadcast), mul_mat_id (experts) and
+out_prod (the outer product training's gradients use), with mul_mat's gradient rule.
 
 mul_mat(a, b): a [K, M, A2, A3], b [K, N, B2, B3] -> F32 [M, N, B2, B3]; b's slice i2 uses
 a's slice i2 // (B2 / A2), which is grouped-query attention when a holds K/V heads.
+out_prod(a, b): a [P, J, A2, A3], b [Q, J, B2, B3] -> F32 [P, Q, B2, B3], the sum over dim 1
+of a[:, j] b[:, j]^T, with a broadcast over b's dims 2/3 as mul_mat does (ggml_out_prod).
+mul_mat_id has no gradient rule (its backward is not needed for LoRA on dense models).
 """
 from __future__ import annotations
 
@@ -16,10 +20,11 @@ from ggraph.ir.types import GGMLType, GGMLType as T
 from .case import TOL_MATMUL, WEIGHTS, Case, case, fit_row
 from .registry import (FLOATS, GGMLMap, OpDef, ggml_fn, ggml_packed_sources, new_node,
                        register, require, require_type, types_ok)
-from .views import strided
+from .views import cont, strided, transpose, view_4d
 
 MUL_MAT = OpKind.define("mul_mat", Family.MATMUL)
 MUL_MAT_ID = OpKind.define("mul_mat_id", Family.MATMUL)
+OUT_PROD = OpKind.define("out_prod", Family.MATMUL)
 
 WEIGHT_TYPES = weight_types()  # the types whose record says weight=True
 ACT_TYPES = (GGMLType.F32, GGMLType.F16)
@@ -64,6 +69,55 @@ def mul_mat_id(as_: Tensor, b: Tensor, ids: Tensor, name: str = "") -> Tensor:
                     (as_.ne[1], ids.ne[0], b.ne[2], 1), name=name)
 
 
+def out_prod(a: Tensor, b: Tensor, name: str = "") -> Tensor:
+    """out[p, q] = sum_j a[p, j] * b[q, j] per 2-D slice; b's slice i2 uses a's slice
+    i2 // (B2 / A2) (ggml_out_prod). a: F32, F16 or a weight type (a frozen base weight,
+    whose rows are dequantized); b: F32, any strides (a transposed gradient)."""
+    op = "out_prod"
+    require_type(op, "a", a, WEIGHT_TYPES)
+    require_type(op, "b", b, (GGMLType.F32,))
+    require(a.ne[1] == b.ne[1], op, f"a.ne[1]={a.ne[1]} must equal b.ne[1]={b.ne[1]} (the "
+            f"summed dimension)", a=a, b=b)
+    require(b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0, op,
+            f"b.ne[2:4]={list(b.ne[2:])} must be multiples of a.ne[2:4]={list(a.ne[2:])} "
+            f"(block-repeat broadcast)", a=a, b=b)
+    _check_not_transposed(op, a)
+    require(a.rows_contiguous() or not a.type.is_quantized, op, "quantized rows must be packed",
+            a=a)
+    return new_node(OpKind.OUT_PROD, (a, b), GGMLType.F32, (a.ne[0], b.ne[0], b.ne[2], b.ne[3]),
+                    name=name)
+
+
+def _grad_mul_mat(node: Tensor, grad: Tensor, wants: tuple[bool, ...]
+                  ) -> tuple[Tensor | None, Tensor | None]:
+    """mul_mat's gradient (ggml_compute_backward): b gets out_prod(a, grad^T), a (unless
+    quantized: frozen weights pass gradients on but get none) gets out_prod(b, grad), summed
+    over the slices of b that shared each slice of a (the block-repeat broadcast)."""
+    a, b = node.src
+    gb = out_prod(a, transpose(grad)) if wants[1] else None
+    if not wants[0] or a.type.is_quantized:
+        return None, gb
+    r2, r3 = b.ne[2] // a.ne[2], b.ne[3] // a.ne[3]
+    if r2 == 1 and r3 == 1:
+        return out_prod(b if b.nb[0] <= b.nb[1] else cont(b), grad), gb
+    # a's slice (j2, j3) met b's slices j2*r2 .. j2*r2+r2-1 (dims adjacent in memory once
+    # contiguous): those fold into the summed dimension 1 as N*r2 columns, so one out_prod
+    # per offset r in dim 3's group sums them all; the r3 parts are added
+    bc = b if b.is_contiguous() else cont(b)
+    gc = grad if grad.is_contiguous() else cont(grad)
+    ga = None
+    for r in range(r3):
+        parts = [view_4d(t, t.ne[0], t.ne[1] * r2, a.ne[2], a.ne[3], t.nb[1], t.nb[2] * r2,
+                         t.nb[3] * r3, r * t.nb[3]) for t in (bc, gc)]
+        part = out_prod(*parts)
+        if ga is None:
+            ga = part
+        else:
+            from .elementwise import add  # here: an op module's rules may use each other's ops
+            ga = add(ga, part)
+    return ga, gb
+
+
 def _ref_mul_mat(node: Tensor, ex) -> np.ndarray:
     a, b = node.src
     A = ex.read(a).astype(np.float64)             # (A3, A2, M, K)
@@ -88,6 +142,14 @@ def _ref_mul_mat_id(node: Tensor, ex) -> np.ndarray:
         for e in range(n_used):
             out[t, e] = W[I[t, e]] @ B[t, e % n_b]
     return out[None]
+
+
+def _ref_out_prod(node: Tensor, ex) -> np.ndarray:
+    a, b = node.src
+    A = ex.read(a).astype(np.float64)             # (A3, A2, J, P)
+    B = ex.read(b).astype(np.float64)             # (B3, B2, J, Q)
+    A = np.repeat(np.repeat(A, b.ne[3] // a.ne[3], axis=0), b.ne[2] // a.ne[2], axis=1)
+    return np.swapaxes(B, -1, -2) @ A            # (B3, B2, Q, P)
 
 
 # -- conformance cases --------------------------------------------------------------------
@@ -128,8 +190,44 @@ def _mul_mat_id_cases() -> Iterator[Case]:
                 TOL_MATMUL, flops=mm_flops, type=t, n_expert=4, n_used=2, n_b=n_b, m=9, k=k)
 
 
+def _out_prod_cases() -> Iterator[Case]:
+    # p, q, j (summed), a.ne[2:4], b.ne[2:4]
+    shapes = ((16, 5, 7, (1, 1), (1, 1)), (15, 9, 33, (1, 1), (1, 1)),
+              (32, 6, 16, (1, 2), (3, 2)), (8, 3, 17, (2, 1), (4, 1)))
+    for t in WEIGHTS:
+        for p, q, j, ab, bb in shapes:
+            p = fit_row(t, p)
+            yield case(OpKind.OUT_PROD, lambda B, t=t, p=p, q=q, j=j, ab=ab, bb=bb: out_prod(
+                B.inp(t, p, j, *ab), B.inp(T.F32, q, j, *bb)), TOL_MATMUL, flops=_op_flops,
+                type=t, p=p, q=q, j=j, bs=list(bb), nr=[bb[0] // ab[0], bb[1] // ab[1]])
+        p = fit_row(t, 64)
+        yield case(OpKind.OUT_PROD, lambda B, t=t, p=p: out_prod(   # b: a transposed gradient
+            B.inp(t, p, 12), strided(B, T.F32, 5, 12)), TOL_MATMUL, flops=_op_flops,
+            type=t, p=p, q=5, j=12, b="strided")
+    for t in (T.F32, T.Q8_0):  # LoRA-sized: a base weight's gradient pass to the activations
+        yield case(OpKind.OUT_PROD, lambda B, t=t: out_prod(
+            B.inp(t, 576, 1536), B.inp(T.F32, 256, 1536)), TOL_MATMUL, perf=True,
+            flops=_op_flops, type=t, p=576, q=256, j=1536)
+
+
+def _op_flops(t: Tensor) -> float:
+    return 2.0 * t.src[0].ne[1] * t.nelements
+
+
+def _ggml_out_prod_kernels(t: Tensor) -> str | None:
+    """What ggml's CPU out_prod asserts on: a's packed rows, and for a quantized a no
+    broadcast."""
+    a, b = t.src
+    if a.nb[0] != a.type.type_size:
+        return f"ggml's CPU out_prod needs a with packed rows (nb0 = {a.type.type_size})"
+    if a.type.is_quantized and (a.ne[2] != b.ne[2] or a.ne[3] != b.ne[3]):
+        return "ggml's CPU out_prod of a quantized a does not broadcast it"
+    return None
+
+
 register(OpDef(OpKind.MUL_MAT, "X", _ref_mul_mat, cases=_mul_mat_cases,
                accepts=lambda n: types_ok(n, WEIGHT_TYPES, FLOATS), src_labels=True,
+               backward=_grad_mul_mat,
                ggml=GGMLMap(cdecl=ggml_fn("ggml_mul_mat", "a", "b"),
                             cpu_limits=ggml_packed_sources(0, 1),  # ggml's CPU mul_mat asserts
                             probe=lambda k: k.lib.ggml_mul_mat(k.ctx, k.a, k.a))))
@@ -138,3 +236,9 @@ register(OpDef(OpKind.MUL_MAT_ID, "X_id", _ref_mul_mat_id, cases=_mul_mat_id_cas
                ggml=GGMLMap(cdecl=ggml_fn("ggml_mul_mat_id", "as", "b", "ids"),
                             probe=lambda k: k.lib.ggml_mul_mat_id(k.ctx, k.a, k.a,
                                                                   k.new(T.I32, 4, 2)))))
+register(OpDef(OpKind.OUT_PROD, "out_prod", _ref_out_prod, cases=_out_prod_cases,
+               accepts=lambda n: types_ok(n, WEIGHT_TYPES, (T.F32,)), src_labels=True,
+               doc="outer product summed over dim 1 (mul_mat's gradients)",
+               ggml=GGMLMap(cdecl=ggml_fn("ggml_out_prod", "a", "b"),
+                            cpu_limits=_ggml_out_prod_kernels,
+                            probe=lambda k: k.lib.ggml_out_prod(k.ctx, k.a, k.a))))

@@ -51,6 +51,14 @@ class GGMLProbe(Protocol):
 
 Limit = Callable[[Tensor], "str | None"]   # a reason ggml cannot do the node, or None
 
+# How gradients flow back through an op (ggraph.autodiff builds backward graphs from these):
+# backward(node, grad, wants) gets the node, the gradient of the loss with respect to it (an
+# F32 tensor of the node's ne) and, per source, whether that source wants a gradient; it
+# returns one entry per source: an F32 tensor of that source's ne (its share of the
+# gradient; autodiff adds up the shares of a source used more than once), or None where the
+# source wants none or has none (indices, masks, positions). The rule only records nodes.
+Backward = Callable[[Tensor, Tensor, "tuple[bool, ...]"], "Sequence[Tensor | None]"]
+
 
 @dataclass(frozen=True)
 class GGMLMap:
@@ -112,6 +120,9 @@ class OpDef:
     # roles the drawing must tell apart (mul_mat's weight and activations, a rope's positions).
     # Commutative ops (add, mul) and one-source ops leave it False
     src_labels: bool = False
+    # the gradient rule (Backward above); None: gradients do not flow through this op, and
+    # ggraph.autodiff refuses a parameter whose path to the loss crosses it, naming the op
+    backward: Backward | None = None
     doc: str = ""
 
     @property
@@ -320,7 +331,7 @@ def new_view(kind: OpKind, a: Tensor, ne: Sequence[int], nb: Sequence[int] | Non
     return t
 
 
-__all__ = ["OpDef", "GGMLMap", "GGMLProbe", "Limit", "ggml_packed_rows", "ggml_contiguous_from",
+__all__ = ["OpDef", "GGMLMap", "Backward", "GGMLProbe", "Limit", "ggml_packed_rows", "ggml_contiguous_from",
            "ggml_packed_sources", "ggml_fn", "REGISTRY", "register", "get_op", "ops_where",
            "types_ok",
            "FLOATS", "ELEM_FLOATS", "STORABLE", "op_error", "require", "require_type",

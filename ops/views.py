@@ -2,7 +2,9 @@
 
 Views compute nothing: the result aliases its source (`view_src` is always the root owner).
 `cpy` writes its first source into the memory of its second and returns a view of it, which
-is how older ggml code wrote a KV cache.
+is how older ggml code wrote a KV cache. The backward rules of all of them are here: a view's
+gradient is its source's gradient seen the other way (reshaped, permuted back, or added into
+zeros of the source's shape at the window the view saw).
 """
 from __future__ import annotations
 
@@ -142,6 +144,56 @@ def _ref_cpy(node: Tensor, ex) -> None:
     ex.write(node, ex.read(a).reshape(node.shape))
 
 
+# -- backward rules (ops/registry.py: Backward) -------------------------------------------
+
+def _dense(g: Tensor) -> Tensor:
+    return g if g.is_contiguous() else cont(g)
+
+
+def _bw_view(n: Tensor, g: Tensor, w: tuple[bool, ...]) -> tuple:
+    """The source's gradient is g inside the window the view saw and zero outside it: g added
+    (acc) into F32 zeros of the source's shape, at the window's place in a contiguous F32
+    copy of the source (its strides and offset scaled from the source's type to F32)."""
+    # acc and zeros (ops/reduce.py) build on this module: reached through the package, whose
+    # modules have all loaded by the time a rule runs (no import cycle between the modules)
+    from ggraph import ops
+    if not w[0]:
+        return (None,)
+    src = n.src[0]
+    require(src.is_contiguous() and not src.type.is_quantized, "view",
+            "the gradient of a view needs a contiguous, non-quantized source", a=src, view=n)
+    # view_offs counts from the root owner; the window's place counts from the source
+    rel = n.view_offs - (src.view_offs if src.view_src is not None else 0)
+    require(rel >= 0, "view", f"the gradient of a view starting {-rel} bytes before its "
+            "source is not defined", a=src, view=n)
+    es = src.type.type_size
+    f32 = T.F32.type_size
+    return (ops.acc(ops.zeros(src, g), g, *(x // es * f32 for x in n.nb[1:]),
+                    rel // es * f32),)
+
+
+def _bw_reshape(n: Tensor, g: Tensor, w: tuple[bool, ...]) -> tuple:
+    return (reshape(_dense(g), n.src[0].ne) if w[0] else None,)
+
+
+def _bw_permute(n: Tensor, g: Tensor, w: tuple[bool, ...]) -> tuple:
+    if not w[0]:
+        return (None,)
+    axes = n.params.axes  # source dim i went to p_i: g's dim p_i goes back to i
+    back = [0] * 4
+    for i, p in enumerate(axes):
+        back[p] = i
+    return (cont(permute(g, *back)),)
+
+
+def _bw_cont(n: Tensor, g: Tensor, w: tuple[bool, ...]) -> tuple:
+    """cont and cpy keep ggml's element order: the source's gradient is g in its shape."""
+    src, rest = n.src[0], (None,) * (len(n.src) - 1)  # cpy's destination gets none
+    if not w[0]:
+        return (None,) + rest
+    return (g if g.ne == src.ne else reshape(_dense(g), src.ne),) + rest
+
+
 # -- conformance cases --------------------------------------------------------------------
 
 def _view_cases() -> Iterator[Case]:
@@ -193,28 +245,31 @@ def _ggml_view(lib, ctx, t: Tensor, S: list):
 
 # probes: ggml's constructors on the probe tensor `a` (F32, ne [64, 4, 2, 1]); ggml_view_4d
 # and ggml_reshape_4d are declared by ggraph/check/ggml_cdefs.py, which uses them itself
-register(OpDef(OpKind.VIEW, "view", None, cases=_one_kind(OpKind.VIEW),
+register(OpDef(OpKind.VIEW, "view", None, cases=_one_kind(OpKind.VIEW), backward=_bw_view,
                ggml=GGMLMap(build=_ggml_view, probe=lambda k: k.lib.ggml_view_4d(
                    k.ctx, k.a, 64, 4, 1, 1, 256, 1024, 1024, 0))))
 register(OpDef(OpKind.RESHAPE, "reshape", None, cases=_one_kind(OpKind.RESHAPE),
+               backward=_bw_reshape,
                ggml=GGMLMap(build=lambda lib, ctx, t, S: lib.ggml_reshape_4d(ctx, S[0], *t.ne),
                             probe=lambda k: k.lib.ggml_reshape_4d(k.ctx, k.a, 64, 8, 1, 1))))
 register(OpDef(OpKind.PERMUTE, "permute", None, PermuteParams,
-               cases=_one_kind(OpKind.PERMUTE),
+               cases=_one_kind(OpKind.PERMUTE), backward=_bw_permute,
                ggml=GGMLMap(cdecl=ggml_fn("ggml_permute", "a", "int axis0", "int axis1",
                                           "int axis2", "int axis3"),
                             build=lambda lib, ctx, t, S: lib.ggml_permute(ctx, S[0],
                                                                            *t.params.axes),
                             probe=lambda k: k.lib.ggml_permute(k.ctx, k.a, 0, 2, 1, 3))))
 register(OpDef(OpKind.TRANSPOSE, "transpose", None, cases=_one_kind(OpKind.TRANSPOSE),
+               backward=_bw_permute,
                ggml=GGMLMap(cdecl=ggml_fn("ggml_transpose", "a"),
                             probe=lambda k: k.lib.ggml_transpose(k.ctx, k.a))))
-register(OpDef(OpKind.CONT, "cont", _ref_cont, cases=_cont_cases,
+register(OpDef(OpKind.CONT, "cont", _ref_cont, cases=_cont_cases, backward=_bw_cont,
                ggml=GGMLMap(cdecl=ggml_fn("ggml_cont_4d", "a", "int64_t ne0", "int64_t ne1",
                                           "int64_t ne2", "int64_t ne3"),
                             build=lambda lib, ctx, t, S: lib.ggml_cont_4d(ctx, S[0], *t.ne),
                             probe=lambda k: k.lib.ggml_cont_4d(k.ctx, k.a, 64, 8, 1, 1))))
 register(OpDef(OpKind.CPY, "x->y", _ref_cpy, cases=_cpy_cases, src_labels=True,
+               backward=_bw_cont,
                ggml=GGMLMap(cdecl=ggml_fn("ggml_cpy", "a", "b"),
                             probe=lambda k: k.lib.ggml_cpy(k.ctx, k.a, k.a))))
 

@@ -6,7 +6,8 @@ ggraph/check/ggml_ref.py, ggml_cdefs.py or dot.py names them.
 Importing this module registers the toys in the process-wide registry, so only a child
 process imports it (`facts()` runs there and prints what the test asserts on).
 
-- toy_sub: a - b, ggml's SUB (which ggraph itself does not have). Its sources play
+- toy_sub: a - b, ggml's SUB (as ggraph's own sub is: the two records share ggml's
+  constructor and its declaration). Its sources play
   different roles, so pictures label them; ggml's constructor would broadcast b but the toy
   says it cannot (`limits`), and ggml's CPU kernel needs packed rows in a (`cpu_limits`).
 - toy_neg: -a, ggml's UNARY op NEG, through GGMLMap.unary (packed rows needed).

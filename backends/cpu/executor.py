@@ -15,7 +15,7 @@ from ggraph.ir.tensor import Tensor
 from ..base import Session
 from ..executor import Executor
 from . import fusion
-from .kernels import compiled_for, compiled_nogil
+from .compile import compiled_for, compiled_nogil
 from .threads import ThreadGovernor
 
 

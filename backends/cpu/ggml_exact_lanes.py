@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .kernels import TARGET
+from .compile import TARGET
 
 # The CPU target's f16 conversions (F16C where the host has it, as ggml's on x86; bit for bit
 # the shared ones): numba cannot compile the shared functions by themselves, their helpers

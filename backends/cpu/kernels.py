@@ -13,7 +13,6 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Callable
 
-import numba
 import numpy as np
 
 from ggraph.ir.opkind import OpKind
@@ -24,7 +23,6 @@ from ggraph.ir.types import TYPE_RECORDS
 from ggraph.ir.types import GGMLType as T
 from ..accepts import BINARY_OPS, UNARY_OPS, VIEW_OPS, rule
 from ..base import Kernel, Session
-from ..jit import Compiler, Target
 from ..shared.kernel_args import (argsort_args, binary_args, flash_attn_args, norm_args,
                                   raw_copy, rope_args, soft_max_args, unary_args)
 from . import attn_decode, fastmath
@@ -33,82 +31,18 @@ from .attention import (BlockMath, SharedMask, decode_heads, flash_attn_blocks, 
 from .blas import mul_mat_blas
 from . import templates as K
 
-PARALLEL = config.numba_parallel()
-# Helpers (device functions) are not cached on disk, only the kernels that call them: numba
-# links a helper loaded from its cache as machine code, which no newly compiled kernel can
-# inline, so a kernel compiled after its helpers were cached in another process lost their
-# vectorized loops (a GELU 10x slower). Compiled from source, every helper inlines; a cached
-# kernel holds its helpers' code already and compiles none of them.
-TARGET = Target(
-    "cpu",
-    numba.njit,
-    numba.njit(fastmath={"reassoc", "contract", "nsz", "arcp"}),
-    overrides=fastmath.OVERRIDES,
-    device_ieee=numba.njit(error_model="numpy"),
-)
-_KERNEL = Compiler(numba.njit, cache=True, parallel=PARALLEL)
-_SERIAL = Compiler(numba.njit, cache=True)
-_SERIAL_NOGIL = Compiler(numba.njit, cache=True, nogil=True)  # threads of our own (blas.py)
-_FAST_FLAGS = {"reassoc", "contract", "nsz", "arcp"}
-_SERIAL_NOGIL_FAST = Compiler(numba.njit, cache=True, nogil=True, fastmath=_FAST_FLAGS)
-_KERNEL_FAST = Compiler(numba.njit, cache=True, parallel=PARALLEL, fastmath=_FAST_FLAGS)
-_SERIAL_FAST = Compiler(numba.njit, cache=True, fastmath=_FAST_FLAGS)
-_INLINE_FAST = Compiler(numba.njit, inline="always", fastmath=_FAST_FLAGS)
-PARALLEL_MIN_WORK = 1 << 16  # below this many element-operations threads cost more than they save
-# products (multiply-adds) below this run on one thread: waking the other threads and joining
-# them costs ~3 us while they spin and ~50 us once they sleep (passive waiting, the default:
-# backends/cpu/threads.py), more than halving a small mat-vec saves
-PARALLEL_MIN_PRODUCT = config.parallel_min_product()
+from .compile import (EXPF as _EXPF, INLINE_FAST as _INLINE_FAST, KERNEL as _KERNEL,
+                      KERNEL_FAST as _KERNEL_FAST, PARALLEL_MIN_WORK, ROUND_HALF as _ROUND_HALF,
+                      SERIAL as _SERIAL, SERIAL_FAST as _SERIAL_FAST,
+                      SERIAL_NOGIL as _SERIAL_NOGIL, TARGET, compiled, compiled_nogil, is_small)
+
+_compiled = compiled
+_small = is_small
 # GGRAPH_EXACT_ACTIVATIONS=1 multiplies by the float32 activations (closer to the reference,
 # further from llama.cpp)
 ROUND_ACTIVATIONS = not config.exact_activations()
 BLOCK_MIN_QUERIES = 8  # flash attention: from this many queries the BLAS blockwise path wins
 BLAS_MIN_N = 16  # columns of b from which dequantize + BLAS beats the dot kernels
-
-# float32 exp, ~1 ulp, branch-free: loops of it vectorize (fastmath.py). Multiply-adds may
-# fuse; nothing may reassociate: (x * log2e + R) - R rounds x * log2e to an integer
-_EXPF = numba.njit(fastmath={"contract"})(fastmath.expf)
-
-
-
-
-def _small(node: Tensor) -> bool:
-    """Too little work to fork threads for: tiny element-wise ops, mat-vecs of small rows."""
-    work = node.nelements
-    if node.op == OpKind.SET_ROWS:  # the node is the whole destination; the rows written count
-        work = node.src[1].nelements
-    if node.op in (OpKind.MUL_MAT, OpKind.MUL_MAT_ID, OpKind.FLASH_ATTN_EXT):
-        work *= node.src[0].ne[0] if node.op != OpKind.FLASH_ATTN_EXT else node.src[1].ne[1]
-        return work < PARALLEL_MIN_PRODUCT
-    return work < PARALLEL_MIN_WORK
-
-
-def _compiled(template, serial: bool = False, fast: bool = False, **types: T):
-    """`template` bound to the codecs of `types` (role -> type): dec_<role>, enc_<role>, ...;
-    `fast`: compiled with the fast-math flags (sums in any order) and the float32 `expf`."""
-    names = {"expf": _EXPF} if fast else {}
-    for role, t in types.items():
-        c = TARGET.codec(t)
-        names.update({f"dec_{role}": c.dec, f"enc_{role}": c.enc, f"dot_{role}": c.dot})
-    tag = "_".join(f"{r}{t}" for r, t in types.items()) + ("_serial" if serial else "") + \
-        ("_fast" if fast else "")
-    deco = (_SERIAL_FAST if serial else _KERNEL_FAST) if fast else (
-        _SERIAL if serial else _KERNEL)
-    return TARGET.bind(template, deco, tag, **names)
-
-
-def compiled_for(template, node: Tensor):
-    """`template` (no codecs: float32 arrays) compiled for `node`'s size: serial when the
-    node is too small to fork threads for (the fused kernels of backends/cpu/fusion.py)."""
-    return _compiled(template, _small(node))
-
-
-def compiled_nogil(template):
-    """`template` compiled serial and without the GIL, to run in threads of our own (the
-    attention group of backends/cpu/attn_fusion.py), with the float32 `expf` and F16
-    `round_half` bound."""
-    return TARGET.bind(template, _SERIAL_NOGIL_FAST, "nogil", expf=_EXPF,
-                       round_half=_ROUND_HALF)
 
 
 # -- element-wise ---------------------------------------------------------------------------
@@ -455,11 +389,6 @@ def _mul_mat(node: Tensor, s: Session):
     return run if prep is None else partial(_both, prep, run)
 
 
-# b rounded to F16 and back in k_mul_mat_half: one vcvtps2ph/vcvtph2ps pair with F16C
-_ROUND_HALF = TARGET.device(fastmath.round_half_f16c) if fastmath.F16C else TARGET.bind(
-    fastmath.round_half_soft, TARGET.device, "")
-
-
 # k_mul_mat_half asks for the rows this many rows ahead of the one it dots: a decode step's
 # K*Q and V*softmax read the cache from memory (the weights streamed since the last token have
 # evicted it); 8 ahead took SmolLM2's per layer from 23 and 33 us to 17 and 17 (2 threads,
@@ -633,3 +562,9 @@ KERNELS: dict[OpKind, Kernel] = {
         (OpKind.CONCAT, _concat), (OpKind.REPEAT, _repeat), (OpKind.SUM_ROWS, _sum_rows),
         (OpKind.ARGSORT, _argsort), (OpKind.TOP_K, _argsort))},
 }
+
+# the training ops' kernels (they bind with backends/cpu/compile.py, as this module does)
+from . import backward_rows, reductions, training  # noqa: E402
+
+KERNELS.update({op: _k(fn, *rule(op)) for m in (reductions, backward_rows, training)
+                for op, fn in m.BINDERS.items()})

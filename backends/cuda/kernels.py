@@ -4,7 +4,7 @@ returns the launch of a template (templates.py, templates_mm.py, templates_attn.
 the node's types; a session replays the bound launches when the same graph runs again (decode
 steps; replay.py). fusion.py binds groups of nodes through `norm_chain` and `mat_vec`.
 
-Per-type device helpers (`_helpers`) are built once per type from the shared codecs compiled
+Per-type device helpers (launch.py's `helpers`) are built once per type from the shared codecs compiled
 for CUDA: element load/store, chunk decode/encode/dot (a chunk is CH elements of a row: one
 quant block), and whole-row dot. A kernel template gets them bound per role (a, b, d, k, v, m).
 
@@ -30,77 +30,19 @@ from . import templates_attn as KA
 from . import templates_mm as KM
 from . import tc_gemm
 
-TARGET = R.TARGET
-_KERNEL = R.kernel_decorator()
-_DEVICE = R.device_decorator()
-Launch = Callable[[], None] | None
+from .launch import Launch, compiled, elementwise_launch, n_rows, per_row_launch
+
+_compiled, _ew, _per_row, _rows = compiled, elementwise_launch, per_row_launch, n_rows
 # the PTX-only mode compiles every path a node may take on a GPU (the gate); counting the
 # launches a GPU would make (benchmarks/cuda_launches.py) turns that off
 PTX_ALL_PATHS = True
 MV_MAX_N = KM.MV_NMAX  # columns of b up to which mul_mat runs the mat-vec kernel
-
-ROLE_FNS = ("ld", "st", "cdec", "cenc", "cdot", "dot")
-
-_NO_STORE = _DEVICE(K.no_store)
-_HELPERS: dict[T, dict[str, Any]] = {}
-
-
-def _helpers(t: T) -> dict[str, Any]:
-    """Device functions for type t (see templates.py for what each does)."""
-    h = _HELPERS.get(t)
-    if h is None:
-        c = TARGET.codec(t)
-        q = t.is_quantized
-        bs, ts = (t.block_size, t.type_size) if q else (1, 1)
-        tag = str(t)
-        # a block longer than a chunk (K-quants: 256) is decoded whole and the chunk picked
-        # out of it (K-quants are weights only: never encoded chunk-wise)
-        big = bs > K.CH
-        h = {"cdec": TARGET.bind(K.chunk_dec_big if big else K.chunk_dec, _DEVICE, tag,
-                                 dec=c.dec, BS=bs, TS=ts),
-             "cenc": TARGET.bind(K.chunk_enc, _DEVICE, tag, enc=c.enc, BS=bs, TS=ts),
-             "cdot": TARGET.bind(K.chunk_dot_big, _DEVICE, tag, dec=c.dec, BS=bs, TS=ts)
-             if big else TARGET.bind(K.chunk_dot, _DEVICE, tag, dot=c.dot, BS=bs, TS=ts),
-             "dot": c.dot, "Q": q}
-        if q:
-            h["ld"] = TARGET.bind(K.block_load, _DEVICE, tag, cdec=h["cdec"])
-            h["st"] = _NO_STORE
-        else:
-            h["ld"], h["st"] = c.load, c.store
-        _HELPERS[t] = h
-    return h
-
-
-def _compiled(template: Callable, **roles: T) -> Any:
-    """`template` compiled as a CUDA kernel with each role's helpers bound (ld_a, cdec_v...)."""
-    names: dict[str, Any] = {}
-    for role, t in roles.items():
-        h = _helpers(t)
-        names.update({f"{fn}_{role}": h[fn] for fn in ROLE_FNS})
-        names[f"Q_{role}"] = h["Q"]
-    tag = "_".join(f"{r}{t}" for r, t in roles.items())
-    return TARGET.bind(template, _KERNEL, tag, **names)
-
 
 def _k(fn: Callable[[Tensor, Session], Launch],
        accepts: Callable[[Tensor], bool] = lambda n: True, why_not: str = "") -> Kernel:
     """A table entry in bind mode: fn(node, session) returns the node's launch with its device
     arrays bound (None when there is nothing to run); a session replays it on later runs."""
     return Kernel(fn, accepts, why_not, bind=True)
-
-
-def _rows(t: Tensor) -> int:
-    return t.ne[1] * t.ne[2] * t.ne[3]
-
-
-def _ew(kernel: Any, work: int, *args: Any) -> Launch:
-    """An element-wise (grid-stride) launch over `work` items."""
-    return R.bound(kernel, R.blocks_for(work, K.EW_NT) if work else 0, K.EW_NT, *args)
-
-
-def _per_row(kernel: Any, nrows: int, nt: int, *args: Any) -> Launch:
-    """One block per row (grid-stride over rows)."""
-    return R.bound(kernel, max(1, min(nrows, R.MAX_BLOCKS)) if nrows else 0, nt, *args)
 
 
 # -- element-wise ---------------------------------------------------------------------------
@@ -337,3 +279,9 @@ KERNELS: dict[OpKind, Kernel] = {
     **{op: _k(_argsort, *rule(op, lambda n: n.src[0].ne[0] <= K.SORT_MAX, _SORT_WHY))
        for op in (OpKind.ARGSORT, OpKind.TOP_K)},
 }
+
+# the training ops' kernels (they bind with backends/cuda/launch.py, as this module does)
+from . import backward_rows, reductions, training  # noqa: E402
+
+KERNELS.update({op: _k(fn, *rule(op)) for m in (reductions, backward_rows, training)
+                for op, fn in m.BINDERS.items()})

@@ -26,8 +26,11 @@ BINARY_CODE = {op: i for i, op in enumerate(BINARY_OPS)}
 U_SCALE, U_CLAMP, U_FILL = (UNARY_CODE[o] for o in (OpKind.SCALE, OpKind.CLAMP, OpKind.FILL))
 U_SILU, U_GELU, U_SIGMOID = (UNARY_CODE[o] for o in (OpKind.SILU, OpKind.GELU, OpKind.SIGMOID))
 U_GELU_QUICK, U_TANH = UNARY_CODE[OpKind.GELU_QUICK], UNARY_CODE[OpKind.TANH]
+U_SQR, U_SQRT, U_LOG = (UNARY_CODE[o] for o in (OpKind.SQR, OpKind.SQRT, OpKind.LOG))
 B_ADD, B_MUL, B_DIV, B_SWIGLU = (BINARY_CODE[o] for o in (OpKind.ADD, OpKind.MUL, OpKind.DIV,
                                                           OpKind.SWIGLU))
+B_SUB, B_GEGLU, B_SILU_BACK = (BINARY_CODE[o] for o in (OpKind.SUB, OpKind.GEGLU,
+                                                        OpKind.SILU_BACK))
 _NAMED = {k: v for k, v in globals().items() if k[:2] in ("U_", "B_")}
 if len({v for k, v in _NAMED.items() if k[0] == "U"}) != len(UNARY_OPS) \
         or len({v for k, v in _NAMED.items() if k[0] == "B"}) != len(BINARY_OPS):
@@ -36,7 +39,8 @@ if len({v for k, v in _NAMED.items() if k[0] == "U"}) != len(UNARY_OPS) \
 
 def unary_value(op, x, p0, p1):
     """Unary op `op` of x with its parameters: scale x*p0 + p1, clamp x to [p0, p1], fill with
-    p0 (x unused), silu, gelu, gelu_quick, tanh, sigmoid."""
+    p0 (x unused), silu, gelu, gelu_quick, tanh, sqr, sqrt, log (ggml: logf, so -inf at 0 and
+    NaN below), sigmoid."""
     if op == U_SCALE:
         return x * p0 + p1
     if op == U_CLAMP:
@@ -51,17 +55,34 @@ def unary_value(op, x, p0, p1):
         return x * sigmoid(np.float32(1.702) * x)
     if op == U_TANH:
         return math.tanh(x)
+    if op == U_SQR:
+        return x * x
+    if op == U_SQRT:  # NaN below zero, as sqrtf (math.sqrt would raise on the CPU)
+        return math.sqrt(x) if x >= 0 else np.float32(np.nan)
+    if op == U_LOG:
+        if x > 0:
+            return math.log(x)
+        return np.float32(-np.inf) if x == 0 else np.float32(np.nan)
     return sigmoid(x)
 
 
 def binary_value(op, x, y):
-    """Binary op `op` of x and y: x + y, x * y, x / y, swiglu silu(x) * y."""
+    """Binary op `op` of x and y: x + y, x - y, x * y, x / y, swiglu silu(x) * y, geglu
+    gelu(x) * y, silu_back (x the incoming gradient, y silu's input):
+    x * s * (1 + y * (1 - s)), s = sigmoid(y)."""
     if op == B_ADD:
         return x + y
+    if op == B_SUB:
+        return x - y
     if op == B_MUL:
         return x * y
     if op == B_DIV:
         return x / y
+    if op == B_GEGLU:
+        return gelu(x) * y
+    if op == B_SILU_BACK:
+        s = sigmoid(y)
+        return x * s * (np.float32(1.0) + y * (np.float32(1.0) - s))
     return silu(x) * y
 
 

@@ -148,10 +148,12 @@ INSTALL_HINT = ("install it with `pip install llama-cpp-python` (builds ggml fro
 _EXT = ".dylib" if sys.platform == "darwin" else ".so"
 
 def ggml_cdecls() -> list[str]:
-    """C declarations the op records add (constructors of ops newer than CDEFS)."""
+    """C declarations the op records add (constructors of ops newer than CDEFS), each once:
+    records may share a constructor, and cffi refuses a function declared twice."""
     from ggraph.ops import REGISTRY
 
-    return [d.ggml.cdecl for d in REGISTRY.values() if d.ggml is not None and d.ggml.cdecl]
+    return list(dict.fromkeys(d.ggml.cdecl for d in REGISTRY.values()
+                              if d.ggml is not None and d.ggml.cdecl))
 
 
 def ggml_ops() -> dict[OpKind, tuple[str, str | None]]:

@@ -370,7 +370,8 @@ def test_argsort_and_top_k_sorted(n, rows, k_frac, ties, seed):
 
 def test_every_op_has_an_independent_reference_test():
     """A guard for new ops: each OpKind is checked against torch, loops or hand formulas in
-    tests/ops/test_ops_{attention,math,layout}.py. Add a test there before extending this set."""
+    tests/ops/test_ops_{attention,math,layout}.py and the gradient ops' test_grad_*.py /
+    test_optim.py. Add a test there before extending this set."""
     from ggraph import OpKind
     covered = {
         # test_ops_layout.py
@@ -382,5 +383,12 @@ def test_every_op_has_an_independent_reference_test():
         "mul_mat", "mul_mat_id", "rope", "rms_norm", "norm", "add", "mul", "div", "scale",
         "clamp", "fill", "silu", "gelu", "sigmoid", "swiglu", "sum_rows", "argsort", "top_k",
         "gelu_quick", "tanh",
+        # tests/ops/test_grad_elementwise.py (torch and hand loops)
+        "sub", "sqr", "sqrt", "log", "silu_back", "geglu", "sum", "mean", "repeat_back", "acc",
+        # tests/ops/test_grad_rows.py
+        "soft_max_back", "rope_back", "rms_norm_back", "get_rows_back", "cross_entropy_loss",
+        "cross_entropy_loss_back",
+        # tests/ops/test_grad_matmul.py, tests/ops/test_optim.py
+        "out_prod", "opt_step_adamw", "opt_step_sgd",
     }
     assert {k.value for k in OpKind} == covered

@@ -378,7 +378,7 @@ def _(c):
 # -- rows --
 @case("get_rows idx type")
 def _(c):
-    a, i = T(c, "f32", [4, 5], "a"), T(c, "i64", [2], "idx")
+    a, i = T(c, "f32", [4, 5], "a"), T(c, "f32", [2], "idx")  # (I32 and I64 are indices)
     return lambda: ops.get_rows(a, i), "get_rows", [i]
 
 

@@ -138,6 +138,14 @@ def test_unary_value_compiled_for_the_cpu(op):
             ref = _map(numba.njit(lambda v: v * sig(np.float32(1.702) * v)), x, np.float32)
         elif op == OpKind.TANH:
             ref = _map(numba.njit(lambda v: math.tanh(v)), x, np.float32)
+        elif op == OpKind.SQR:
+            ref = x * x
+        elif op == OpKind.SQRT:
+            ref = np.sqrt(x)
+        elif op == OpKind.LOG:  # logf: -inf at 0, NaN below (numpy's float32 log is 1 ulp off)
+            pos = np.where(x > 0, x, np.float32(1))
+            ref = np.where(x > 0, _map(numba.njit(lambda v: math.log(v)), pos, np.float32),
+                           np.where(x == 0, np.float32(-np.inf), np.float32(np.nan)))
         else:
             ref = _map(TARGET.fn(op.value), x, np.float32)
     assert got.dtype == np.float32
@@ -153,8 +161,14 @@ def test_binary_value_compiled_for_the_cpu(op):
     got = np.zeros_like(x)
     _binary_all(TARGET.fn("binary_value"), E.BINARY_CODE[op], x, y, got)
     with np.errstate(all="ignore"):
+        sig = _map(TARGET.fn("sigmoid"), y, np.float32)
+        one = np.float32(1.0)
         ref = {OpKind.ADD: lambda: x + y, OpKind.MUL: lambda: x * y, OpKind.DIV: lambda: x / y,
-               OpKind.SWIGLU: lambda: _map(TARGET.fn("silu"), x, np.float32) * y}[op]()
+               OpKind.SUB: lambda: x - y,
+               OpKind.SWIGLU: lambda: _map(TARGET.fn("silu"), x, np.float32) * y,
+               OpKind.GEGLU: lambda: _map(TARGET.fn("gelu"), x, np.float32) * y,
+               # silu_back(dy, x): dy * s * (1 + x (1 - s)), s = sigmoid(x)
+               OpKind.SILU_BACK: lambda: x * sig * (one + y * (one - sig))}[op]()
     assert np.array_equal(got, ref, equal_nan=True)
 
 

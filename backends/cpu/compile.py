@@ -1,0 +1,91 @@
+"""How the CPU's kernels are compiled: the numba target and its compilers (parallel or
+serial, with or without the fast-math flags, without the GIL for threads of our own), the size
+below which a node runs on one thread, and `compiled`, which binds a template to the codecs of
+its types. The kernel tables (backends/cpu/kernels.py and the training ops' modules beside it)
+all bind through here."""
+from __future__ import annotations
+
+import numba
+
+from ggraph import config
+from ggraph.ir.opkind import OpKind
+from ggraph.ir.tensor import Tensor
+from ggraph.ir.types import GGMLType as T
+from ..jit import Compiler, Target
+from . import fastmath
+
+PARALLEL = config.numba_parallel()
+# Helpers (device functions) are not cached on disk, only the kernels that call them: numba
+# links a helper loaded from its cache as machine code, which no newly compiled kernel can
+# inline, so a kernel compiled after its helpers were cached in another process lost their
+# vectorized loops (a GELU 10x slower). Compiled from source, every helper inlines; a cached
+# kernel holds its helpers' code already and compiles none of them.
+TARGET = Target(
+    "cpu",
+    numba.njit,
+    numba.njit(fastmath={"reassoc", "contract", "nsz", "arcp"}),
+    overrides=fastmath.OVERRIDES,
+    device_ieee=numba.njit(error_model="numpy"),
+)
+KERNEL = Compiler(numba.njit, cache=True, parallel=PARALLEL)
+SERIAL = Compiler(numba.njit, cache=True)
+SERIAL_NOGIL = Compiler(numba.njit, cache=True, nogil=True)  # threads of our own (blas.py)
+FAST_FLAGS = {"reassoc", "contract", "nsz", "arcp"}
+SERIAL_NOGIL_FAST = Compiler(numba.njit, cache=True, nogil=True, fastmath=FAST_FLAGS)
+KERNEL_FAST = Compiler(numba.njit, cache=True, parallel=PARALLEL, fastmath=FAST_FLAGS)
+SERIAL_FAST = Compiler(numba.njit, cache=True, fastmath=FAST_FLAGS)
+INLINE_FAST = Compiler(numba.njit, inline="always", fastmath=FAST_FLAGS)
+PARALLEL_MIN_WORK = 1 << 16  # below this many element-operations threads cost more than they save
+# products (multiply-adds) below this run on one thread: waking the other threads and joining
+# them costs ~3 us while they spin and ~50 us once they sleep (passive waiting, the default:
+# backends/cpu/threads.py), more than halving a small mat-vec saves
+PARALLEL_MIN_PRODUCT = config.parallel_min_product()
+
+# float32 exp, ~1 ulp, branch-free: loops of it vectorize (fastmath.py). Multiply-adds may
+# fuse; nothing may reassociate: (x * log2e + R) - R rounds x * log2e to an integer
+EXPF = numba.njit(fastmath={"contract"})(fastmath.expf)
+
+
+def is_small(node: Tensor) -> bool:
+    """Too little work to fork threads for: tiny element-wise ops, mat-vecs of small rows."""
+    work = node.nelements
+    if node.op == OpKind.SET_ROWS:  # the node is the whole destination; the rows written count
+        work = node.src[1].nelements
+    if node.op in (OpKind.MUL_MAT, OpKind.MUL_MAT_ID, OpKind.FLASH_ATTN_EXT):
+        work *= node.src[0].ne[0] if node.op != OpKind.FLASH_ATTN_EXT else node.src[1].ne[1]
+        return work < PARALLEL_MIN_PRODUCT
+    return work < PARALLEL_MIN_WORK
+
+
+def compiled(template, serial: bool = False, fast: bool = False, **types: T):
+    """`template` bound to the codecs of `types` (role -> type): dec_<role>, enc_<role>, ...;
+    `fast`: compiled with the fast-math flags (sums in any order) and the float32 `expf`."""
+    names = {"expf": EXPF} if fast else {}
+    for role, t in types.items():
+        c = TARGET.codec(t)
+        names.update({f"dec_{role}": c.dec, f"enc_{role}": c.enc, f"dot_{role}": c.dot})
+    tag = "_".join(f"{r}{t}" for r, t in types.items()) + ("_serial" if serial else "") + \
+        ("_fast" if fast else "")
+    deco = (SERIAL_FAST if serial else KERNEL_FAST) if fast else (
+        SERIAL if serial else KERNEL)
+    return TARGET.bind(template, deco, tag, **names)
+
+
+def compiled_for(template, node: Tensor):
+    """`template` (no codecs: float32 arrays) compiled for `node`'s size: serial when the
+    node is too small to fork threads for (the fused kernels of backends/cpu/fusion.py)."""
+    return compiled(template, is_small(node))
+
+
+def compiled_nogil(template):
+    """`template` compiled serial and without the GIL, to run in threads of our own (the
+    attention group of backends/cpu/attn_fusion.py), with the float32 `expf` and F16
+    `round_half` bound."""
+    return TARGET.bind(template, SERIAL_NOGIL_FAST, "nogil", expf=EXPF,
+                       round_half=ROUND_HALF)
+
+
+
+# b rounded to F16 and back in k_mul_mat_half: one vcvtps2ph/vcvtph2ps pair with F16C
+ROUND_HALF = TARGET.device(fastmath.round_half_f16c) if fastmath.F16C else TARGET.bind(
+    fastmath.round_half_soft, TARGET.device, "")
