@@ -1,7 +1,10 @@
 """`ggraph conformance`: run every op case on backends against the reference executor.
 
 Modes: test (OK/FAIL per case, a summary per backend, exit status 1 on any failure), perf
-(GFLOPS or GB/s per perf case), support (the op x type coverage table per backend).
+(GFLOPS or GB/s per perf case), support (the op x type coverage table per backend), grad
+(every backward rule's gradient, run on the backend, against central finite differences of
+the float64 reference, as test-backend-ops -m grad; backend `reference` runs the backward
+graph in float64 too, which checks the rules' math alone).
 --inplace (test mode): every case of the ops ggml-alloc may run in place, with the result in
 its source's memory under the real planner (a plan that does not reuse the source fails).
 """
@@ -13,6 +16,7 @@ from collections import defaultdict
 
 from ggraph.check.conformance import (Summary, cases_for, cases_inplace, parse_ops, perf_case,
                                       run_case, run_case_inplace)
+from ggraph.check.grad_check import grad_cases, run_grad_case
 from ggraph.ir.opkind import OpKind
 from ggraph.ir.types import TYPE_RECORDS
 
@@ -24,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__)
     p.add_argument("--backend", default="cpu", help="comma-separated backends (cpu,cuda)")
     p.add_argument("--op", default="", help="comma-separated op names (mul_mat,soft_max,...)")
-    p.add_argument("--mode", choices=("test", "perf", "support"), default="test")
+    p.add_argument("--mode", choices=("test", "perf", "support", "grad"), default="test")
     p.add_argument("--json", metavar="FILE", help="write results as JSON")
     p.add_argument("--reference", choices=("numpy", "ggml"), default="numpy",
                    help="oracle: ggraph's numpy reference or the real libggml through cffi")
@@ -60,7 +64,13 @@ def main(args: argparse.Namespace) -> int:
     if not names:
         raise ValueError(f"--backend {args.backend!r} names no backend; give cpu, cuda or "
                          f"cpu,cuda")
-    backends = [get_backend(name) for name in names]  # all before any test: one-line errors
+    if args.mode == "grad" and (inplace or args.reference != "numpy"):
+        raise ValueError("--mode grad checks against finite differences of the numpy "
+                         "reference: no --inplace or --reference ggml")
+    # all before any test: one-line errors (grad mode also takes `reference`: the float64
+    # executor runs the backward graph, which checks the rules alone)
+    backends = [None if args.mode == "grad" and name == "reference" else get_backend(name)
+                for name in names]
     report = []
     failed = False
     for name, backend in zip(names, backends):
@@ -72,6 +82,8 @@ def main(args: argparse.Namespace) -> int:
         per_op: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         if inplace:
             results = (run_case_inplace(case, backend, reference, src) for case, src in runs)
+        elif args.mode == "grad":
+            results = (run_grad_case(case, backend) for case in grad_cases(ops))
         elif args.mode == "perf":
             results = (perf_case(case, backend) for case in cases_for(ops, perf=True))
         else:
@@ -82,7 +94,7 @@ def main(args: argparse.Namespace) -> int:
             per_op[r.case.op.name][1] += r.status not in ("not supported", "skipped")
             if not args.quiet or r.status == "FAIL":
                 print(r.line(), flush=True)
-        if args.mode == "test":
+        if args.mode in ("test", "grad"):
             print("  cases per op: " + ", ".join(f"{k} {ok}/{n}" for k, (ok, n) in
                                                  per_op.items()))
         skipped = (f", {summary.skipped} skipped (no source can hold the result: ggml-alloc "

@@ -33,7 +33,7 @@ class Flag(IntFlag):
     NONE = 0
     INPUT = 1   # graph input: placed first by the allocator, never overlapping
     OUTPUT = 2  # graph output: never freed, never overwritten
-    PARAM = 4   # trainable parameter (ggml keeps these as nodes); unused by inference
+    PARAM = 4   # trainable parameter: ggraph.autodiff gives it a gradient
 
 
 _INPUT, _OUTPUT = int(Flag.INPUT), int(Flag.OUTPUT)
@@ -178,6 +178,19 @@ class Tensor:
         if self.view_src is not None:  # an output view keeps its memory owner alive too
             self.view_src.flags |= Flag.OUTPUT
         return self
+
+    def set_param(self) -> "Tensor":
+        """Mark a leaf as a trainable parameter (ggml_set_param): ggraph.autodiff.grad gives
+        every parameter the loss depends on a gradient."""
+        if not self.is_leaf:
+            raise ValueError(f"tensor {self.describe()}: only leafs can be parameters (it is "
+                             f"computed by {self.op})")
+        self.flags |= Flag.PARAM
+        return self
+
+    @property
+    def is_param(self) -> bool:
+        return bool(self.flags & Flag.PARAM)
 
     @property
     def is_preallocated(self) -> bool:
