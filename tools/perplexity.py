@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="GGUF path or a model name: default (= smollm2), smollm2, gemma3")
     p.add_argument("-f", "--file", help="the text (UTF-8; one trailing newline is dropped)")
     from ggraph.tools.common.defaults import (N_BATCH, N_CTX_PERPLEXITY, add_context_flags, add_flash_attn_flag,
-                           add_load_flags, add_threads_flag)
+                           add_load_flags, add_lora_flags, add_threads_flag)
 
     add_context_flags(p, n_ctx=None, ctx_help=f"tokens per chunk (default {N_CTX_PERPLEXITY}; with "
                       f"--kl-divergence, the base file's)")
@@ -51,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="compute as ggml's CPU does, bit for bit (slower)")
     add_threads_flag(p)
     add_load_flags(p)
+    add_lora_flags(p)
     p.set_defaults(func=main)
 
 
@@ -116,7 +117,7 @@ def load_engine(args: argparse.Namespace, n_ctx: int, n_seq: int) -> Engine:
     from ggraph.graphs.runtime.engine import Engine, EngineConfig
     from ggraph.graphs.gguf.fetch import resolve_model
 
-    from ggraph.tools.common.defaults import flash_attn_on
+    from ggraph.tools.common.defaults import flash_attn_on, lora_config
 
     path = resolve_model(args.model)
     # warmup: kernels compile before the first chunk, whose time is the pass estimate
@@ -124,7 +125,7 @@ def load_engine(args: argparse.Namespace, n_ctx: int, n_seq: int) -> Engine:
                        n_ubatch=min(pass_batch(args, n_ctx, n_seq), args.ubatch_size),
                        n_seq_max=n_seq, n_threads=args.threads, ggml_exact=args.ggml_exact,
                        flash_attn=flash_attn_on(args.fa), warmup=True, use_mmap=args.mmap,
-                       use_mlock=args.mlock)
+                       use_mlock=args.mlock, loras=lora_config(args))
     eng = Engine(path, cfg, progress=sys.stderr.isatty())
     for line in eng.load_notes():
         info(line)

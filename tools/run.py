@@ -65,7 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="tokens to generate (default 32; -1: until an end-of-generation token, "
                         "shifting the context as it fills; -2: until the context is full)")
     from ggraph.tools.common.defaults import (N_BATCH, add_context_flags, add_flash_attn_flag,
-                                              add_load_flags, add_swa_full_flag,
+                                              add_load_flags, add_lora_flags,
+                                              add_swa_full_flag,
                                               add_threads_flag)
 
     m = p.add_argument_group("context and memory")
@@ -87,6 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--no-context-shift", dest="context_shift", action="store_false",
                    help="stop generating when the context is full")
     add_load_flags(m)
+    add_lora_flags(m)
     m.add_argument("--reserve-outputs", choices=("all", "last"), default="all",
                    help="size the compute buffer for every token's logits (llama.cpp) or the "
                         "last token's only")
@@ -213,7 +215,7 @@ def engine_config(args: argparse.Namespace) -> Any:
     from ggraph.graphs.runtime.engine import EngineConfig
     from ggraph.graphs.deploy.placement import parse_split
 
-    from ggraph.tools.common.defaults import flash_attn_on
+    from ggraph.tools.common.defaults import flash_attn_on, lora_config
 
     check_options(args)
     amb = args.amb
@@ -237,7 +239,7 @@ def engine_config(args: argparse.Namespace) -> Any:
                         tensor_split=tuple(split) if split else None,
                         check_tensors=args.check_tensors, warmup=not args.no_warmup,
                         n_seq_max=args.parallel,
-                        use_mmap=args.mmap, use_mlock=args.mlock)
+                        use_mmap=args.mmap, use_mlock=args.mlock, loras=lora_config(args))
 
 
 def n_keep(args: argparse.Namespace, eng: Any, prompt: list[int]) -> int | None:

@@ -31,7 +31,8 @@ from typing import Any
 
 def register(sub: argparse._SubParsersAction) -> None:
     from ggraph.tools.common.defaults import (N_BATCH, add_context_flags, add_flash_attn_flag,
-                                              add_load_flags, add_threads_flag)
+                                              add_load_flags, add_lora_flags,
+                                              add_threads_flag)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible server (llama-server's flags)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,6 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_flash_attn_flag(p)
     add_threads_flag(p)
     add_load_flags(p)
+    add_lora_flags(p)
     p.add_argument("--backend", default="cpu")
     p.add_argument("--metrics", action="store_true", help="accepted: /metrics is always on")
     p.add_argument("--no-warmup", action="store_true", help="skip the warmup run at load")
@@ -118,7 +120,7 @@ def main(args: argparse.Namespace) -> int:
                          f"({e})") from None
     from ggraph.graphs.gguf.fetch import resolve_model
     from ggraph.graphs.runtime.engine import EngineConfig
-    from ggraph.tools.common.defaults import flash_attn_on
+    from ggraph.tools.common.defaults import flash_attn_on, lora_config
 
     check(args)
     path = resolve_model(args.model_opt or args.model or "default")
@@ -130,7 +132,7 @@ def main(args: argparse.Namespace) -> int:
                        flash_attn=flash_attn_on(args.fa, args.backend), backend=args.backend,
                        n_threads=args.threads, reserve_outputs="last",
                        warmup=not args.no_warmup, n_seq_max=n_slots, kv_unified=unified,
-                       use_mmap=args.mmap, use_mlock=args.mlock)
+                       use_mmap=args.mmap, use_mlock=args.mlock, loras=lora_config(args))
     state = ServerState(args.alias or os.path.basename(path), api_key(args), args.max_body)
     server = uvicorn.Server(uvicorn.Config(create_app(state), host=args.host, port=args.port,
                                            log_level="warning", access_log=False,

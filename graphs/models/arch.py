@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence, TypeVar
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from ggraph.ir.types import GGMLType
 
 from ggraph.graphs.gguf.gguf_file import GGUFError, GGUFModel
 from ggraph.graphs.models.batch import UBatch
+from ggraph.graphs.models.lora import LoraAdapter, check_loras
 from ggraph.graphs.models.kv_cache import UNIFIED, Slots, StreamRange
 from ggraph.graphs.models.model_graph import ModelGraph, ubatch_values
 from ggraph.graphs.models.hparams import read_hparams
@@ -47,6 +48,8 @@ class Architecture(ABC):
     tensors: ClassVar[TensorNames]
     gguf: GGUFModel
     hp: Any
+    # LoRA adapters every graph `build` applies (graphs/models/lora.py); set with set_loras
+    loras: tuple[LoraAdapter, ...] = ()
 
     @abstractmethod
     def __init__(self, gguf: GGUFModel, **overrides: Any) -> None:
@@ -96,6 +99,12 @@ class Architecture(ABC):
         if hp.n_vocab == 0:
             object.__setattr__(hp, "n_vocab", vocab_size(gguf, self.tensors))
         return hp
+
+    def set_loras(self, adapters: Sequence[LoraAdapter]) -> None:
+        """The adapters the next graphs apply (loaded from files, or a trainer's own leafs),
+        checked against the model's weights as llama.cpp checks them; () for none. Graphs
+        built before keep what they were built with."""
+        self.loras = check_loras(adapters, self.gguf.arch, self.gguf.tensors)
 
     # -- weights, by logical name (graphs/models/tensor_names.py) ------------------------------------
     def weight(self, logical: str, ne: tuple[int, ...], il: int | None = None,

@@ -11,10 +11,13 @@ added by the caller.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from ggraph import ops as O
 from ggraph.ir.graph import Graph
 from ggraph.ir.tensor import Tensor
+
+from ggraph.graphs.models.lora import LoraAdapter, lora_mm, lora_mm_id
 
 GATING_SOFTMAX = 1
 GATING_SIGMOID = 2
@@ -33,25 +36,27 @@ class MoEConfig:
 
 
 def build_ffn(x: Tensor, up: Tensor, gate: Tensor, down: Tensor, il: int,
-              suffix: str = "") -> Tensor:
+              suffix: str = "", loras: Sequence[LoraAdapter] = ()) -> Tensor:
     """down(silu(gate x) * up x): llama's FFN, DeepSeek2's dense layers and shared expert.
-    Nodes are named llama.cpp's way, `ffn_up{suffix}-{il}` ..."""
-    u = O.mul_mat(up, x, name=f"ffn_up{suffix}-{il}")
-    g = O.mul_mat(gate, x, name=f"ffn_gate{suffix}-{il}")
-    return O.mul_mat(down, O.swiglu(g, u, name=f"ffn_swiglu{suffix}-{il}"),
-                     name=f"ffn_out{suffix}-{il}")
+    Nodes are named llama.cpp's way, `ffn_up{suffix}-{il}` ...; each product takes the
+    adapters that have its weight (graphs/models/lora.py)."""
+    u = lora_mm(up, x, loras, name=f"ffn_up{suffix}-{il}")
+    g = lora_mm(gate, x, loras, name=f"ffn_gate{suffix}-{il}")
+    return lora_mm(down, O.swiglu(g, u, name=f"ffn_swiglu{suffix}-{il}"), loras,
+                   name=f"ffn_out{suffix}-{il}")
 
 
 def build_moe_ffn(x: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exps: Tensor,
                   down_exps: Tensor, exp_probs_b: Tensor | None, cfg: MoEConfig, il: int,
-                  graph: Graph | None = None) -> Tensor:
+                  graph: Graph | None = None, loras: Sequence[LoraAdapter] = ()) -> Tensor:
     """The routed experts' output [n_embd, T] for x [n_embd, T] (without the shared expert).
 
     graph: when given, the routing weights are expanded first (as llama.cpp does before the
-    experts), which keeps the small routing tensors out of the experts' peak."""
+    experts), which keeps the small routing tensors out of the experts' peak. loras: adapters of the
+    router and the expert weights (graphs/models/lora.py)."""
     n_embd, n_tokens = x.ne[0], x.ne[1]
     E, k = cfg.n_expert, cfg.n_expert_used
-    logits = O.mul_mat(gate_inp, x, name=f"ffn_moe_logits-{il}")          # [E, T]
+    logits = lora_mm(gate_inp, x, loras, name=f"ffn_moe_logits-{il}")          # [E, T]
     if cfg.gating == GATING_SIGMOID:
         probs = O.sigmoid(logits, name=f"ffn_moe_probs-{il}")
     elif cfg.gating == GATING_SOFTMAX:
@@ -79,10 +84,11 @@ def build_moe_ffn(x: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exps: Tenso
         graph.build_forward_expand(weights)
 
     cur = O.reshape(x, n_embd, 1, n_tokens)
-    up = O.mul_mat_id(up_exps, cur, selected, name=f"ffn_moe_up-{il}")      # [ff, k, T]
-    gate = O.mul_mat_id(gate_exps, cur, selected, name=f"ffn_moe_gate-{il}")
+    up = lora_mm_id(up_exps, cur, selected, loras, name=f"ffn_moe_up-{il}")   # [ff, k, T]
+    gate = lora_mm_id(gate_exps, cur, selected, loras, name=f"ffn_moe_gate-{il}")
     act = O.swiglu(gate, up, name=f"ffn_moe_swiglu-{il}")
-    experts = O.mul_mat_id(down_exps, act, selected, name=f"ffn_moe_down-{il}")  # [n_embd, k, T]
+    experts = lora_mm_id(down_exps, act, selected, loras,
+                         name=f"ffn_moe_down-{il}")                        # [n_embd, k, T]
     experts = O.mul(experts, weights, name=f"ffn_moe_weighted-{il}")
     # sum the k expert outputs: views of each slot added in order, as llama.cpp does
     out = O.view_2d(experts, n_embd, n_tokens, experts.nb[2], 0, name=f"ffn_moe_e0-{il}")

@@ -44,6 +44,7 @@ from ggraph.ir.tensor import Context
 from ggraph.graphs.models.arch import KShift, build_model, supports
 from ggraph.graphs.gguf.gguf_file import GGUFError, load_gguf, lock_memory
 from ggraph.graphs.models.batch import Batch, UBatch, check_tokens, prepare
+from ggraph.graphs.models.lora_gguf import WeightFiles, load_loras
 from ggraph.graphs.models.kv_cache import (UNIFIED, StreamRange, copy_graph, shift_graph,
                                            stream_size, worst_ubatch)
 from ggraph.graphs.models.model_graph import ModelGraph
@@ -119,6 +120,8 @@ class EngineConfig:
     # numba compiles the kernels there on the first run, so load time carries the compilation
     # and the prompt and generation timings do not
     warmup: bool = False
+    # LoRA adapters, (path, user scale) each: --lora / --lora-scaled (graphs/models/lora.py)
+    loras: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass
@@ -189,6 +192,8 @@ class Engine:
         if cfg.check_tensors:
             check_tensors(self.file)
         self.model = build_model(self.file)
+        if cfg.loras:
+            self.model.set_loras(load_loras(cfg.loras, self.file.arch, cfg.devices))
         hp = self.model.hp
         if cfg.n_ctx <= 0 or cfg.n_ubatch <= 0:
             raise ValueError("context and ubatch sizes must be positive")
@@ -217,8 +222,8 @@ class Engine:
             kw["n_threads"] = cfg.n_threads
         if host and not cfg.adaptive_threads:
             kw["adaptive"] = False
-        if host:
-            kw["weights"] = self.file  # packed copies read from the file, not its mapping
+        if host:   # packed copies read from the file, not its mapping (adapters: own bytes)
+            kw["weights"] = WeightFiles(self.file) if self.model.loras else self.file
         if cfg.ggml_exact:
             if not host:
                 raise ValueError("ggml_exact reproduces ggml's CPU arithmetic: CPU backend only")

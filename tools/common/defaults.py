@@ -8,7 +8,9 @@
   attention, as llama.cpp resolves it, and every ggraph backend (CPU, CUDA) runs it;
 - `-t/--threads N`: at least 1 (as llama-bench refuses 0) and at most the threads numba may
   start; unset is every core numba may use;
-- `--no-mmap` and `--mlock` for the commands that load a model's weights.
+- `--no-mmap` and `--mlock` for the commands that load a model's weights;
+- `--lora FNAME[,...]` and `--lora-scaled FNAME:SCALE[,...]` (llama.cpp's common/arg.cpp
+  syntax, each repeatable) for run, perplexity and serve: EngineConfig.loras.
 
 This module has no `register`: the command line (ggraph/cli.py) imports it but adds no
 subcommand for it.
@@ -77,6 +79,26 @@ def add_load_flags(parser: Any) -> None:
     parser.add_argument("--mlock", action="store_true",
                         help="keep the model in RAM (never swapped out or dropped from the "
                              "page cache)")
+
+
+def add_lora_flags(parser: Any) -> None:
+    """llama.cpp's --lora and --lora-scaled into args.lora and args.lora_scaled (lists of
+    the values given); `lora_config(args)` resolves them."""
+    parser.add_argument("--lora", action="append", default=[], metavar="FNAME",
+                        help="LoRA adapter (comma-separated values to load several; "
+                             "repeatable)")
+    parser.add_argument("--lora-scaled", action="append", default=[],
+                        metavar="FNAME:SCALE", help="LoRA adapter with a user scale "
+                        "(format FNAME:SCALE, comma-separated values; repeatable)")
+
+
+def lora_config(args: argparse.Namespace) -> tuple[tuple[str, float], ...]:
+    """--lora (scale 1) then --lora-scaled adapters as EngineConfig.loras; a malformed
+    --lora-scaled is a one-line ValueError."""
+    from ggraph.graphs.models.lora_gguf import parse_lora_flags
+
+    return tuple(parse_lora_flags(getattr(args, "lora", None) or (),
+                                  getattr(args, "lora_scaled", None) or ()))
 
 
 def add_threads_flag(parser: Any) -> None:

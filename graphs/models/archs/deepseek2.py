@@ -46,6 +46,7 @@ from ggraph.graphs.models.mla import (
     path_groups,
 )
 from ggraph.graphs.models.model_graph import GraphInputs, ModelGraph, causal_batch
+from ggraph.graphs.models.lora import lora_get_rows, lora_mm
 from ggraph.graphs.models.moe import MoEConfig, build_ffn, build_moe_ffn
 from ggraph.graphs.models.tensor_names import TensorNames, io_weights
 
@@ -325,23 +326,24 @@ class DeepSeek2Model(Architecture, MLAPlanner):
                                                       cache_type=cache.type_k, path=path))
         eps = hp.rms_eps
 
-        cur = O.get_rows(w["token_embd"], inputs.tokens, name="inp_embd")
+        lo = self.loras
+        cur = lora_get_rows(w["token_embd"], inputs.tokens, lo, name="inp_embd")
         for il, L in enumerate(w["layers"]):
             inp_sa = cur
             x = O.mul(O.rms_norm(cur, eps, name=f"norm-{il}"), L["attn_norm"],
                       name=f"attn_norm-{il}")
             if hp.q_lora_rank:
-                q = O.mul_mat(L["attn_q_a"], x, name=f"q_a-{il}")
+                q = lora_mm(L["attn_q_a"], x, lo, name=f"q_a-{il}")
                 q = O.mul(O.rms_norm(q, eps, name=f"q_a_rms-{il}"), L["attn_q_a_norm"],
                           name=f"q_a_norm-{il}")
-                q = O.mul_mat(L["attn_q_b"], q, name=f"q-{il}")
+                q = lora_mm(L["attn_q_b"], q, lo, name=f"q-{il}")
             else:
-                q = O.mul_mat(L["attn_q"], x, name=f"q-{il}")           # [H*head_k, T]
+                q = lora_mm(L["attn_q"], x, lo, name=f"q-{il}")         # [H*head_k, T]
             hk = hp.head_k * 4
             q_nope = O.view_3d(q, nope, H, n_tokens, hk, hk * H, 0, name=f"q_nope-{il}")
             q_pe = O.view_3d(q, rope, H, n_tokens, hk, hk * H, nope * 4, name=f"q_pe-{il}")
             q_pe = O.rope_ext(q_pe, pos, None, name=f"q_pe_rope-{il}", **rope_kw)
-            kv = O.mul_mat(L["attn_kv_a_mqa"], x, name=f"kv_cmpr_pe-{il}")  # [row, T]
+            kv = lora_mm(L["attn_kv_a_mqa"], x, lo, name=f"kv_cmpr_pe-{il}")  # [row, T]
             kv_cmpr = O.view_2d(kv, hp.kv_lora_rank, n_tokens, kv.nb[1], 0,
                                 name=f"kv_cmpr-{il}")
             k_pe = O.view_3d(kv, rope, 1, n_tokens, kv.nb[1], kv.nb[1], hp.kv_lora_rank * 4,
@@ -355,7 +357,7 @@ class DeepSeek2Model(Architecture, MLAPlanner):
             att = build_mla_attention(q_nope, q_pe, k_store, kq_mask, shape=shape,
                                       w=self.mla_weights(il, path), kq_scale=hp.kq_scale,
                                       path=path, amb_mib=amb_mib, il=il, graph=graph)
-            cur = O.mul_mat(L["attn_output"], att, name=f"attn_out-{il}")
+            cur = lora_mm(L["attn_output"], att, lo, name=f"attn_out-{il}")
             if il == hp.n_layer - 1:  # only the requested rows go on
                 cur = O.get_rows(cur, out_ids)
                 inp_sa = O.get_rows(inp_sa, out_ids)
@@ -363,18 +365,19 @@ class DeepSeek2Model(Architecture, MLAPlanner):
             x = O.mul(O.rms_norm(ffn_inp, eps, name=f"ffn_rms-{il}"), L["ffn_norm"],
                       name=f"ffn_norm-{il}")
             if il < hp.n_layer_dense_lead:
-                ff = build_ffn(x, L["ffn_up"], L["ffn_gate"], L["ffn_down"], il)
+                ff = build_ffn(x, L["ffn_up"], L["ffn_gate"], L["ffn_down"], il, loras=lo)
             else:
                 ff = build_moe_ffn(x, L["ffn_gate_inp"], L["ffn_up_exps"], L["ffn_gate_exps"],
-                                   L["ffn_down_exps"], L["exp_probs_b"], moe, il, graph)
+                                   L["ffn_down_exps"], L["exp_probs_b"], moe, il, graph,
+                                   loras=lo)
                 if hp.n_expert_shared:
                     sh = build_ffn(x, L["ffn_up_shexp"], L["ffn_gate_shexp"],
-                                   L["ffn_down_shexp"], il, "_shexp")
+                                   L["ffn_down_shexp"], il, "_shexp", loras=lo)
                     ff = O.add(ff, sh, name=f"ffn_out-{il}")
             cur = O.add(ff, ffn_inp, name=f"l_out-{il}")
             graph.build_forward_expand(cur)
         cur = O.mul(O.rms_norm(cur, eps, name="norm"), w["output_norm"], name="result_norm")
-        logits = O.mul_mat(w["output"], cur, name="result_output").set_output()
+        logits = lora_mm(w["output"], cur, lo, name="result_output").set_output()
         graph.build_forward_expand(logits)
         return ModelGraph(graph, inputs, logits, n_tokens, n_kv, n_outputs, path)
 

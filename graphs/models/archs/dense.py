@@ -31,6 +31,7 @@ from ggraph.graphs.models.arch import Architecture, KShift
 from ggraph.graphs.models.attention import AttentionShape, build_attention, split_heads, store_kv
 from ggraph.graphs.gguf.gguf_file import GGUFError, GGUFModel
 from ggraph.graphs.models.hparams import LlamaHParams, key, settle_heads
+from ggraph.graphs.models.lora import lora_get_rows, lora_mm
 from ggraph.graphs.models.kv_cache import (UNIFIED, KVCache, StreamRange, check_graph_fits,
                                            check_head_blocks)
 from ggraph.graphs.models.model_graph import GraphInputs, ModelGraph, causal_batch
@@ -157,7 +158,7 @@ class DenseDecoder(Architecture, KShift):
         """x times the layer's `name` matrix (node `{Qcur,Kcur,Vcur}-{il}`), plus its bias
         where the file has one (node `..._b-{il}`)."""
         label = {"attn_q": "Qcur", "attn_k": "Kcur", "attn_v": "Vcur"}[name]
-        cur = O.mul_mat(L[name], x, name=f"{label}-{il}")
+        cur = lora_mm(L[name], x, self.loras, name=f"{label}-{il}")
         bias = L.get(name + "_b")
         return cur if bias is None else O.add(cur, bias, name=f"{label}_b-{il}")
 
@@ -186,7 +187,7 @@ class DenseDecoder(Architecture, KShift):
         rope = self.rope()
 
         graph = Graph(self.graph_capacity(n_tokens, n_kv, amb_mib))
-        cur = O.get_rows(w["token_embd"], inputs.tokens, name="inp_embd")
+        cur = lora_get_rows(w["token_embd"], inputs.tokens, self.loras, name="inp_embd")
         for il, L in enumerate(w["layers"]):
             inp_sa = cur
             x = O.mul(O.rms_norm(cur, hp.rms_eps, name=f"norm-{il}"), L["attn_norm"],
@@ -203,18 +204,18 @@ class DenseDecoder(Architecture, KShift):
             att = build_attention(q, k_store, v_cache, kq_mask, shape=shape, kq_scale=kq_scale,
                                   flash=flash_attn, amb_mib=amb_mib, il=il,
                                   v_trans=cache.v_trans, graph=graph)
-            cur = O.mul_mat(L["attn_output"], att, name=f"attn_out-{il}")
+            cur = lora_mm(L["attn_output"], att, self.loras, name=f"attn_out-{il}")
             if il == hp.n_layer - 1:  # only the requested rows go on
                 cur = O.get_rows(cur, out_ids)
                 inp_sa = O.get_rows(inp_sa, out_ids)
             ffn_inp = O.add(cur, inp_sa, name=f"ffn_inp-{il}")
             x = O.mul(O.rms_norm(ffn_inp, hp.rms_eps, name=f"norm-{il}"), L["ffn_norm"],
                       name=f"ffn_norm-{il}")
-            x = build_ffn(x, L["ffn_up"], L["ffn_gate"], L["ffn_down"], il)
+            x = build_ffn(x, L["ffn_up"], L["ffn_gate"], L["ffn_down"], il, loras=self.loras)
             cur = O.add(x, ffn_inp, name=f"l_out-{il}")
         cur = O.mul(O.rms_norm(cur, hp.rms_eps, name="norm"), w["output_norm"],
                     name="result_norm")
-        logits = O.mul_mat(w["output"], cur, name="result_output")
+        logits = lora_mm(w["output"], cur, self.loras, name="result_output")
         if w["output_b"] is not None:
             logits = O.add(logits, w["output_b"], name="result_output_b")
         logits.set_output()

@@ -37,6 +37,7 @@ from ggraph.graphs.models.hparams import key, settle_heads
 from ggraph.graphs.models.kv_cache import (UNIFIED, KVCache, StreamRange, check_graph_fits,
                                            check_head_blocks)
 from ggraph.graphs.models.kv_iswa import IswaKVCache
+from ggraph.graphs.models.lora import lora_get_rows, lora_mm
 from ggraph.graphs.models.model_graph import (GraphInputs, IswaInputs, KindInputs, ModelGraph, causal_batch,
                            iswa_batch)
 from ggraph.graphs.models.tensor_names import TensorNames, io_weights
@@ -211,7 +212,7 @@ class Gemma3Model(Architecture, KShift):
             inputs = IswaInputs(**vars(inputs), n_kv_swa=n_kv_swa, swa=KindInputs.create(
                 ctx, n_tokens, n_kv_swa, flash_attn, n_v_idx, "_swa"))
         graph = Graph(self.graph_capacity(n_tokens, n_kv, amb_mib))
-        cur = O.get_rows(w["token_embd"], inputs.tokens, name="inp_embd")
+        cur = lora_get_rows(w["token_embd"], inputs.tokens, self.loras, name="inp_embd")
         cur = O.scale(cur, float(np.sqrt(np.float32(hp.n_embd), dtype=np.float32)),
                       name="inp_scaled")
         for il, L in enumerate(w["layers"]):
@@ -224,10 +225,11 @@ class Gemma3Model(Architecture, KShift):
                 sub, i, att_in, n_kv_l = cache, il, inputs, n_kv
             inp_sa = cur
             x = self._norm(cur, L["attn_norm"], f"attn_norm-{il}")
-            q = O.reshape(O.mul_mat(L["attn_q"], x, name=f"Qcur-{il}"), hd, hp.n_head, n_tokens)
-            k = O.reshape(O.mul_mat(L["attn_k"], x, name=f"Kcur-{il}"), hd, hp.n_head_kv,
+            q = O.reshape(lora_mm(L["attn_q"], x, self.loras, name=f"Qcur-{il}"), hd, hp.n_head,
                           n_tokens)
-            v = O.mul_mat(L["attn_v"], x, name=f"Vcur-{il}")
+            k = O.reshape(lora_mm(L["attn_k"], x, self.loras, name=f"Kcur-{il}"), hd,
+                          hp.n_head_kv, n_tokens)
+            v = lora_mm(L["attn_v"], x, self.loras, name=f"Vcur-{il}")
             rope = self.rope(il)
             q = self._norm(q, L["attn_q_norm"], f"Qcur_normed-{il}")
             q = O.rope_ext(q, inputs.pos, None, name=f"Qcur-{il} (roped)", **rope)
@@ -241,22 +243,22 @@ class Gemma3Model(Architecture, KShift):
             att = build_attention(q, k_cache, v_cache, att_in.kq_mask, shape=shape,
                                   kq_scale=1.0, flash=flash_attn, amb_mib=amb_mib, il=il,
                                   v_trans=cache.v_trans, graph=graph)
-            cur = O.mul_mat(L["attn_output"], att, name=f"attn_out-{il}")
+            cur = lora_mm(L["attn_output"], att, self.loras, name=f"attn_out-{il}")
             if il == hp.n_layer - 1:  # only the requested rows go on
                 cur = O.get_rows(cur, inputs.out_ids)
                 inp_sa = O.get_rows(inp_sa, inputs.out_ids)
             cur = self._norm(cur, L["post_attention_norm"], f"attn_post_norm-{il}")
             sa_out = O.add(cur, inp_sa, name=f"sa_out-{il}")
             x = self._norm(sa_out, L["ffn_norm"], f"ffn_norm-{il}")
-            gate = O.gelu(O.mul_mat(L["ffn_gate"], x, name=f"ffn_gate-{il}"),
+            gate = O.gelu(lora_mm(L["ffn_gate"], x, self.loras, name=f"ffn_gate-{il}"),
                           name=f"ffn_gelu-{il}")
-            x = O.mul(gate, O.mul_mat(L["ffn_up"], x, name=f"ffn_up-{il}"),
+            x = O.mul(gate, lora_mm(L["ffn_up"], x, self.loras, name=f"ffn_up-{il}"),
                       name=f"ffn_geglu-{il}")
-            x = O.mul_mat(L["ffn_down"], x, name=f"ffn_out-{il}")
+            x = lora_mm(L["ffn_down"], x, self.loras, name=f"ffn_out-{il}")
             x = self._norm(x, L["post_ffw_norm"], f"ffn_post_norm-{il}")
             cur = O.add(x, sa_out, name=f"l_out-{il}")
         cur = self._norm(cur, w["output_norm"], "result_norm")
-        logits = O.mul_mat(w["output"], cur, name="result_output")
+        logits = lora_mm(w["output"], cur, self.loras, name="result_output")
         if hp.final_logit_softcapping:
             cap = hp.final_logit_softcapping
             logits = O.scale(O.tanh(O.scale(logits, 1.0 / cap)), cap, name="result_softcap")
