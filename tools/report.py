@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from typing import Any
 
@@ -86,6 +87,14 @@ def register(subparsers: Any) -> None:
                    help="plan the graph returned by this function (module path or "
                         "file.py; a Graph, ModelGraph or output Tensor) instead of the "
                         "attention example")
+    t = p.add_argument_group("training")
+    t.add_argument("--train-lora", action="store_true",
+                   help="plan one LoRA training step of MODEL (forward, backward, AdamW) "
+                        "instead of its inference graph, with and without gradient "
+                        "checkpointing; --n-tokens is the window (default 256)")
+    t.add_argument("--lora-r", type=int, default=8, help="the adapters' rank (default 8)")
+    t.add_argument("--lora-targets", default="attn_q,attn_v",
+                   help="comma-separated layer weights adapted (default attn_q,attn_v)")
     a = p.add_argument_group("attention example")
     a.add_argument("--n-head", type=int, default=32)
     a.add_argument("--n-head-kv", type=int, default=8)
@@ -148,6 +157,10 @@ def run(args: argparse.Namespace) -> int:
     if model and args.graph:
         raise ValueError("give a MODEL or --graph MODULE:FUNCTION, not both")
     check_options(args)
+    if getattr(args, "train_lora", False):
+        if not model:
+            raise ValueError("--train-lora plans a model's training step: give a MODEL")
+        return _train_report(model, args)
     if args.graph:
         from ggraph.tools.dot import user_graph
 
@@ -170,6 +183,43 @@ def run(args: argparse.Namespace) -> int:
     print(R.format_report(plan, top=args.top))
     _write(R, plan, args)
     return 0
+
+
+def _train_report(model: str, args: argparse.Namespace) -> int:
+    """One LoRA training step's plan (the report of the plain step), then what it holds
+    with and without checkpointing."""
+    from ggraph.graphs.gguf.fetch import resolve_model
+    from ggraph.graphs.train.lora import LoraFinetune, LoraSettings
+    from ggraph.graphs.train.memory import step_memory
+    from ggraph.pictures import alloc_report as R
+
+    n_ctx = args.n_tokens if args.n_tokens != _default_ubatch() else 256
+    path = resolve_model(model)
+    targets = tuple(x.strip() for x in args.lora_targets.split(",") if x.strip())
+    alignment = args.alignment or registry.alignment(args.backend)
+    out = []
+    for ck in (False, True):
+        st = LoraSettings(rank=args.lora_r, targets=targets, n_ctx=n_ctx, checkpoint=ck)
+        ft = LoraFinetune.create(path, st, backend=None)
+        if not ck:
+            plan = GraphAllocator(alignment=alignment, name=args.backend.upper()).reserve(
+                ft.trainer.step_graph)
+            print(R.format_report(plan, top=args.top))
+            _write(R, plan, args)
+        out.append(step_memory(ft.trainer, alignment))
+    print(f"\nLoRA training step of {os.path.basename(path)}: window {n_ctx} tokens, rank "
+          f"{args.lora_r} on {', '.join(targets)}")
+    for mem, label in zip(out, ("without checkpointing", "with checkpointing")):
+        print("\n".join(mem.lines(label)))
+    saved = 1 - out[1].compute / out[0].compute
+    print(f"checkpointing saves {saved:.1%} of the compute buffer")
+    return 0
+
+
+def _default_ubatch() -> int:
+    from ggraph.tools.common.defaults import N_UBATCH
+
+    return N_UBATCH
 
 
 def _write(R: Any, plan: Any, args: argparse.Namespace) -> None:

@@ -23,7 +23,7 @@ FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 EXPECTED = {"index.md", "getting-started.md", "tutorial.md", "memory-planning.md",
             "conformance.md", "writing-ops.md", "writing-builders.md", "untrusted-files.md",
             "architectures.md", "performance.md", "sequences.md", "server.md", "grammar.md",
-            "making-ggufs.md"}
+            "making-ggufs.md", "training.md"}
 
 
 def blocks(page: Path, lang: str) -> list[tuple[int, str]]:
