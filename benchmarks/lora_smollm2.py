@@ -1,7 +1,7 @@
 """LoRA fine-tuning of SmolLM2 135M (issue 33's must-show), measured in one run:
 
 1. the text (tests/data/train/fdr_state_of_the_union.txt, public domain) is cut at a
-   paragraph near --train-share: ggraph trains on the first part (`ggraph finetune`'s
+   sentence near --train-share of its characters: ggraph trains on the first part (`ggraph finetune`'s
    LoraFinetune, -c tokens a window, --epochs) and the rest is held out;
 2. perplexity of the held-out part, in chunks of -c tokens, before and after, by ggraph
    (the adapter applied as `--lora` applies it) and by llama.cpp (llama-cpp-python's
@@ -36,10 +36,11 @@ COLUMNS = [Column("what", align="<"), Column("value", fmt="{}", align="<")]
 
 
 def split_text(text: str, share: float) -> tuple[str, str]:
-    """(training part, held-out part): cut at the paragraph break nearest `share`."""
+    """(training part, held-out part): cut at the end of the sentence before `share` of the
+    characters (the addresses are one line each)."""
     at = int(len(text) * share)
-    cut = text.rfind("\n", 0, at)
-    cut = cut if cut > 0 else at
+    cut = text.rfind(". ", 0, at)
+    cut = cut + 1 if cut > 0 else at
     return text[:cut], text[cut:].lstrip()
 
 
