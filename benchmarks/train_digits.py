@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--val-split", type=float, default=0.1)
     ap.add_argument("--check", type=int, default=200, help="steps whose losses are compared")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("-o", "--out", default=results_path("train_digits"))
+    ap.add_argument("-o", "--out", default=results_path("train_digits.json"))
     args = ap.parse_args(argv)
     if isinstance(args.threads, list):
         args.threads = args.threads[0]
