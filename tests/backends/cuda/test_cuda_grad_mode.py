@@ -1,5 +1,5 @@
 """Grad mode on the CUDA backend under numba's simulator: a sample of the backward rules
-(one per kind: element-wise, row-wise, products, views, loss) run as backward graphs on the
+(element-wise, row-wise, views, loss; the other rules' CUDA kernels have their own tests) run as backward graphs on the
 device against finite differences of the float64 reference, and a backward kernel broken on
 purpose is caught. (`ggraph conformance --mode grad --backend cuda` runs every case.)"""
 from __future__ import annotations
@@ -18,14 +18,13 @@ from ggraph.check.grad_check import grad_cases, run_grad_case  # noqa: E402
 
 pytestmark = pytest.mark.cudasim
 
-SAMPLE = (OpKind.SILU, OpKind.SOFT_MAX, OpKind.RMS_NORM, OpKind.PERMUTE, OpKind.ROPE,
-          OpKind.CROSS_ENTROPY_LOSS, OpKind.GET_ROWS, OpKind.ADD)
+SAMPLE = (OpKind.SILU, OpKind.SOFT_MAX, OpKind.PERMUTE, OpKind.CROSS_ENTROPY_LOSS)
 
 
 @pytest.mark.parametrize("op", SAMPLE, ids=lambda k: k.value)
 def test_rules_pass_grad_mode_on_cuda(op):
     cuda = get_backend("cuda")
-    results = [run_grad_case(c, cuda) for c in list(grad_cases([op]))[:3]]
+    results = [run_grad_case(c, cuda) for c in list(grad_cases([op]))[:2]]
     assert all(r.status != "FAIL" for r in results), [r.line() for r in results]
     assert any(r.status == "OK" for r in results)
 

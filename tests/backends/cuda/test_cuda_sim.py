@@ -39,7 +39,8 @@ pytestmark = pytest.mark.cudasim
 sys.setswitchinterval(5e-4)  # simulated threads wait on each other at barriers: switch sooner
 
 BACKEND = CUDABackend()
-HEAVY = (OpKind.MUL_MAT, OpKind.MUL_MAT_ID, OpKind.FLASH_ATTN_EXT, OpKind.SOFT_MAX)
+HEAVY = (OpKind.MUL_MAT, OpKind.MUL_MAT_ID, OpKind.FLASH_ATTN_EXT, OpKind.SOFT_MAX,
+         OpKind.OUT_PROD)
 STRUCT = {"src", "a", "b", "sinks", "freq_factors", "softcap", "max_bias", "mode", "dim",
           "order", "head_offset", "n_b", "mask"}
 
