@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Sequence, TextIO
+from typing import Callable, Sequence, TextIO
 
 import numpy as np
 
@@ -50,19 +50,21 @@ class Progress:
             self.out.write(self.line(done, res) + "\n")
 
 
+Feed = Callable[[int, int], "tuple[dict, np.ndarray]"]
+
+
 def fit(trainer: Trainer, inputs: Tensor, dataset: Dataset, epochs: int = 1,
         val_split: float = 0.0, callbacks: Sequence[Callback] = (), seed: int = 0,
         shuffle: bool = True, progress: bool | None = None, out: TextIO | None = None
         ) -> History:
     """Train for `epochs` over `dataset`; `inputs` is the graph's input leaf, holding a
-    batch of examples (ne [n_in, batch] for examples of n_in values). Callbacks are called as cb(trainer, "step", step,
-    result) after each optimizer step and cb(trainer, "train"/"val", epoch, result) after
-    each epoch part; a callback returning False stops training. Returns the History."""
+    batch of examples (ne [n_in, batch] for examples of n_in values). Callbacks are called
+    as cb(trainer, "step", step, result) after each optimizer step and cb(trainer,
+    "train"/"val", epoch, result) after each epoch part; a callback returning False stops
+    training. Returns the History."""
     if trainer.labels is None:
         raise ValueError("fit: the trainer minimises its own loss; fit needs one made with "
                          "outputs (cross-entropy against the dataset's labels)")
-    if epochs < 1:
-        raise ValueError(f"fit: epochs={epochs} must be at least 1")
     example = int(np.prod(dataset.data.shape[1:]))
     batch = inputs.nelements // max(example, 1)
     if batch < 1 or batch * example != inputs.nelements:
@@ -70,6 +72,25 @@ def fit(trainer: Trainer, inputs: Tensor, dataset: Dataset, epochs: int = 1,
                          f"inputs {inputs.describe()} (a whole number of examples: the "
                          f"batch)")
     lab_rows = trainer.labels.shape
+
+    def feed(start: int, n: int) -> tuple[dict, np.ndarray]:
+        x, y = dataset.batch(start, n)
+        return {inputs: x.reshape(inputs.shape)}, y.reshape(lab_rows)
+
+    return run_epochs(trainer, dataset, batch, feed, epochs, val_split, callbacks, seed,
+                      shuffle, progress, out)
+
+
+def run_epochs(trainer: Trainer, dataset: Dataset, batch: int, feed: Feed, epochs: int = 1,
+               val_split: float = 0.0, callbacks: Sequence[Callback] = (), seed: int = 0,
+               shuffle: bool = True, progress: bool | None = None,
+               out: TextIO | None = None, unit: int = 1) -> History:
+    """fit's loop for any graph: `feed(start, batch)` gives (feeds, labels) for `batch`
+    examples from position `start` of the dataset's current order (LoRA fine-tuning feeds a
+    model's token windows this way). The progress line counts `unit` per example (a
+    window's tokens)."""
+    if epochs < 1:
+        raise ValueError(f"fit: epochs={epochs} must be at least 1")
     per_step = batch * trainer.accumulate
     n_train, n_val = dataset.split(val_split)
     steps = n_train // per_step
@@ -82,42 +103,37 @@ def fit(trainer: Trainer, inputs: Tensor, dataset: Dataset, epochs: int = 1,
     show = progress is not False
     rng = np.random.default_rng(seed)
     hist = History()
-
-    def feed(start: int) -> tuple[dict, np.ndarray]:
-        x, y = dataset.batch(start, batch)
-        return {inputs: x.reshape(inputs.shape)}, y.reshape(lab_rows)
-
     for epoch in range(epochs):
         t0 = time.perf_counter()
         if shuffle:
             dataset.shuffle(rng, n_train)
         res = EpochResult()
-        bar = Progress("train", steps * per_step, out, live)
+        bar = Progress("train", steps * per_step * unit, out, live)
         for s in range(steps):
-            micro = [feed(s * per_step + i * batch) for i in range(trainer.accumulate)]
+            micro = [feed(s * per_step + i * batch, batch) for i in range(trainer.accumulate)]
             r = trainer.step(micro)
             res.losses.extend(r.losses)
             res.correct += r.correct
             res.seen += r.seen
             hist.step_losses.append(r.loss)
             if show:
-                bar.show((s + 1) * per_step, res)
+                bar.show((s + 1) * per_step * unit, res)
             if any(cb(trainer, "step", trainer.steps, r) is False for cb in callbacks):
                 hist.train.append(res)
                 return hist
         if show:
-            bar.show(steps * per_step, res, final=True)
+            bar.show(steps * per_step * unit, res, final=True)
         hist.train.append(res)
         hist.seconds.append(time.perf_counter() - t0)
         stop = any(cb(trainer, "train", epoch, res) is False for cb in callbacks)
         if n_val >= batch:
             vres = EpochResult()
-            vbar = Progress("val", (n_val // batch) * batch, out, live)
+            vbar = Progress("val", (n_val // batch) * batch * unit, out, live)
             for b in range(n_val // batch):
-                x, y = feed(n_train + b * batch)
+                x, y = feed(n_train + b * batch, batch)
                 trainer.evaluate(x, y, into=vres)
             if show:
-                vbar.show((n_val // batch) * batch, vres, final=True)
+                vbar.show((n_val // batch) * batch * unit, vres, final=True)
             hist.val.append(vres)
             stop |= any(cb(trainer, "val", epoch, vres) is False for cb in callbacks)
         if stop:

@@ -14,7 +14,7 @@ adapter starts as the identity of the base model.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -103,7 +103,6 @@ class LoraFinetune:
     mg: Any
     cache: Any
     history: History | None = None
-    step_losses: list[float] = field(default_factory=list)
 
     @classmethod
     def create(cls, path: str, settings: LoraSettings, backend: Any = "cpu") -> "LoraFinetune":
@@ -161,49 +160,20 @@ class LoraFinetune:
     # -- training ---------------------------------------------------------------------------
     def train(self, text: str, callbacks: Sequence[Callable] = (), progress: bool | None = None,
               out: Any = None) -> History:
-        """Epochs over the text's windows (the last val_split of them held out), as fit
-        runs them, one window per step."""
-        import sys
-
-        from .fit import Progress
-        from .trainer import EpochResult
+        """Epochs over the text's windows, one window a step, the last val_split of them
+        held out (fit's loop; the progress line counts tokens)."""
+        from .fit import run_epochs
 
         data = self.dataset(text)
-        n_train, n_val = data.split(self.settings.val_split)
-        rng = np.random.default_rng(self.settings.seed)
-        out = out or sys.stderr
-        live = out.isatty() if progress is None else progress
-        hist = History()
-        for epoch in range(self.settings.epochs):
-            data.shuffle(rng, n_train)
-            res = EpochResult()
-            bar = Progress("train", n_train * self.settings.n_ctx, out, live)
-            for i in range(n_train):
-                x, y = data.batch(i, 1)
-                r = self.trainer.step([(self.feeds(x[0]), self.one_hot(y[0]))])
-                res.losses.extend(r.losses)
-                res.correct += r.correct
-                res.seen += r.seen
-                hist.step_losses.append(r.loss)
-                if progress is not False:
-                    bar.show((i + 1) * self.settings.n_ctx, res)
-                if any(cb(self.trainer, "step", self.trainer.steps, r) is False
-                       for cb in callbacks):
-                    break
-            if progress is not False:
-                bar.show(n_train * self.settings.n_ctx, res, final=True)
-            hist.train.append(res)
-            if n_val:
-                vres = EpochResult()
-                for i in range(n_train, n_train + n_val):
-                    x, y = data.batch(i, 1)
-                    self.trainer.evaluate(self.feeds(x[0]), self.one_hot(y[0]), into=vres)
-                hist.val.append(vres)
-                if progress is not False:
-                    Progress("val", n_val * self.settings.n_ctx, out, live).show(
-                        n_val * self.settings.n_ctx, vres, final=True)
-        self.history = hist
-        return hist
+
+        def feed(start: int, n: int) -> tuple[dict, np.ndarray]:
+            x, y = data.batch(start, 1)
+            return self.feeds(x[0]), self.one_hot(y[0])
+
+        self.history = run_epochs(self.trainer, data, 1, feed, self.settings.epochs,
+                                  self.settings.val_split, callbacks, self.settings.seed,
+                                  progress=progress, out=out, unit=self.settings.n_ctx)
+        return self.history
 
     def save(self, path: str) -> None:
         """The trained adapter as llama.cpp's LoRA GGUF."""
