@@ -51,14 +51,10 @@ def chunks(tokens: list[int], n: int) -> list[list[int]]:
     return [tokens[i:i + n] for i in range(0, len(tokens) - n + 1, n)]
 
 
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
-
-
 def nll_and_logp(logits: np.ndarray, chunk: list[int]) -> tuple[float, np.ndarray]:
     """(summed NLL of tokens 1.. of the chunk, log-probabilities of every position)."""
+    from ggraph.graphs.eval.perplexity import log_softmax
+
     lp = log_softmax(logits)
     return float(-lp[np.arange(len(chunk) - 1), chunk[1:]].sum()), lp
 

@@ -13,6 +13,7 @@ from ggraph.ir.tensor import Tensor
 from ggraph.ir.types import GGMLType as T
 from ..jit import Compiler, Target
 from . import fastmath
+from . import templates as K
 
 PARALLEL = config.numba_parallel()
 # Helpers (device functions) are not cached on disk, only the kernels that call them: numba
@@ -89,3 +90,9 @@ def compiled_nogil(template):
 # b rounded to F16 and back in k_mul_mat_half: one vcvtps2ph/vcvtph2ps pair with F16C
 ROUND_HALF = TARGET.device(fastmath.round_half_f16c) if fastmath.F16C else TARGET.bind(
     fastmath.round_half_soft, TARGET.device, "")
+
+
+def row_decoder(t: T):
+    """k_dequant_rows bound to type t's decoder, serial and without the GIL: the rows the
+    BLAS paths' own threads decode (mul_mat's of a batch, out_prod's) before numpy's matmul."""
+    return TARGET.bind(K.k_dequant_rows, SERIAL_NOGIL, f"a{t}_nogil", dec_a=TARGET.codec(t).dec)

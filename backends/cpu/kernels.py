@@ -34,7 +34,8 @@ from . import templates as K
 from .compile import (EXPF as _EXPF, INLINE_FAST as _INLINE_FAST, KERNEL as _KERNEL,
                       KERNEL_FAST as _KERNEL_FAST, PARALLEL_MIN_WORK, ROUND_HALF as _ROUND_HALF,
                       SERIAL as _SERIAL, SERIAL_FAST as _SERIAL_FAST,
-                      SERIAL_NOGIL as _SERIAL_NOGIL, TARGET, compiled, compiled_nogil, is_small)
+                      TARGET, compiled, compiled_nogil, is_small,
+                      row_decoder)
 
 _compiled = compiled
 _small = is_small
@@ -380,9 +381,7 @@ def _mul_mat(node: Tensor, s: Session):
         return _gemm(a, b, node, s)
     B, prep = _activations(a, b, s.arr(b), node)
     if b.type == T.F32 and (a.type == T.F32 or n >= BLAS_MIN_N):
-        run = partial(mul_mat_blas, A, B, D, None if a.type == T.F32 else TARGET.bind(
-            K.k_dequant_rows, _SERIAL_NOGIL, f"a{a.type}_nogil",
-            dec_a=TARGET.codec(a.type).dec))
+        run = partial(mul_mat_blas, A, B, D, None if a.type == T.F32 else row_decoder(a.type))
     else:
         run = partial(_compiled(K.k_mul_mat, _small(node), a=a.type, b=T.F32 if prep else b.type),
                       A, B, D)

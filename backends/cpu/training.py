@@ -21,8 +21,7 @@ from ggraph.ir.tensor import Tensor
 from ggraph.ir.types import GGMLType as T
 from ..base import Session
 from .blas import RUN_ROWS, run_units
-from .compile import SERIAL_NOGIL, TARGET, compiled, is_small
-from .templates import k_dequant_rows
+from .compile import compiled, is_small, row_decoder
 
 Q_BLOCK = 64  # output rows (columns of b) per BLAS call: fixed, like blas.RUN_ROWS
 
@@ -31,8 +30,7 @@ Q_BLOCK = 64  # output rows (columns of b) per BLAS call: fixed, like blas.RUN_R
 
 def _out_prod(node: Tensor, s: Session):
     a, b = node.src
-    deq = None if a.type == T.F32 else TARGET.bind(
-        k_dequant_rows, SERIAL_NOGIL, f"a{a.type}_nogil", dec_a=TARGET.codec(a.type).dec)
+    deq = None if a.type == T.F32 else row_decoder(a.type)
     return partial(out_prod_blas, s.arr(a), s.arr(b), s.arr(node), a.ne[0], deq)
 
 

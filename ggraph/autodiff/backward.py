@@ -15,7 +15,7 @@ planner (ggraph.plan) frees the originals after their forward use.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -41,10 +41,8 @@ class Gradients:
     seed: Tensor
     params: tuple[Tensor, ...]
     grads: dict[Tensor, Tensor]
-    kept: frozenset[Tensor] = frozenset()   # forward tensors the backward reads as they are
     recomputed: tuple[Tensor, ...] = ()     # forward nodes the backward computes again
     nodes: int = 0                          # backward nodes recorded (recomputation included)
-    extra: list[Tensor] = field(default_factory=list)
 
     def __getitem__(self, param: Tensor) -> Tensor:
         try:
@@ -70,10 +68,11 @@ class Gradients:
         return g
 
 
-def forward_order(loss: Tensor) -> list[Tensor]:
-    """The nodes the loss depends on, sources first (ggml's post-order)."""
+def forward_order(*outputs: Tensor) -> list[Tensor]:
+    """The nodes the outputs depend on, sources first (ggml's post-order)."""
     g = Graph(MAX_NODES)
-    g.build_forward_expand(loss)
+    for t in outputs:
+        g.build_forward_expand(t)
     return g.nodes
 
 
@@ -233,18 +232,10 @@ def grad(loss: Tensor, params: Sequence[Tensor] | None = None, *, seed: Tensor |
         if not g.name:
             g.name = f"grad {p.name}" if p.name else ""
         out[p] = g
-    kept = frozenset(n for n in order if recompute.keep is not None and not recompute.can(n))
     # clones a rule did not read never enter the graph: count the ones the gradients reach
     made = set(recompute.memo.values())
-    reached = tuple(n for n in _order_of(out.values()) if n in made)
-    return Gradients(loss, seed, params, out, kept, reached, count + len(reached))
-
-
-def _order_of(outputs: Iterable[Tensor]) -> list[Tensor]:
-    g = Graph(MAX_NODES)
-    for t in outputs:
-        g.build_forward_expand(t)
-    return g.nodes
+    reached = tuple(n for n in forward_order(*out.values()) if n in made)
+    return Gradients(loss, seed, params, out, reached, count + len(reached))
 
 
 def _no_rule(node: Tensor, param: Tensor) -> str:

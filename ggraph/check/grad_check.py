@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from ggraph.autodiff import grad
+from ggraph.autodiff import Gradients, grad
 from ggraph.ir.graph import Graph, build_graph
 from ggraph.ir.opkind import OpKind
 from ggraph.ir.tensor import Tensor
@@ -91,6 +91,7 @@ class GradCase:
     out: Tensor
     params: tuple[Tensor, ...]
     seed: Tensor
+    grads: Gradients | None = None   # the backward graph of the loss for `params`
     why_not: str = ""
 
 
@@ -102,16 +103,17 @@ def prepare(case: Case) -> GradCase:
     seed = out.ctx.new_tensor(F32, out.ne, name="r")
     seed.set_data(builder.rng.uniform(-1.0, 1.0, seed.shape))
     if rule is None:
-        return GradCase(case, out, (), seed, "the op has no backward rule")
+        return GradCase(case, out, (), seed, why_not="the op has no backward rule")
     g = build_graph(out, capacity=1 << 16)
     if out.type != F32 or any(n.type != F32 for n in g.nodes if n.op is not None):
-        return GradCase(case, out, (), seed, "a node is not F32 (finite differences need F32)")
+        return GradCase(case, out, (), seed,
+                        why_not="a node is not F32 (finite differences need F32)")
     leafs = [t for t in g.leafs if t.type == F32 and t.data is not None and t.buffer is None]
     # the leafs a gradient reaches: the rules give none to masks, positions and the like
-    params = grad(out, leafs, seed=seed, skip_unreached=True).params if leafs else ()
-    if not params:
-        return GradCase(case, out, (), seed, "no F32 source the rule differentiates")
-    return GradCase(case, out, params, seed)
+    G = grad(out, leafs, seed=seed, skip_unreached=True) if leafs else None
+    if G is None or not G.params:
+        return GradCase(case, out, (), seed, why_not="no F32 source the rule differentiates")
+    return GradCase(case, out, G.params, seed, G)
 
 
 def _loss(gc: GradCase, values: Mapping[Tensor, np.ndarray], graph: Graph) -> float:
@@ -144,11 +146,10 @@ def finite_differences(gc: GradCase, rng: np.random.Generator
     return out
 
 
-def analytic(gc: GradCase, backend: Any) -> dict[Tensor, np.ndarray]:
-    """Each parameter's gradient from the backward graph, flat, run on `backend` (None: the
-    float64 reference)."""
-    G = grad(gc.out, gc.params, seed=gc.seed)
-    graph = G.graph()
+def analytic(gc: GradCase, graph: Graph, backend: Any) -> dict[Tensor, np.ndarray]:
+    """Each parameter's gradient from the backward graph `graph` (gc.grads'), flat, run on
+    `backend` (None: the float64 reference)."""
+    G = gc.grads
     if backend is None:
         ex = WideReference().run(graph)
         return {p: ex.read(G[p]).reshape(-1) for p in gc.params}
@@ -162,13 +163,12 @@ def run_grad_case(case: Case, backend: Any = None) -> Result:
         gc = prepare(case)
         if gc.why_not:
             return Result(case, "not supported", detail=gc.why_not)
-        if backend is not None:
-            G = grad(gc.out, gc.params, seed=gc.seed)
-            bad = [n for n in G.graph().nodes if not backend.supports(n)]
-            if bad:
-                return Result(case, "not supported", detail=f"backward node "
-                              f"{bad[0].describe()} ({bad[0].op})")
-        got = analytic(gc, backend)
+        graph = gc.grads.graph()
+        bad = [n for n in graph.nodes if backend is not None and not backend.supports(n)]
+        if bad:
+            return Result(case, "not supported", detail=f"backward node "
+                          f"{bad[0].describe()} ({bad[0].op})")
+        got = analytic(gc, graph, backend)
     except ValueError as e:
         return Result(case, "FAIL", float("inf"), str(e))
     rng = np.random.default_rng(zlib.crc32(case.label.encode()))

@@ -9,6 +9,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+def one_hot(classes: np.ndarray, n: int) -> np.ndarray:
+    """float32 rows of n zeros with a one at each class (what cross_entropy_loss reads as
+    labels); classes must lie in [0, n)."""
+    classes = np.asarray(classes)
+    if classes.size and (classes.min() < 0 or classes.max() >= n):
+        raise ValueError(f"dataset: class labels must lie in [0, {n}), got "
+                         f"{classes.min()}..{classes.max()}")
+    out = np.zeros((len(classes), n), np.float32)
+    out[np.arange(len(classes)), classes] = 1.0
+    return out
+
+
 @dataclass
 class Dataset:
     """`data[i]` is example i (any shape), `labels[i]` its label (for cross-entropy: a
@@ -43,12 +55,7 @@ class Dataset:
             raise ValueError(f"dataset: class labels must be a 1-D integer array, got "
                              f"{classes.dtype} of shape {classes.shape}")
         n = int(n_classes if n_classes is not None else classes.max() + 1)
-        if classes.size and (classes.min() < 0 or classes.max() >= n):
-            raise ValueError(f"dataset: class labels must lie in [0, {n}), got "
-                             f"{classes.min()}..{classes.max()}")
-        labels = np.zeros((len(classes), n), np.float32)
-        labels[np.arange(len(classes)), classes] = 1.0
-        return cls(data, labels, shard)
+        return cls(data, one_hot(classes, n), shard)
 
     @property
     def n(self) -> int:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ggraph.ir.tensor import Context, Tensor
-from .dataset import Dataset
+from .dataset import Dataset, one_hot
 from .trainer import AdamW, History, Trainer
 
 DEFAULT_TARGETS = ("attn_q", "attn_v")
@@ -147,10 +147,8 @@ class LoraFinetune:
         return fn(self.mg, self.cache, np.asarray(window, np.int32), 0, rows)
 
     def one_hot(self, labels: np.ndarray) -> np.ndarray:
-        n_vocab = self.mg.logits.ne[0]
-        out = np.zeros((len(labels), n_vocab), np.float32)
-        out[np.arange(len(labels)), labels] = 1.0
-        return out
+        """Next tokens as the labels cross-entropy reads: one-hot rows over the vocabulary."""
+        return one_hot(labels, self.mg.logits.ne[0])
 
     def dataset(self, text: str) -> Dataset:
         tokens = self.tokenizer.encode(text, add_bos=False)

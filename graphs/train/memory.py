@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ggraph.autodiff import forward_order
 from ggraph.ir.graph import Graph
 from ggraph.ir.tensor import Tensor
 from ggraph.plan.alloc import GraphAllocator
@@ -64,10 +65,7 @@ def step_memory(trainer: Trainer, alignment: int = 32) -> TrainingMemory:
     """Plan the trainer's step graph and count what it holds."""
     graph = trainer.micro_graphs[0] if trainer.micro_graphs else trainer.step_graph
     plan = GraphAllocator(alignment=alignment).reserve(graph)
-    fwd_graph = Graph(len(graph.nodes) + 16)
-    fwd_graph.build_forward_expand(trainer.loss)
-    forward = set(fwd_graph.nodes)
-    held = held_for_backward(graph, forward)
+    held = held_for_backward(graph, set(forward_order(trainer.loss)))
     top = sorted(held, key=lambda t: -t.nbytes)[:4]
     state = [t for ts in trainer.state.values() for t in ts]
     grads = trainer.grads.outputs()

@@ -11,12 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-import gguf
-import gguf.quants as gq
-
-from ggraph import Context, GGMLType as T, build_graph, ops
-from ggraph.check.reference import run_reference
-from grad_rules import rule_grads
+from ggraph import Context, GGMLType as T, ops
+from grad_rules import rule_grads, run
+from stored_values import stored
 
 BACKENDS = ("reference", "cpu")
 # (K, M, N, a.ne[2:4], b.ne[2:4])
@@ -31,13 +28,6 @@ def _leaf(ctx: Context, type: T, ne, rng, name: str):
 def _f32(t) -> np.ndarray:
     """An F32 leaf's values (numpy order)."""
     return t.data.view(np.float32).reshape(t.shape).astype(np.float64)
-
-
-def stored(values: np.ndarray, type: T) -> np.ndarray:
-    """What `values` read back as after storing in `type`, decoded by gguf."""
-    x = np.ascontiguousarray(values, dtype=np.float32)
-    qt = gguf.GGMLQuantizationType[type.name]
-    return gq.dequantize(gq.quantize(x, qt), qt).astype(np.float64).reshape(x.shape)
 
 
 def torch_mul_mat_grads(A: np.ndarray, B: np.ndarray, up: np.ndarray):
@@ -123,14 +113,6 @@ def out_prod_formula(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     return out
 
 
-def _run(out, backend: str) -> np.ndarray:
-    g = build_graph(out.set_output())
-    if backend == "reference":
-        return run_reference(g).read(out)
-    from ggraph.backends import get_backend
-    return get_backend(backend).session().run(g).read(out)
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("type", [T.F32, T.F16, T.Q8_0, T.Q4_0])
 @pytest.mark.parametrize("ab,bb", [((1, 1), (1, 1)), ((2, 1), (4, 3)), ((1, 2), (3, 2))])
@@ -143,7 +125,7 @@ def test_out_prod_matches_formula(backend, type, ab, bb):
     A = vals if type == T.F32 else (vals.astype(np.float16).astype(np.float64) if type == T.F16
                                     else stored(vals, type))
     want = out_prod_formula(A, _f32(b))
-    got = _run(ops.out_prod(a, b), backend)
+    got = run(ops.out_prod(a, b), backend)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -154,7 +136,7 @@ def test_out_prod_of_a_transposed_gradient(backend):
     ctx = Context()
     a = _leaf(ctx, T.F32, (10, 6), rng, "a")
     g = _leaf(ctx, T.F32, (6, 4), rng, "g")           # stored [J=6, Q=4]: b = g^T, ne [4, 6]
-    got = _run(ops.out_prod(a, ops.transpose(g)), backend)
+    got = run(ops.out_prod(a, ops.transpose(g)), backend)
     G = _f32(g).reshape(4, 6)                           # (Q, J): g[j, q] in ggml order
     np.testing.assert_allclose(got[0, 0], G @ _f32(a).reshape(6, 10), rtol=1e-5, atol=1e-5)
 

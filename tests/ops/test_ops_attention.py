@@ -16,11 +16,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gguf
-import gguf.quants as gq
-
 from ggraph import Context, GGMLType, build_graph, ops
 from ggraph.check.reference import run_reference
+from stored_values import stored
 
 SLOW_OK = settings(max_examples=50, deadline=None)
 
@@ -44,17 +42,6 @@ def hand_slopes(n: int, max_bias: float, first: int = 0, n_head: int | None = No
     for h in range(first, first + n):
         out.append(m0 ** (h + 1) if h < n_log2 else m1 ** (2 * (h - n_log2) + 1))
     return out
-
-
-def stored(values: np.ndarray, type: GGMLType) -> np.ndarray:
-    """Values as they read back after storing in `type`, via gguf (independent of ggraph)."""
-    x = np.ascontiguousarray(values, dtype=np.float32)
-    if type == GGMLType.F32:
-        return x.astype(np.float64)
-    if type == GGMLType.F16:
-        return x.astype(np.float16).astype(np.float64)
-    qt = gguf.GGMLQuantizationType[type.name]
-    return gq.dequantize(gq.quantize(x, qt), qt).astype(np.float64).reshape(x.shape)
 
 
 def causal_mask(n_kv: int, rows: int, n_tokens: int, alibi: bool, rng) -> np.ndarray:

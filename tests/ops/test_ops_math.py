@@ -15,12 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gguf
-import gguf.quants as gq
-
 from ggraph import Context, GGMLType, build_graph, ops
 from ggraph.ops import RopeMode, SortOrder
 from ggraph.check.reference import run_reference
+from stored_values import stored
 
 FEW = settings(max_examples=30, deadline=None)
 
@@ -28,13 +26,6 @@ FEW = settings(max_examples=30, deadline=None)
 def compute(*outs, inputs=None):
     ex = run_reference(build_graph(*outs), inputs)
     return [ex.read(o) for o in outs]
-
-
-def stored(values: np.ndarray, type: GGMLType) -> np.ndarray:
-    """What `values` read back as after storing in `type`, decoded by gguf."""
-    x = np.ascontiguousarray(values, dtype=np.float32)
-    qt = gguf.GGMLQuantizationType[type.name]
-    return gq.dequantize(gq.quantize(x, qt), qt).astype(np.float64).reshape(x.shape)
 
 
 # -- mul_mat ------------------------------------------------------------------------------
