@@ -241,10 +241,11 @@ def _row_dot_kernel(serial: bool, a: T, b: T):
                        act_sums=TARGET.bind(qrows.act_sums, TARGET.device))
 
 
-# the packed products ask for each weight line this many bytes before they read it: 8-16 KiB
-# ahead streamed Q4_K at 65-73% of a core's read bandwidth, 4 KiB 57%, none 54% (EPYC, 1
-# thread); closer than that the line is not in yet, further it leaves L1 before its turn
-PREFETCH = 8192
+# the packed products ask for each weight line this many bytes before they read it (per
+# vendor: qlanes.PF_DISTANCE): 8-16 KiB ahead streamed Q4_K at 65-73% of a core's read
+# bandwidth, 4 KiB 57%, none 54% (EPYC, 1 thread); closer than that the line is not in yet,
+# further it leaves L1 before its turn
+PREFETCH = qlanes.PF_DISTANCE
 
 
 def packed_weight(a: Tensor, b: Tensor, s: Session) -> np.ndarray | None:

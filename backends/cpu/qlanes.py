@@ -36,7 +36,7 @@ from numba.extending import intrinsic
 
 from numba.extending import models, register_model
 
-from .qvec import FEATURES, Vec, load_at, ptr_at, splat, vconst, x86_call
+from .qvec import FEATURES, Vec, load_at, ptr_at, vconst, x86_call
 
 AVX512 = {"+avx512f", "+avx512bw", "+avx512vl"} <= FEATURES
 AVX2 = "+avx2" in FEATURES
@@ -60,13 +60,21 @@ def _cpu_vendor() -> str:
     return ""
 
 
-# the software prefetch of streamed weights (llvm.prefetch's locality), chosen per vendor by
-# measurement: on AMD EPYC (Zen 5) non-temporal (0: prefetchnta; each line is read once per
-# token, and keeping it out of L2/L3 leaves them to what is reused) was the fastest; on Intel
-# Xeon (Emerald Rapids) prefetchnta starves the streams: into L2 (2: prefetcht1) took the
-# packed Q8_0 mat-vec from 10 to 21-22 GB/s of the 22.6 GB/s read bandwidth at 2 threads
-# (benchmarks/bench_kquant.py, mv cold) and SmolLM2 tg64 from 0.85x to 1.23x llama.cpp
-PF_LOCALITY = 2 if _cpu_vendor() == "GenuineIntel" else 0
+# the software prefetch of streamed weights (llvm.prefetch's locality) and how far ahead it
+# asks (bytes; the packed products' PF), chosen per vendor by measurement:
+# - AMD EPYC (Zen 5): non-temporal (0: prefetchnta; each line is read once per token, and
+#   keeping it out of L2/L3 leaves them to what is reused), 8 KiB ahead, was the fastest;
+# - Intel Xeon: prefetchnta starves the streams. On Emerald Rapids, into L2 (2: prefetcht1)
+#   took the packed Q8_0 mat-vec from 10 to 21-22 GB/s of the 22.6 GB/s read bandwidth at 2
+#   threads (benchmarks/bench_kquant.py, mv cold) and SmolLM2 tg64 from 0.85x to 1.23x
+#   llama.cpp. On Ice Lake (model 106), into L1 (3: prefetcht0) 16 KiB ahead beat t1 at 8 KiB:
+#   the Qwen2.5 1.5B Q4_K 1536x8960 mat-vec 88 -> 99% of the read bandwidth at 1 thread and
+#   83 -> 90% at 2 (medians of 3 interleaved rounds), and a Qwen2.5 1.5B decode step 115-119
+#   -> 106-111 ms at 1 thread and 64-72 -> 63.5-63.8 ms at 2 (t1 at 16 KiB: no better than
+#   at 8); the L1 (48 KiB) holds 16 KiB ahead of a single stream
+_INTEL = _cpu_vendor() == "GenuineIntel"
+PF_LOCALITY = 3 if _INTEL else 0
+PF_DISTANCE = 16384 if _INTEL else 8192
 
 _I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 _F32, _F16 = ir.FloatType(), ir.HalfType()
