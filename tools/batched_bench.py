@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
                                 args.ubatch_size)
         if say:
             say("batched-bench: llama.cpp: " + " ".join(cmd))
-        peer = llama_cpp_rows(cmd)
+        peer = llama_cpp_rows(cmd, expect=len(ours))
         flag = "-kvu" if args.kv_unified else "-no-kvu"
         lines += table(peer, f"llama.cpp (llama-batched-bench {flag})") + ratios(ours, peer)
     end = load_average()

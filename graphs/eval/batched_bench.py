@@ -175,19 +175,29 @@ def parse_llama_cpp(text: str) -> list[BatchedRow]:
     return rows
 
 
-def llama_cpp_rows(cmd: list[str], timeout: float = 3600.0, tries: int = 3
-                   ) -> list[BatchedRow]:
+def llama_cpp_rows(cmd: list[str], timeout: float = 3600.0, tries: int = 3,
+                   expect: int | None = None) -> list[BatchedRow]:
     """Run llama-batched-bench and parse its records; a failure is one line with its exit
-    status and the last of its output. A run that exits 0 having printed none of its log is
-    run again (its log is written by a thread, and a short run sometimes ends before it
-    writes anything: seen 1 in ~50 on a tiny model)."""
+    status and the last of its output. Its log is written by a thread, and a short run
+    sometimes ends before the thread writes everything: seen 1 in ~50 on a tiny model with
+    nothing printed, and with the last record missing. So a run that exits 0 having printed
+    none of its log, or fewer records than `expect` (the runs that fit its context: as many
+    as ggraph's side made), is run again, up to `tries` runs."""
     for _ in range(tries):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         rows = parse_llama_cpp(proc.stdout + "\n" + proc.stderr)
-        if rows or proc.returncode != 0 or "n_kv_max" in proc.stdout + proc.stderr:
+        if proc.returncode != 0:
+            break
+        if expect is not None:
+            if len(rows) >= expect:
+                break
+        elif rows or "n_kv_max" in proc.stdout + proc.stderr:
             break
     if proc.returncode != 0 or not rows:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise RuntimeError(f"llama-batched-bench exited with status {proc.returncode}: "
                            f"{tail[0][:300]}")
+    if expect is not None and len(rows) < expect:
+        raise RuntimeError(f"llama-batched-bench printed {len(rows)} of its {expect} records "
+                           f"in each of {tries} runs (exit status 0)")
     return rows

@@ -4,6 +4,7 @@ line, and the CLI on a tiny model (llama.cpp's program itself where it is built)
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -14,6 +15,7 @@ from ggraph.graphs.eval.batched_bench import (
     cells_needed,
     find_llama_batched_bench,
     llama_cpp_command,
+    llama_cpp_rows,
     parse_llama_cpp,
     runs,
 )
@@ -62,6 +64,37 @@ def test_llama_cpp_records_and_command():
     assert cmd[:9] == ["/bin/llama-batched-bench", "-m", "m.gguf", "-npp", "128", "-ntg", "64",
                        "-npl", "1,2"]
     assert {"-kvu", "-pps", "--output-format", "jsonl"} <= set(cmd) and "-tgs" not in cmd
+
+
+_RECORD = ('{"n_kv_max": 64, "n_batch": 2048, "pp": 8, "tg": 2, "pl": %d, "n_kv": 20, '
+           '"t_pp": 0.1, "speed_pp": 80.0, "t_tg": 0.1, "speed_tg": 20.0, "t": 0.2, '
+           '"speed": 50.0}')
+
+
+def _fake_program(tmp_path, outputs: list[int]) -> list[str]:
+    """A stand-in for llama-batched-bench that prints outputs[i] records on its i-th run (the
+    last count once they run out), as the real one prints fewer when its log thread loses
+    the end of a short run."""
+    script = tmp_path / "fake_bb.py"
+    script.write_text(
+        "import pathlib, sys\n"
+        f"n_file = pathlib.Path({str(tmp_path / 'runs')!r})\n"
+        "i = int(n_file.read_text()) if n_file.exists() else 0\n"
+        "n_file.write_text(str(i + 1))\n"
+        f"counts = {outputs!r}\n"
+        "print('main: n_kv_max = 64')\n"
+        "for pl in range(1, counts[min(i, len(counts) - 1)] + 1):\n"
+        f"    print({_RECORD!r} % pl)\n")
+    return [sys.executable, str(script)]
+
+
+def test_llama_cpp_rows_runs_again_when_records_are_missing(tmp_path):
+    rows = llama_cpp_rows(_fake_program(tmp_path, [1, 2]), expect=2)
+    assert [r.pl for r in rows] == [1, 2] and (tmp_path / "runs").read_text() == "2"
+    (tmp_path / "runs").unlink()
+    with pytest.raises(RuntimeError, match="printed 1 of its 2 records in each of 3 runs"):
+        llama_cpp_rows(_fake_program(tmp_path, [1]), expect=2)
+    assert (tmp_path / "runs").read_text() == "3"
 
 
 def test_a_missing_program_says_how_to_build_it(monkeypatch):
