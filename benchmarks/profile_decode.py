@@ -1,5 +1,6 @@
-"""Where SmolLM2's time goes on the CPU: the per-op profile (backends/profile.py) of a prompt
-ubatch and of decode tokens, beside the unprofiled speed of the same runs.
+"""Where a model's time goes on the CPU (SmolLM2 unless -m names another): the per-op profile
+(backends/profile.py) of a prompt ubatch and of decode tokens, beside the unprofiled speed of
+the same runs.
 
     python benchmarks/profile_decode.py [--threads 2] [--prompt 128] [--gen 32] [--fa 1] [--by name]
                                         [--json out.json]
