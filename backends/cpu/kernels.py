@@ -182,7 +182,7 @@ VEC_DOT_TYPE = {t: r.vec_dot_type for t, r in TYPE_RECORDS.items()
 # sums (qsimd.py) in place of the shared loops; this runs before any codec is compiled.
 # At decode (a few columns) the types of qrows.ROW_DOTS take whole-row dots with vector
 # accumulators instead (qrows.py, qvec.py): the same integer sums, at memory bandwidth.
-from . import qgemm, qlanes, qpack, qrows, qsimd, qtiles  # noqa: E402  (kept with the section that uses them)
+from . import qact, qgemm, qlanes, qpack, qrows, qsimd, qtiles  # noqa: E402  (kept with the section that uses them)
 from .qpack import PACKS  # noqa: E402
 from .qtiles import TILES  # noqa: E402
 from .qgemm import GEMMS  # noqa: E402
@@ -190,6 +190,13 @@ from .qrows import ROW_DOTS  # noqa: E402
 
 TARGET.replace_helpers(dict(qsimd.OVERRIDES, **({"_f16_round": TARGET.device(
     fastmath.round_half_f16c)} if fastmath.F16C else {})), "simd")
+
+
+def act_encoder(vt: T) -> Any:
+    """The encoder that quantizes a product's activations to vec_dot_type vt: the CPU's
+    vectorized one where there is one (qact.py: the same bytes), else the shared codec's."""
+    fn = qact.ENCODERS.get(vt)
+    return TARGET.codec(vt).enc if fn is None else TARGET.bind(fn, TARGET.device, str(vt))
 
 
 def _int_dot_type(a: Tensor, b: Tensor) -> T | None:
@@ -237,7 +244,7 @@ def _row_dot_kernel(serial: bool, a: T, b: T):
         rd = TARGET.bind(qrows.rowdot_shared, dev, f"{a}",
                          qdot_a=TARGET.codec(a).qdot, BLOCK=TYPE_RECORDS[a].block_size)
     return TARGET.bind(K.k_mul_mat_rows, _SERIAL if serial else _KERNEL, tag, rowdot_a=rd,
-                       dec_b=TARGET.codec(b).dec, enc_r=TARGET.codec(vt).enc,
+                       dec_b=TARGET.codec(b).dec, enc_r=act_encoder(vt),
                        act_sums=TARGET.bind(qrows.act_sums, TARGET.device))
 
 
@@ -297,7 +304,7 @@ def packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_
         tiles[f"tile{c}"] = TARGET.bind(tile.fn, _INLINE_FAST, f"{a}_C{c}_{tag}", **names)
     aux = TARGET.bind(tile.aux, TARGET.device, f"{a}", OFF=tile.off, SUB=tile.sub)
     quantize = TARGET.bind(qtiles.quantize_column, TARGET.device, f"a{a}_b{b}",
-                           dec_b=TARGET.codec(b).dec, enc_r=TARGET.codec(VEC_DOT_TYPE[a]).enc,
+                           dec_b=TARGET.codec(b).dec, enc_r=act_encoder(VEC_DOT_TYPE[a]),
                            aux=aux)
     return TARGET.bind(qtiles.k_mul_mat_packed, _SERIAL_FAST if serial else _KERNEL_FAST,
                        f"a{a}_b{b}{'_serial' if serial else ''}_{l1}_{l2}_{tag}", R=r,
@@ -325,7 +332,7 @@ def _gemm(a: Tensor, b: Tensor, node: Tensor, s: Session):
     s.bind_memo[key] = (aq, af)
     tag = f"{g.acts.__name__}{'_r' if g.round_sums else ''}"
     ka = TARGET.bind(qgemm.k_gemm_acts, _KERNEL, f"b{b.type}_{tag}",
-                     dec_b=TARGET.codec(b.type).dec, enc_r=TARGET.codec(vt).enc,
+                     dec_b=TARGET.codec(b.type).dec, enc_r=act_encoder(vt),
                      acts=TARGET.bind(g.acts, dev, tag, ROUND_SUMS=g.round_sums))
     return partial(_both, partial(ka, s.arr(b), aq, af, k, nsub,
                                   vt.type_size * k // vt.block_size, g.sub),
