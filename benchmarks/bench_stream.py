@@ -42,7 +42,7 @@ def case(type_name: str, k: int, m: int, mib: int, rng: np.random.Generator):
     b = rng.standard_normal((1, 1, 1, k)).astype(np.float32)
     d = np.empty((1, 1, 1, m), np.float32)
     kern = kernels.packed_kernel(False, t, GGMLType.F32)
-    calls = [kernels.packed_call(kern, p, t, b, d, m)
+    calls = [kernels.packed_call(kern, t, b, [(p, d, m)])
              for p in [packed] + [packed.copy() for _ in range(copies - 1)]]
     calls[0]()   # compile (or load) before timing
 

@@ -11,7 +11,7 @@ numba dot kernels that read quantized blocks directly (memory-bound, no dequanti
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -275,18 +275,24 @@ PACKED_L1, PACKED_L2 = 24 << 10, 1 << 19
 PACKED_RUN = 16
 
 
-def packed_call(kernel: Any, packed: np.ndarray, a: T, B: np.ndarray, D: np.ndarray,
-                m: int) -> Callable[[], None]:
-    """`kernel` (packed_kernel's) bound to one product D = W B: the packed weight W (m rows of
-    type a), B's columns, and the work buffers its columns are quantized into (a's
-    vec_dot_type bytes and their sums, per column of D)."""
+def packed_call(kernel: Any, a: T, B: np.ndarray,
+                products: Sequence[tuple[np.ndarray, np.ndarray, int]], r: int = qlanes.R
+                ) -> Callable[[], None]:
+    """`kernel` (packed_kernel's, for groups of r rows) bound to products D = W B that read
+    the same columns B, one or several (backends/cpu/fusion.py), each (packed weight W of m
+    rows of type a, D, m), and to the work buffers the columns are quantized into once for
+    all of them (a's vec_dot_type bytes and their sums, per column)."""
     vt, k = VEC_DOT_TYPE[a], B.shape[-1]
-    Q = np.empty(D.shape[:3] + (vt.type_size * k // vt.block_size,), np.uint8)
-    ysb = np.empty(D.shape[:3] + (2 * (k // 32),), np.uint8)
-    ysi = np.empty(D.shape[:3] + (k // 16,), np.int32)
-    ysf = np.empty(D.shape[:3] + (k // 32,), np.float32)
-    return partial(kernel, packed, B, Q, ysb, ysi, ysf, D, k, k // TYPE_RECORDS[a].block_size,
-                   m)
+    cols = products[0][1].shape[:3]
+    Q = np.empty(cols + (vt.type_size * k // vt.block_size,), np.uint8)
+    ysb = np.empty(cols + (2 * (k // 32),), np.uint8)
+    ysi = np.empty(cols + (k // 16,), np.int32)
+    ysf = np.empty(cols + (k // 32,), np.float32)
+    # each weight's row groups numbered after the ones before it
+    starts = np.cumsum([0] + [-(-m // r) for _, _, m in products], dtype=np.int64)
+    return partial(kernel, tuple(w for w, _, _ in products), starts, B, Q, ysb, ysi, ysf,
+                   tuple(d for _, d, _ in products), k, k // TYPE_RECORDS[a].block_size,
+                   np.array([m for _, _, m in products], np.int64))
 
 
 def packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_L1,
@@ -374,8 +380,8 @@ def _mul_mat(node: Tensor, s: Session):
     if (packed := packed_weight(a, b, s)) is not None:
         # R rows at a time from the weight's packed copy (backends/cpu/qpack.py): a decode
         # step's few columns and a prompt's many alike
-        return packed_call(packed_kernel(_small(node), a.type, b.type), packed, a.type, s.arr(b),
-                           D, a.ne[1])
+        return packed_call(packed_kernel(_small(node), a.type, b.type), a.type, s.arr(b),
+                           [(packed, D, a.ne[1])])
     if n < BLAS_MIN_N and (vt := _int_dot_type(a, b)) is not None:
         # integer dots with the activations quantized in the same kernel call
         k = b.ne[0]

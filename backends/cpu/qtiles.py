@@ -226,14 +226,18 @@ def aux_q8_k(q, ysb, ysi, ysf, kk):
 
 # ---- the product ---------------------------------------------------------------------------
 
-def k_mul_mat_packed(w, b, q, ysb, ysi, ysf, d, kk, nb, m):
-    """d[i3, i2, n, :m] = packed weight w (m rows, nb blocks of kk / nb elements) times
-    column b[i3, i2, n]: the columns quantized first (in parallel when there are many), then
-    threads take runs of row groups, each streaming its own part of the weight and dotting
-    every group with the columns 4 at a time (`tile4`: each weight load serves 4 columns),
-    then 2 (`tile2`: a batched decode step of 2 or 3 sequences), then one (`tile1`), while
-    the group is in L1/L2. A column's sums are the same whichever tile takes it."""
-    n3, n2, nn = d.shape[0], d.shape[1], d.shape[2]
+def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, kk, nb, ms):
+    """ds[p][i3, i2, n, :ms[p]] = packed weight ws[p] (ms[p] rows, nb blocks of kk / nb
+    elements) times column b[i3, i2, n], for each weight p of the tuple ws: one product, or
+    several that read the same columns (a layer's FFN gate and up: backends/cpu/fusion.py),
+    their row groups numbered one weight after the other from starts[p] (starts[-1]: all).
+    The columns are quantized first (in parallel when there are many), then threads take
+    runs of row groups, each streaming its own part of the weights and dotting every group
+    with the columns 4 at a time (`tile4`: each weight load serves 4 columns), then 2
+    (`tile2`: a batched decode step of 2 or 3 sequences), then one (`tile1`), while the
+    group is in L1/L2. A column's sums are the same whichever tile takes it, and a weight's
+    the same alone or beside others."""
+    n3, n2, nn = ds[0].shape[0], ds[0].shape[1], ds[0].shape[2]
     cols = n3 * n2 * nn
     if cols >= 8:
         for s in prange(cols):
@@ -245,7 +249,7 @@ def k_mul_mat_packed(w, b, q, ysb, ysi, ysf, d, kk, nb, m):
                             kk)
     q2, yb, yi = q.reshape(cols, q.shape[3]), ysb.reshape(cols, ysb.shape[3]), \
         ysi.reshape(cols, ysi.shape[3])
-    yf, d2 = ysf.reshape(cols, ysf.shape[3]), d.reshape(cols, d.shape[3])
+    yf = ysf.reshape(cols, ysf.shape[3])
     # 3 columns left over (a batched decode step of 3 or 7 sequences) take one 4-column tile
     # with the last column repeated: one pass over the weights, not a tile2 and a tile1
     pad = 1 if cols % 4 == 3 else 0
@@ -267,8 +271,12 @@ def k_mul_mat_packed(w, b, q, ysb, ysi, ysf, d, kk, nb, m):
         c1 = min(cols, c0 + chunk)
         ce = c1 + pad if c1 == cols else c1   # the columns computed, the repeated one too
         full = c0 + (ce - c0) // 4 * 4
-        for g in prange((m + R - 1) // R):
-            base, r0 = g * nb * TILE, g * R
+        for g in prange(starts[-1]):
+            p = 0
+            while g >= starts[p + 1]:
+                p += 1
+            w = ws[p]
+            base, r0 = (g - starts[p]) * nb * TILE, (g - starts[p]) * R
             part = np.empty((ce - c0, R), np.float32)
             for k0 in range(0, nb, kc):
                 k1 = min(nb, k0 + kc)
@@ -294,9 +302,11 @@ def k_mul_mat_packed(w, b, q, ysb, ysi, ysf, d, kk, nb, m):
                         acc1 = tile1(acc1, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
                     fstore(part, c - c0, 0, acc1 if k0 == 0 else
                            fadd(fload(part, c - c0, R, 1), acc1))
-            rows = min(R, m - r0)
+            rows = min(R, ms[p] - r0)
+            dp = ds[p]
             for j in range(c1 - c0):
-                d2[c0 + j, r0:r0 + rows] = part[j, :rows]
+                c = c0 + j
+                dp[c // (n2 * nn), (c // nn) % n2, c % nn, r0:r0 + rows] = part[j, :rows]
 
 
 def quantize_column(b, q, ysb, ysi, ysf, i3, i2, n, kk):

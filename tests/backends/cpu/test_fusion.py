@@ -175,3 +175,46 @@ def test_attention_of_a_few_queries_is_not_fused():
     g, inputs, read = _attention(4, 40, 0.0)
     _, prof = _run(True, g, inputs, read)
     assert "mul_mat+soft_max+mul_mat" not in prof.by_op
+
+
+def _products(types: tuple[str, ...], k: int, cols: int, other_input: bool = False):
+    """Products of leaf weights of `types` (rows 48, 40, 35: partial row groups) that read
+    the same activations x (the last one reads x2 where `other_input`), each read after."""
+    ctx = Context()
+    rng = np.random.default_rng(k + cols)
+    x = ctx.new_tensor("f32", (k, cols), name="x").set_input()
+    x2 = ctx.new_tensor("f32", (k, cols), name="x2").set_input()
+    ys = []
+    for j, (t, m) in enumerate(zip(types, (48, 40, 35))):
+        w = ctx.new_tensor(t, (k, m), name=f"w{j}")
+        w.set_data(rng.standard_normal((m, k)).astype(np.float32))
+        src = x2 if other_input and j == len(types) - 1 else x
+        ys.append(ops.mul_mat(w, src).set_name(f"y{j}").set_output())
+    out = ys[0]
+    for y in ys[1:]:
+        out = ops.concat(out, y, 0)
+    inputs = {x: rng.standard_normal((cols, k)).astype(np.float32)}
+    if other_input:
+        inputs[x2] = rng.standard_normal((cols, k)).astype(np.float32)
+    return build_graph(out.set_output()), inputs, {f"y{j}": y for j, y in enumerate(ys)}
+
+
+@pytest.mark.parametrize("types", [("q4_k", "q4_k"), ("q8_0", "q8_0", "q8_0")],
+                         ids=["gate_up", "qkv"])
+@pytest.mark.parametrize("cols", [1, 3])
+def test_products_of_one_input_run_as_one_call_bit_for_bit(types, cols):
+    g, inputs, read = _products(types, 256, cols)
+    want, p0 = _run(False, g, inputs, read)
+    got, p1 = _run(True, g, inputs, read)
+    for k in read:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    fused = "+".join(["mul_mat"] * len(types))
+    assert fused in p1.by_op and p1.by_op[fused].calls == 1 and fused not in p0.by_op
+
+
+@pytest.mark.parametrize("types,other", [(("q4_k", "q6_k"), False), (("q8_0", "q8_0"), True)],
+                         ids=["two_types", "two_inputs"])
+def test_products_of_other_types_or_inputs_stay_apart(types, other):
+    g, inputs, read = _products(types, 256, 1, other_input=other)
+    got, p1 = _run(True, g, inputs, read)
+    assert "mul_mat+mul_mat" not in p1.by_op and p1.by_op["mul_mat"].calls == 2

@@ -45,10 +45,8 @@ def _products(t: T, A: np.ndarray, xb: np.ndarray, r: int, **blocks: int
     nb = k // TYPE_RECORDS[t].block_size
     qw = vt.type_size * k // vt.block_size
     got = np.full((1, 1, nn, m), np.nan, np.float32)
-    KK.packed_kernel(True, t, T.F32, r, **blocks)(
-        qpack.pack(t, A, r), xb, np.empty((1, 1, nn, qw), np.uint8),
-        np.empty((1, 1, nn, 2 * (k // 32)), np.uint8), np.empty((1, 1, nn, k // 16), np.int32),
-        np.empty((1, 1, nn, k // 32), np.float32), got, k, nb, m)
+    KK.packed_call(KK.packed_kernel(True, t, T.F32, r, **blocks), t, xb,
+                   [(qpack.pack(t, A, r), got, m)], r)()
     if not TYPE_RECORDS[t].qdot:
         # no row dots to compare with (IQ4_XS): the dequantized weights times the
         # dequantized activation quants, in float64
@@ -205,3 +203,21 @@ def test_computed_fields_equal_numpy(r):
     for off in (2, 4):
         assert np.array_equal(qpack._q5_masks(x, off),
                               qpack._masks(qpack._q5_bits(x[..., off:off + 4])))
+
+
+@pytest.mark.parametrize("t", [T.Q4_K, T.Q6_K, T.Q4_0], ids=str)
+def test_products_that_share_their_columns_in_one_call(t):
+    """Weights of R + 5, 2R and 3 rows (partial last groups) times the same 1 and 3 columns
+    in one call (a layer's gate and up, fused: backends/cpu/fusion.py): each destination
+    gets its weight's own product bit for bit, and nothing past its rows."""
+    k = 512
+    weights = [_weights(t, m, k, seed=20 + m) for m in (qlanes.R + 5, 2 * qlanes.R, 3)]
+    for nn in (1, 3):
+        xb = np.random.default_rng(nn).standard_normal((1, 1, nn, k)).astype(np.float32)
+        alone = [_products(t, A, xb, qlanes.R)[0] for A in weights]
+        outs = [np.full((1, 1, nn, A.shape[0] + 1), np.nan, np.float32) for A in weights]
+        kern = KK.packed_kernel(False, t, T.F32)
+        KK.packed_call(kern, t, xb, [(qpack.pack(t, A, qlanes.R), d[..., :-1], A.shape[0])
+                                     for A, d in zip(weights, outs)])()
+        for d, want in zip(outs, alone):
+            assert np.array_equal(d[..., :-1], want) and np.isnan(d[..., -1]).all()
