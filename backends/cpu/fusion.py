@@ -96,7 +96,8 @@ def fuse(order: Sequence[Tensor], session: Any, kernel_for: Callable[[Callable, 
 
 def _bind_products(seq: list[Tensor], i: int, s: Any) -> Group | None:
     """seq[i] and the products right after it that read the same activations, from packed
-    weights of the same type (kernels.packed_weight), as one call; None for fewer than 2.
+    weights of the same type (kernels.packed_weight), as one call (at most
+    kernels.PACKED_MAX of them); None for fewer than 2.
     Every product's result is written as it would be alone."""
     first = seq[i]
     if first.op != OpKind.MUL_MAT:
@@ -107,7 +108,7 @@ def _bind_products(seq: list[Tensor], i: int, s: Any) -> Group | None:
         if node.op != OpKind.MUL_MAT or node.src[1] is not b or node.src[0].type != a.type:
             break
         packed = kernels.packed_weight(node.src[0], b, s)
-        if packed is None:
+        if packed is None or len(chain) == kernels.PACKED_MAX:
             break
         chain.append((node, packed))
     if len(chain) < 2:

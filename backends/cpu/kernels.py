@@ -275,24 +275,37 @@ PACKED_L1, PACKED_L2 = 24 << 10, 1 << 19
 PACKED_RUN = 16
 
 
+# products one packed call computes at most (backends/cpu/fusion.py: gate and up; Q, K, V).
+# Every call passes this many weights, the missing ones as empty repeats of the last: one
+# compiled specialization serves a product alone and any fused group (a second one cost a
+# cold first run ~14 s of compiling on a 2-core Xeon)
+PACKED_MAX = 3
+
+
 def packed_call(kernel: Any, a: T, B: np.ndarray,
                 products: Sequence[tuple[np.ndarray, np.ndarray, int]], r: int = qlanes.R
                 ) -> Callable[[], None]:
     """`kernel` (packed_kernel's, for groups of r rows) bound to products D = W B that read
-    the same columns B, one or several (backends/cpu/fusion.py), each (packed weight W of m
-    rows of type a, D, m), and to the work buffers the columns are quantized into once for
-    all of them (a's vec_dot_type bytes and their sums, per column)."""
+    the same columns B, one to PACKED_MAX of them (backends/cpu/fusion.py), each (packed
+    weight W of m rows of type a, D, m), and to the work buffers the columns are quantized
+    into once for all of them (a's vec_dot_type bytes and their sums, per column)."""
+    if not 1 <= len(products) <= PACKED_MAX:
+        raise ValueError(f"packed_call: {len(products)} products; one call takes 1 to "
+                         f"{PACKED_MAX}")
     vt, k = VEC_DOT_TYPE[a], B.shape[-1]
     cols = products[0][1].shape[:3]
     Q = np.empty(cols + (vt.type_size * k // vt.block_size,), np.uint8)
     ysb = np.empty(cols + (2 * (k // 32),), np.uint8)
     ysi = np.empty(cols + (k // 16,), np.int32)
     ysf = np.empty(cols + (k // 32,), np.float32)
-    # each weight's row groups numbered after the ones before it
-    starts = np.cumsum([0] + [-(-m // r) for _, _, m in products], dtype=np.int64)
-    return partial(kernel, tuple(w for w, _, _ in products), starts, B, Q, ysb, ysi, ysf,
-                   tuple(d for _, d, _ in products), k, k // TYPE_RECORDS[a].block_size,
-                   np.array([m for _, _, m in products], np.int64))
+    # each weight's row groups numbered after the ones before it; the padding has none
+    groups = [-(-m // r) for _, _, m in products]
+    pad = PACKED_MAX - len(products)
+    starts = np.cumsum([0] + groups + [0] * pad, dtype=np.int64)
+    full = list(products) + [products[-1]] * pad
+    return partial(kernel, tuple(w for w, _, _ in full), starts, B, Q, ysb, ysi, ysf,
+                   tuple(d for _, d, _ in full), k, k // TYPE_RECORDS[a].block_size,
+                   np.array([m for _, _, m in full], np.int64))
 
 
 def packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_L1,

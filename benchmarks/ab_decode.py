@@ -1,0 +1,89 @@
+"""A paired A/B of one CPU decode change on a noisy machine: two engines of the same model in
+one process, one built with the change switched off, taking decode tokens in turn (the order
+alternating), so that a stretch when the host is slow falls on both. Prints each side's
+median, quartiles and means per token and the paired difference.
+
+    python benchmarks/ab_decode.py -m qwen2.5-coder-1.5b --without fused-products -t 2 -n 200
+    python benchmarks/ab_decode.py --without q8k-encoder --json out.json
+
+The changes that can be switched off (each patched only while its engine builds and binds
+its graphs; a graph bound again later, when the context grows past a step of cells, takes
+the code as it is, so keep -n below the first step):
+- fused-products: consecutive products of one input run apart (backends/cpu/fusion.py);
+- q8k-encoder: the K-quants' activations through the shared Q8_K encoder, not qact.py's.
+Whole-benchmark speed is `ggraph bench`; this is for telling a 1-3% change from the noise.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import model_option, out_option, threads_option, write_results
+
+
+def _switches() -> dict:
+    from ggraph.backends.cpu import fusion, kernels
+    from ggraph.backends.cpu.compile import TARGET
+    return {"fused-products": (fusion, "_bind_products", lambda *a: None),
+            "q8k-encoder": (kernels, "act_encoder", lambda vt: TARGET.codec(vt).enc)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, parents=[
+        model_option("qwen2.5-coder-1.5b"), threads_option(2), out_option("")])
+    ap.add_argument("--without", required=True, choices=("fused-products", "q8k-encoder"))
+    ap.add_argument("-n", type=int, default=200, help="decode tokens each engine times")
+    args = ap.parse_args()
+
+    from ggraph.graphs.runtime.engine import Engine, EngineConfig
+    mod, name, off = _switches()[args.without]
+    real = getattr(mod, name)
+
+    def engine(switched_off: bool) -> Engine:
+        setattr(mod, name, off if switched_off else real)
+        try:
+            e = Engine(str(args.model), EngineConfig(
+                n_ctx=1024, n_threads=args.threads, adaptive_threads=False,
+                reserve_outputs="last", flash_attn=True))
+            e.eval([1, 2, 3, 4])
+            e.eval([5])   # the decode graph bound with the switch as set
+        finally:
+            setattr(mod, name, real)
+        return e
+
+    sides = {"without": engine(True), "with": engine(False)}
+    ms: dict[str, list[float]] = {k: [] for k in sides}
+    for i in range(args.n):
+        order = list(sides.items()) if i % 2 == 0 else list(reversed(sides.items()))
+        for k, e in order:
+            t0 = time.perf_counter()
+            e.eval([6 + i % 64])
+            ms[k].append((time.perf_counter() - t0) * 1e3)
+    rows = []
+    for k, v in ms.items():
+        a = np.sort(np.array(v))
+        cut = len(a) // 10
+        rows.append({"side": k, "median_ms": float(np.median(a)),
+                     "p25_ms": float(np.percentile(a, 25)), "p75_ms": float(np.percentile(a, 75)),
+                     "mean_ms": float(a.mean()),
+                     "trimmed_mean_ms": float(a[cut:len(a) - cut].mean())})
+        print(f"{args.without} {k:7s}: median {rows[-1]['median_ms']:7.2f} ms  p25 "
+              f"{rows[-1]['p25_ms']:7.2f}  p75 {rows[-1]['p75_ms']:7.2f}  mean "
+              f"{rows[-1]['mean_ms']:7.2f}  10%-trimmed mean {rows[-1]['trimmed_mean_ms']:7.2f}")
+    d = np.array(ms["without"]) - np.array(ms["with"])
+    print(f"paired (without - with): median {np.median(d):+.2f} ms a token, mean {d.mean():+.2f};"
+          f" tokens where 'with' was faster: {np.mean(d > 0):.0%}")
+    if args.out:
+        write_results(args.out, rows, args=args, threads=args.threads,
+                      extra={"without": args.without, "tokens": args.n,
+                             "paired_median_ms": float(np.median(d)),
+                             "paired_mean_ms": float(d.mean())})
+
+
+if __name__ == "__main__":
+    main()
