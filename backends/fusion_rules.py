@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ggraph.ir.opkind import OpKind
 from ggraph.ir.tensor import Tensor
 from ggraph.ir.types import GGMLType as T
+from .accepts import VIEW_OPS
 
 NORM_OPS = (OpKind.RMS_NORM, OpKind.NORM)
 PRE_OPS = (OpKind.ADD, OpKind.MUL)
@@ -39,10 +40,14 @@ Try = Callable[[list[Tensor], int, dict[Tensor, set[Tensor]]], Group | None]
 
 
 def scan(order: Sequence[Tensor], tries: Sequence[Try]) -> dict[Tensor, Group]:
-    """A backend's groups of `order` (a planned graph's nodes, views left out) keyed by their
-    first node: at each node, each of `tries(seq, i, read_by)` in turn may bind a group
-    starting there; a group's nodes are then skipped."""
-    seq = [n for n in order if not n.is_view]
+    """A backend's groups of `order` (a planned graph's nodes, pure views left out) keyed by
+    their first node: at each node, each of `tries(seq, i, read_by)` in turn may bind a group
+    starting there; a group's nodes are then skipped. A view that writes (set_rows into a KV
+    cache) stays in the sequence, where no rule matches it: a group never spans one, since
+    its call would run the members after it first, over memory the plan may have given them
+    once the write had read it (a fused pair of products wrote over a cache write's row
+    indices in a fuzzed GGUF: tests/backends/cpu/test_fusion.py)."""
+    seq = [n for n in order if not n.is_view or n.op not in VIEW_OPS]
     read_by = readers(seq)
     groups: dict[Tensor, Group] = {}
     i = 0

@@ -14,9 +14,10 @@ its mask hides (backends/cpu/attn_fusion.py). The last is consecutive products o
 weights of one type that read the same activations (a layer's FFN gate and up; Q, K and V
 where no bias add comes between): one call quantizes the activations once and streams the
 weights one after the other in one parallel region (qtiles.k_mul_mat_packed), which saves
-each product after the first its start and its threads' uneven ends: a Qwen2.5 1.5B gate
-and up, 2 x 1536x8960 Q4_K at 2 threads from memory, 811 us apart and 744 us as one
-(Intel Xeon Ice Lake; the tests compare the fused results with the unfused bit for bit).
+each product after the first its start (a dispatch, a quantization, a fork) and its
+threads' uneven ends: Qwen2.5 1.5B decode at 2 threads, 0.2-0.4 ms a token (median paired
+difference; benchmarks/ab_decode.py --without fused-products, Intel Xeon Ice Lake). The
+tests compare the fused results with the unfused bit for bit.
 A group's intermediate is left unwritten only when nothing outside the group reads it, it is
 no output, no observer reads it (an observed run: backends/observe.py), and the plan freed its
 memory at the group (exactly when Session.read would refuse it); otherwise the fused kernel
@@ -97,8 +98,9 @@ def fuse(order: Sequence[Tensor], session: Any, kernel_for: Callable[[Callable, 
 def _bind_products(seq: list[Tensor], i: int, s: Any) -> Group | None:
     """seq[i] and the products right after it that read the same activations, from packed
     weights of the same type (kernels.packed_weight), as one call (at most
-    kernels.PACKED_MAX of them); None for fewer than 2.
-    Every product's result is written as it would be alone."""
+    kernels.PACKED_MAX of them); None for fewer than 2. Every product's result is written
+    as it would be alone. (Only pure views can lie between them: scan keeps a view that
+    writes, a KV cache's set_rows, in seq.)"""
     first = seq[i]
     if first.op != OpKind.MUL_MAT:
         return None

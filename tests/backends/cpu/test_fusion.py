@@ -218,3 +218,34 @@ def test_products_of_other_types_or_inputs_stay_apart(types, other):
     g, inputs, read = _products(types, 256, 1, other_input=other)
     got, p1 = _run(True, g, inputs, read)
     assert "mul_mat+mul_mat" not in p1.by_op and p1.by_op["mul_mat"].calls == 2
+
+
+def test_a_cache_write_between_products_keeps_them_apart():
+    """v = W_v x; cache[idx] = v (set_rows: a view that writes); k = W_k x. Moving k before
+    the cache write could overwrite idx, whose memory the plan may give k once the write
+    has read it (a fuzzed GGUF did exactly that: tests/graphs/gguf/test_gguf_fuzz.py): the
+    products stay two calls."""
+    ctx = Context()
+    rng = np.random.default_rng(3)
+    x = ctx.new_tensor("f32", (256, 1), name="x").set_input()
+    idx = ctx.new_tensor("i64", (1,), name="idx").set_input()
+    cache = ctx.new_tensor("f32", (48, 4), name="cache")
+    cache.set_data(np.zeros((4, 48), np.float32))
+    ws = []
+    for name in ("wv", "wk"):
+        w = ctx.new_tensor("q4_k", (256, 48), name=name)
+        ws.append(w.set_data(rng.standard_normal((48, 256)).astype(np.float32)))
+    v = ops.mul_mat(ws[0], x).set_name("v")
+    written = ops.set_rows(cache, v, idx)
+    k = ops.mul_mat(ws[1], x).set_name("k")
+    # v read again at the end: the plan cannot give k v's memory, so only the rule for what
+    # lies between them keeps them apart
+    out = ops.add(ops.add(ops.view_1d(written, 48, 2 * 48 * 4), k), v).set_name("out")
+    out.set_output()
+    inputs = {x: rng.standard_normal((1, 256)).astype(np.float32),
+              idx: np.array([2], np.int64)}
+    g = build_graph(out)
+    want, _ = _run(False, g, inputs, dict(out=out))
+    got, prof = _run(True, g, inputs, dict(out=out))
+    np.testing.assert_array_equal(got["out"], want["out"])
+    assert "mul_mat+mul_mat" not in prof.by_op and prof.by_op["mul_mat"].calls == 2
