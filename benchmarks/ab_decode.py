@@ -6,11 +6,13 @@ median, quartiles and means per token and the paired difference.
     python benchmarks/ab_decode.py -m qwen2.5-coder-1.5b --without fused-products -t 2 -n 200
     python benchmarks/ab_decode.py --without q8k-encoder --json out.json
 
-The changes that can be switched off (each patched only while its engine builds and binds
-its graphs; a graph bound again later, when the context grows past a step of cells, takes
+The changes that can be switched off (each through its module's switch, off only while its
+engine builds and binds its graphs; a graph bound again later, when the context grows past a step of cells, takes
 the code as it is, so keep -n below the first step):
-- fused-products: consecutive products of one input run apart (backends/cpu/fusion.py);
-- q8k-encoder: the K-quants' activations through the shared Q8_K encoder, not qact.py's.
+- fused-products: consecutive products of one input run apart (backends/cpu/fusion.py's
+  PRODUCTS);
+- q8k-encoder: the K-quants' activations through the shared Q8_K encoder, not qact.py's
+  (its entry taken out of qact.ENCODERS).
 Whole-benchmark speed is `ggraph bench`; this is for telling a 1-3% change from the noise.
 """
 from __future__ import annotations
@@ -26,11 +28,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: r
 from benchlib import model_option, out_option, threads_option, write_results
 
 
-def _switches() -> dict:
-    from ggraph.backends.cpu import fusion, kernels
-    from ggraph.backends.cpu.compile import TARGET
-    return {"fused-products": (fusion, "_bind_products", lambda *a: None),
-            "q8k-encoder": (kernels, "act_encoder", lambda vt: TARGET.codec(vt).enc)}
+def set_change(what: str, on: bool) -> None:
+    """Turn one change on or off through the switch its module exposes."""
+    from ggraph.backends.cpu import fusion, qact
+    from ggraph.ir.types import GGMLType
+    if what == "fused-products":
+        fusion.PRODUCTS = on
+    elif on:
+        qact.ENCODERS[GGMLType.Q8_K] = qact.enc_q8_k
+    else:   # kernels.act_encoder falls back to the shared codec's encoder
+        qact.ENCODERS.pop(GGMLType.Q8_K, None)
 
 
 def main() -> None:
@@ -41,11 +48,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from ggraph.graphs.runtime.engine import Engine, EngineConfig
-    mod, name, off = _switches()[args.without]
-    real = getattr(mod, name)
-
     def engine(switched_off: bool) -> Engine:
-        setattr(mod, name, off if switched_off else real)
+        set_change(args.without, not switched_off)
         try:
             e = Engine(str(args.model), EngineConfig(
                 n_ctx=1024, n_threads=args.threads, adaptive_threads=False,
@@ -53,7 +57,7 @@ def main() -> None:
             e.eval([1, 2, 3, 4])
             e.eval([5])   # the decode graph bound with the switch as set
         finally:
-            setattr(mod, name, real)
+            set_change(args.without, True)
         return e
 
     sides = {"without": engine(True), "with": engine(False)}

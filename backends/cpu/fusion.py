@@ -12,7 +12,7 @@ the matching rules, shared with CUDA: backends/fusion_rules.py).
 Another is a prompt's non-flash attention, K*Q -> softmax -> V*p, which skips the cells
 its mask hides (backends/cpu/attn_fusion.py). The last is consecutive products of packed
 weights of one type that read the same activations (a layer's FFN gate and up; Q, K and V
-where no bias add comes between): one call quantizes the activations once and streams the
+where nothing but views comes between): one call quantizes the activations once and streams the
 weights one after the other in one parallel region (qtiles.k_mul_mat_packed), which saves
 each product after the first its start (a dispatch, a quantization, a fork) and its
 threads' uneven ends: Qwen2.5 1.5B decode at 2 threads, 0.2-0.4 ms a token (median paired
@@ -45,6 +45,9 @@ from . import attn_fusion, fused_templates as F, kernels
 from .compile import is_small
 
 ENABLED = config.fuse()
+# consecutive products of one input as one call (_bind_products); benchmarks/ab_decode.py
+# turns it off for one engine to measure what it saves
+PRODUCTS = True
 _DUMMY = np.zeros((1, 1, 1, 1), np.float32)
 
 
@@ -102,15 +105,15 @@ def _bind_products(seq: list[Tensor], i: int, s: Any) -> Group | None:
     as it would be alone. (Only pure views can lie between them: scan keeps a view that
     writes, a KV cache's set_rows, in seq.)"""
     first = seq[i]
-    if first.op != OpKind.MUL_MAT:
+    if not PRODUCTS or first.op != OpKind.MUL_MAT:
         return None
     b, a = first.src[1], first.src[0]
     chain: list[tuple[Tensor, Any]] = []
-    for node in seq[i:]:
+    for node in seq[i:i + kernels.PACKED_MAX]:
         if node.op != OpKind.MUL_MAT or node.src[1] is not b or node.src[0].type != a.type:
             break
         packed = kernels.packed_weight(node.src[0], b, s)
-        if packed is None or len(chain) == kernels.PACKED_MAX:
+        if packed is None:
             break
         chain.append((node, packed))
     if len(chain) < 2:
