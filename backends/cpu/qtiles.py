@@ -41,6 +41,10 @@ from ..shared.bound import bound
     "ACT_BYTES", "C", "KC", "OFF", "PF", "SUB", "TILE", "W_BYTES", "_f16_round", "_half_row",
     "_i16_row", "_sum_i8", "aux", "dec_b", "enc_r", "tile1", "tile2", "tile4")
 
+# the most runs of row groups a product is cut into for its threads: fine enough to share any
+# thread count evenly, coarse enough that each run's allocation is spread over many groups
+RUNS = 256
+
 # IQ4_NL's 16 values + 128: unsigned bytes for vpdpbusd (128 * sum(quants) is taken off)
 IQ4_U8 = (np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
           + 128).astype(np.uint8)
@@ -271,42 +275,47 @@ def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, kk, nb, ms):
         c1 = min(cols, c0 + chunk)
         ce = c1 + pad if c1 == cols else c1   # the columns computed, the repeated one too
         full = c0 + (ce - c0) // 4 * 4
-        for g in prange(starts[-1]):
-            p = 0
-            while g >= starts[p + 1]:
-                p += 1
-            w = ws[p]
-            base, r0 = (g - starts[p]) * nb * TILE, (g - starts[p]) * R
+        # the groups cut into at most RUNS runs that the threads share out; a run's partial
+        # sums are allocated once, not once a group (numba does not hoist the allocation: ~50k
+        # of them in a 1.5B decode step at 2 threads, ~1 ms of its ~54)
+        per = max(1, -(-starts[-1] // RUNS))
+        for run in prange(-(-starts[-1] // per)):
             part = np.empty((ce - c0, R), np.float32)
-            for k0 in range(0, nb, kc):
-                k1 = min(nb, k0 + kc)
-                for c in range(c0, full, 4):
-                    acc = fzero(R, 4)
-                    qc, bc, ic, fc = q2[c:c + 4], yb[c:c + 4], yi[c:c + 4], yf[c:c + 4]
-                    for blk in range(k0, k1):
-                        acc = tile4(acc, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
-                    fstore(part, c - c0, 0, acc if k0 == 0 else
-                           fadd(fload(part, c - c0, R, 4), acc))
-                pair = full + (ce - full) // 2 * 2
-                for c in range(full, pair, 2):
-                    acc2 = fzero(R, 2)
-                    qc, bc, ic, fc = q2[c:c + 2], yb[c:c + 2], yi[c:c + 2], yf[c:c + 2]
-                    for blk in range(k0, k1):
-                        acc2 = tile2(acc2, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
-                    fstore(part, c - c0, 0, acc2 if k0 == 0 else
-                           fadd(fload(part, c - c0, R, 2), acc2))
-                for c in range(pair, ce):
-                    acc1 = fzero(R, 1)
-                    qc, bc, ic, fc = q2[c:c + 1], yb[c:c + 1], yi[c:c + 1], yf[c:c + 1]
-                    for blk in range(k0, k1):
-                        acc1 = tile1(acc1, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
-                    fstore(part, c - c0, 0, acc1 if k0 == 0 else
-                           fadd(fload(part, c - c0, R, 1), acc1))
-            rows = min(R, ms[p] - r0)
-            dp = ds[p]
-            for j in range(c1 - c0):
-                c = c0 + j
-                dp[c // (n2 * nn), (c // nn) % n2, c % nn, r0:r0 + rows] = part[j, :rows]
+            for g in range(run * per, min(starts[-1], (run + 1) * per)):
+                p = 0
+                while g >= starts[p + 1]:
+                    p += 1
+                w = ws[p]
+                base, r0 = (g - starts[p]) * nb * TILE, (g - starts[p]) * R
+                for k0 in range(0, nb, kc):
+                    k1 = min(nb, k0 + kc)
+                    for c in range(c0, full, 4):
+                        acc = fzero(R, 4)
+                        qc, bc, ic, fc = q2[c:c + 4], yb[c:c + 4], yi[c:c + 4], yf[c:c + 4]
+                        for blk in range(k0, k1):
+                            acc = tile4(acc, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
+                        fstore(part, c - c0, 0, acc if k0 == 0 else
+                               fadd(fload(part, c - c0, R, 4), acc))
+                    pair = full + (ce - full) // 2 * 2
+                    for c in range(full, pair, 2):
+                        acc2 = fzero(R, 2)
+                        qc, bc, ic, fc = q2[c:c + 2], yb[c:c + 2], yi[c:c + 2], yf[c:c + 2]
+                        for blk in range(k0, k1):
+                            acc2 = tile2(acc2, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
+                        fstore(part, c - c0, 0, acc2 if k0 == 0 else
+                               fadd(fload(part, c - c0, R, 2), acc2))
+                    for c in range(pair, ce):
+                        acc1 = fzero(R, 1)
+                        qc, bc, ic, fc = q2[c:c + 1], yb[c:c + 1], yi[c:c + 1], yf[c:c + 1]
+                        for blk in range(k0, k1):
+                            acc1 = tile1(acc1, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
+                        fstore(part, c - c0, 0, acc1 if k0 == 0 else
+                               fadd(fload(part, c - c0, R, 1), acc1))
+                rows = min(R, ms[p] - r0)
+                dp = ds[p]
+                for j in range(c1 - c0):
+                    c = c0 + j
+                    dp[c // (n2 * nn), (c // nn) % n2, c % nn, r0:r0 + rows] = part[j, :rows]
 
 
 def quantize_column(b, q, ysb, ysi, ysf, i3, i2, n, kk):
