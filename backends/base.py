@@ -423,7 +423,6 @@ class Session(ThreadGuard):
         """`bind_calls` as Groups (backends/fusion_rules.py: a call and the nodes it
         computes; a node nothing computes, a view, has none). `observed`: nodes an observer
         reads after their call, which fusion must not leave unwritten."""
-        kernels = self.backend.kernels
         self.bind_memo = {}  # the calls run in `nodes` order: a binder may leave work to an earlier one
         fused = self.backend.executor.fuse(nodes, self, observed) if fuse else {}
         inside: set[Tensor] = set()
@@ -436,15 +435,18 @@ class Session(ThreadGuard):
                 continue
             if node in inside:
                 continue
-            k = kernels[node.op]
-            if k.bind:
-                c = k.fn(node, self)
-                if c is None:
-                    continue
-            else:
-                c = (lambda k=k, node=node: k.fn(node, self))
-            groups.append(Group((node,), c))
+            c = self.bind_node(node)
+            if c is not None:
+                groups.append(Group((node,), c))
         return groups
+
+    def bind_node(self, node: Tensor) -> Callable[[], None] | None:
+        """The call that runs `node` alone (None where it needs none); a fusion group that
+        runs other nodes among its own binds them so (backends/cpu/fusion.py)."""
+        k = self.backend.kernels[node.op]
+        if k.bind:
+            return k.fn(node, self)
+        return lambda: k.fn(node, self)
 
     def plan_order(self, graph: Graph) -> list[Tensor]:
         return list(self.plan.order) if self.plan is not None else graph.nodes

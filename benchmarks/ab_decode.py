@@ -9,8 +9,9 @@ median, quartiles and means per token and the paired difference.
 The changes that can be switched off (each through its module's switch, off only while its
 engine builds and binds its graphs; a graph bound again later, when the context grows past a step of cells, takes
 the code as it is, so keep -n below the first step):
-- fused-products: consecutive products of one input run apart (backends/cpu/fusion.py's
-  PRODUCTS);
+- fused-products: products of one input run apart (backends/cpu/fusion.py's PRODUCTS);
+- products-across: only consecutive products of one input run as one call, not Q, K and V
+  with a bias add, a rope or a cache write between them (fusion.BETWEEN set to 0);
 - q8k-encoder: the K-quants' activations through the shared Q8_K encoder, not qact.py's
   (its entry taken out of qact.ENCODERS).
 Whole-benchmark speed is `ggraph bench`; this is for telling a 1-3% change from the noise.
@@ -34,6 +35,8 @@ def set_change(what: str, on: bool) -> None:
     from ggraph.ir.types import GGMLType
     if what == "fused-products":
         fusion.PRODUCTS = on
+    elif what == "products-across":
+        fusion.BETWEEN = 4 if on else 0
     elif on:
         qact.ENCODERS[GGMLType.Q8_K] = qact.enc_q8_k
     else:   # kernels.act_encoder falls back to the shared codec's encoder
@@ -43,7 +46,8 @@ def set_change(what: str, on: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, parents=[
         model_option("qwen2.5-coder-1.5b"), threads_option(2), out_option("")])
-    ap.add_argument("--without", required=True, choices=("fused-products", "q8k-encoder"))
+    ap.add_argument("--without", required=True, choices=("fused-products", "products-across",
+                                                           "q8k-encoder"))
     ap.add_argument("-n", type=int, default=200, help="decode tokens each engine times")
     args = ap.parse_args()
 

@@ -10,14 +10,15 @@ other nodes as before. The chain fused today is the norm block of every transfor
 (residual add, norm, weight, bias; any two or more of them in this order, float32 rows;
 the matching rules, shared with CUDA: backends/fusion_rules.py).
 Another is a prompt's non-flash attention, K*Q -> softmax -> V*p, which skips the cells
-its mask hides (backends/cpu/attn_fusion.py). The last is consecutive products of packed
+its mask hides (backends/cpu/attn_fusion.py). The last is products of packed
 weights of one type that read the same activations (a layer's FFN gate and up; Q, K and V
-where nothing but views comes between): one call quantizes the activations once and streams the
-weights one after the other in one parallel region (qtiles.k_mul_mat_packed), which saves
-each product after the first its start (a dispatch, a quantization, a fork) and its
-threads' uneven ends: Qwen2.5 1.5B decode at 2 threads, 0.2-0.4 ms a token (median paired
-difference; benchmarks/ab_decode.py --without fused-products, Intel Xeon Ice Lake). The
-tests compare the fused results with the unfused bit for bit.
+with a bias add, a rope or a cache write between them, which run after the call): one call
+quantizes the activations once and streams the weights one after the other in one parallel
+region (qtiles.k_mul_mat_packed), which saves each product after the first its start (a
+dispatch, a quantization, a fork) and its threads' uneven ends: Qwen2.5 1.5B decode at 2
+threads, 0.2-0.4 ms a token for gate and up, 0.84 more for Q, K and V (median paired
+differences; benchmarks/ab_decode.py --without fused-products | products-across, Intel
+Xeon Ice Lake). The tests compare the fused results with the unfused bit for bit.
 A group's intermediate is left unwritten only when nothing outside the group reads it, it is
 no output, no observer reads it (an observed run: backends/observe.py), and the plan freed its
 memory at the group (exactly when Session.read would refuse it); otherwise the fused kernel
@@ -48,6 +49,10 @@ ENABLED = config.fuse()
 # consecutive products of one input as one call (_bind_products); benchmarks/ab_decode.py
 # turns it off for one engine to measure what it saves
 PRODUCTS = True
+# the most nodes that may lie between two of those products (Q, K, V: a bias add, a rope and
+# a cache write); 0 fuses consecutive products only (benchmarks/ab_decode.py --without
+# products-across)
+BETWEEN = 4
 _DUMMY = np.zeros((1, 1, 1, 1), np.float32)
 
 
@@ -95,38 +100,77 @@ def fuse(order: Sequence[Tensor], session: Any, kernel_for: Callable[[Callable, 
         if (c := match(seq, i)) else None,
         lambda seq, i, rb: _bind_attention(c, session, rb, nogil_for, observed)
         if (c := attn_fusion.match(seq, i)) else None,
-        lambda seq, i, rb: _bind_products(seq, i, session)])
+        lambda seq, i, rb: _bind_products(seq, i, session, observed)])
 
 
-def _bind_products(seq: list[Tensor], i: int, s: Any) -> Group | None:
-    """seq[i] and the products right after it that read the same activations, from packed
-    weights of the same type (kernels.packed_weight), as one call (at most
-    kernels.PACKED_MAX of them); None for fewer than 2. Every product's result is written
-    as it would be alone. (Only pure views can lie between them: scan keeps a view that
-    writes, a KV cache's set_rows, in seq.)"""
+def _bind_products(seq: list[Tensor], i: int, s: Any, observed: frozenset[Tensor]
+                   ) -> Group | None:
+    """seq[i] and the next products that read the same activations, from packed weights of
+    the same type (kernels.packed_weight), as one call (at most kernels.PACKED_MAX of them);
+    None for fewer than 2. Every product's result is written as it would be alone.
+    Up to BETWEEN other nodes may lie between two of them (a bias add, a rope, a KV cache
+    write: Q, K and V in the builders here) unless one is a product, one writes the
+    activations, or the run is observed (its values are handed after their group): the call
+    runs the products, then those nodes in order, each by its own call. A product with such
+    a node before it is computed into a buffer of the binding's and copied to its own
+    memory where it would have run: the plan may have given it bytes that an earlier node
+    still reads (K gets Q's, dead once Q is roped, in the builders here; a cache write's
+    row indices in a fuzzed GGUF)."""
     first = seq[i]
     if not PRODUCTS or first.op != OpKind.MUL_MAT:
         return None
     b, a = first.src[1], first.src[0]
     chain: list[tuple[Tensor, Any]] = []
-    for node in seq[i:i + kernels.PACKED_MAX]:
-        if node.op != OpKind.MUL_MAT or node.src[1] is not b or node.src[0].type != a.type:
-            break
-        packed = kernels.packed_weight(node.src[0], b, s)
-        if packed is None:
-            break
-        chain.append((node, packed))
+    end = i
+    for j in range(i, len(seq)):
+        node = seq[j]
+        if node.op == OpKind.MUL_MAT and node.src[1] is b and node.src[0].type == a.type:
+            packed = kernels.packed_weight(node.src[0], b, s)
+            if packed is None:
+                break
+            chain.append((node, packed))
+            end = j
+            if len(chain) == kernels.PACKED_MAX:
+                break
+        elif node.op in (OpKind.MUL_MAT, OpKind.MUL_MAT_ID) or observed or j - end > BETWEEN:
+            break   # an observed run hands values after their group: none moves there
     if len(chain) < 2:
         return None
+    nodes = seq[i:end + 1]
     B = s.arr(b)
-    outs = [s.arr(node) for node, _ in chain]
-    if not overlap_safe([B], outs):
+    later: dict[Tensor, tuple[np.ndarray, np.ndarray]] = {}   # product: (its memory, buffer)
+    direct: list[np.ndarray] = []
+    for k, n in enumerate(nodes):
+        if n in (node for node, _ in chain):
+            out = s.arr(n)
+            if k == len(direct):    # nothing but products before it: written in place
+                direct.append(out)
+            else:
+                later[n] = (out, np.empty(out.shape, out.dtype))
+        elif _meets(s.arr(n), B):
+            return None
+    if not overlap_safe([B], direct):
         return None
     kern = kernels.packed_kernel(all(is_small(node) for node, _ in chain), a.type, b.type)
-    call = kernels.packed_call(kern, a.type, B, [(packed, d, node.src[0].ne[1])
-                                                 for (node, packed), d in zip(chain, outs)])
-    return Group(tuple(node for node, _ in chain), call)
+    call = kernels.packed_call(kern, a.type, B, [
+        (packed, later[node][1] if node in later else s.arr(node), node.src[0].ne[1])
+        for node, packed in chain])
+    if not later:
+        return Group(tuple(nodes), call)
+    rest = [partial(np.copyto, *later[n]) if n in later else s.bind_node(n) for n in nodes[1:]]
+    return Group(tuple(nodes), partial(_in_turn, call, [c for c in rest if c is not None]))
 
+
+def _meets(x: np.ndarray, y: np.ndarray) -> bool:
+    lo, hi = _base_range(x)
+    ylo, yhi = _base_range(y)
+    return lo < yhi and ylo < hi
+
+
+def _in_turn(first: Callable[[], None], rest: list[Callable[[], None]]) -> None:
+    first()
+    for c in rest:
+        c()
 
 def _bind_attention(chain: list[Tensor], s: Any, read_by: dict[Tensor, set[Tensor]],
                     nogil_for: Callable[[Callable], Any], observed: frozenset[Tensor]

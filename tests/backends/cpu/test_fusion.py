@@ -220,11 +220,11 @@ def test_products_of_other_types_or_inputs_stay_apart(types, other):
     assert "mul_mat+mul_mat" not in p1.by_op and p1.by_op["mul_mat"].calls == 2
 
 
-def test_a_cache_write_between_products_keeps_them_apart():
-    """v = W_v x; cache[idx] = v (set_rows: a view that writes); k = W_k x. Moving k before
-    the cache write could overwrite idx, whose memory the plan may give k once the write
-    has read it (a fuzzed GGUF did exactly that: tests/graphs/gguf/test_gguf_fuzz.py): the
-    products stay two calls."""
+def test_a_cache_write_between_products_runs_in_its_place():
+    """v = W_v x; cache[idx] = v (set_rows: a view that writes); k = W_k x. The products run
+    as one call and the cache write after it, k written to its own memory only where it
+    would have run: the plan may give k memory the write still reads (a fuzzed GGUF gave it
+    the write's row indices: tests/graphs/gguf/test_gguf_fuzz.py)."""
     ctx = Context()
     rng = np.random.default_rng(3)
     x = ctx.new_tensor("f32", (256, 1), name="x").set_input()
@@ -238,8 +238,6 @@ def test_a_cache_write_between_products_keeps_them_apart():
     v = ops.mul_mat(ws[0], x).set_name("v")
     written = ops.set_rows(cache, v, idx)
     k = ops.mul_mat(ws[1], x).set_name("k")
-    # v read again at the end: the plan cannot give k v's memory, so only the rule for what
-    # lies between them keeps them apart
     out = ops.add(ops.add(ops.view_1d(written, 48, 2 * 48 * 4), k), v).set_name("out")
     out.set_output()
     inputs = {x: rng.standard_normal((1, 256)).astype(np.float32),
@@ -248,4 +246,36 @@ def test_a_cache_write_between_products_keeps_them_apart():
     want, _ = _run(False, g, inputs, dict(out=out))
     got, prof = _run(True, g, inputs, dict(out=out))
     np.testing.assert_array_equal(got["out"], want["out"])
-    assert "mul_mat+mul_mat" not in prof.by_op and prof.by_op["mul_mat"].calls == 2
+    assert "mul_mat+set_rows+mul_mat" in prof.by_op and "mul_mat" not in prof.by_op
+
+
+def test_a_product_moved_before_a_reader_of_its_memory_keeps_that_memory_intact():
+    """y = W_1 x; z = bias + y (broadcast to 2 columns); k = W_2 x, with k planned in y's
+    memory (y is dead once z is computed). The call computes k before z: into a buffer, copied to k's memory after z
+    has read y; writing k there first would change z."""
+    ctx = Context()
+    rng = np.random.default_rng(5)
+    x = ctx.new_tensor("f32", (256, 1), name="x").set_input()
+    bias = ctx.new_tensor("f32", (64, 2), name="bias")
+    bias.set_data(rng.standard_normal((2, 64)).astype(np.float32))
+    ws = []
+    for name in ("w1", "w2"):
+        w = ctx.new_tensor("q8_0", (256, 64), name=name)
+        ws.append(w.set_data(rng.standard_normal((64, 256)).astype(np.float32)))
+    y = ops.mul_mat(ws[0], x).set_name("y")
+    z = ops.add(bias, y).set_name("z")   # 64 x 2, not in y's place: y dies at z
+    k = ops.mul_mat(ws[1], x).set_name("k")
+    out = ops.mul(z, k).set_name("out")   # k broadcast over z's columns
+    out.set_output()
+    inputs = {x: rng.standard_normal((1, 256)).astype(np.float32)}
+    g = build_graph(out)
+    want, _ = _run(False, g, inputs, dict(out=out))
+    sess = CPUBackend(fuse=True).session()
+    prof = Profile()
+    with sess:
+        sess.run(g, inputs, profile=prof)
+        ya, ka = sess.arr(y), sess.arr(k)
+        assert ya.ctypes.data == ka.ctypes.data   # the case: k planned over y
+        got = sess.read(out)
+    np.testing.assert_array_equal(got, want["out"])
+    assert "mul_mat+add+mul_mat" in prof.by_op and "mul_mat" not in prof.by_op
