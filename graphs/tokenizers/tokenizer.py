@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import os
 import sys
 import time
 import traceback
@@ -78,8 +79,10 @@ class _TemplateRaised(Exception):
     """raise_exception(msg) from a template; the message is the template's."""
 
 
-class _TemplateTimeout(Exception):
-    """A template still rendering after _RENDER_SECONDS (a hostile loop)."""
+class _TemplateTimeout(BaseException):
+    """A template still rendering after _RENDER_SECONDS (a hostile loop). Not an Exception:
+    an `except Exception` in code it passes through would swallow it, and the tracer that
+    raised it is dropped by Python once it raises, so the deadline would be gone."""
 
 
 _RENDER_SECONDS = 5.0      # a real chat template renders in milliseconds
@@ -95,10 +98,19 @@ def _deadline() -> Iterator[None]:
     compiles templates to Python, so a trace function sees every line of a loop and can end
     it (a single C call is bounded by graphs/tokenizers/template_sandbox.py instead)."""
     deadline = time.monotonic() + _RENDER_SECONDS
+    # raised only in the template's code, Jinja's and the sandbox's: raised in a callback that
+    # runs inside them (a garbage-collection hook, as hypothesis installs), the exception is
+    # swallowed, Python drops the trace function with it, and the deadline is gone
+    jinja, sandbox = (sys.modules.get(m) for m in
+                      ("jinja2", "ggraph.graphs.tokenizers.template_sandbox"))
+    jinja_dir = os.path.dirname(jinja.__file__) if jinja is not None and jinja.__file__ else "<>"
+    own = ("<template>", getattr(sandbox, "__file__", "<template>"))
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
         if time.monotonic() > deadline:
-            raise _TemplateTimeout()
+            name = frame.f_code.co_filename
+            if name in own or name.startswith(jinja_dir):
+                raise _TemplateTimeout()
         return tracer
 
     previous = sys.gettrace()
