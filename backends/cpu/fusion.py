@@ -74,18 +74,20 @@ def overlap_safe(reads: list[np.ndarray], writes: list[np.ndarray]) -> bool:
     as its exact alias (same address, shape and strides: row r is read before it is
     written)."""
     for k, w in enumerate(writes):
-        lo, hi = _base_range(w)
-        for v in writes[k + 1:]:
-            vlo, vhi = _base_range(v)
-            if lo < vhi and vlo < hi:
-                return False
+        if any(_meets(w, v) for v in writes[k + 1:]):
+            return False
         for r in reads:
-            rlo, rhi = _base_range(r)
-            if lo < rhi and rlo < hi and not (
-                    r.ctypes.data == w.ctypes.data and r.shape == w.shape
-                    and r.strides == w.strides):
+            if _meets(w, r) and not (r.ctypes.data == w.ctypes.data and r.shape == w.shape
+                                     and r.strides == w.strides):
                 return False
     return True
+
+
+def _meets(x: np.ndarray, y: np.ndarray) -> bool:
+    """x and y share a byte of memory (their spans overlap)."""
+    lo, hi = _base_range(x)
+    ylo, yhi = _base_range(y)
+    return lo < yhi and ylo < hi
 
 
 def fuse(order: Sequence[Tensor], session: Any, kernel_for: Callable[[Callable, Tensor], Any],
@@ -140,8 +142,9 @@ def _bind_products(seq: list[Tensor], i: int, s: Any, observed: frozenset[Tensor
     B = s.arr(b)
     later: dict[Tensor, tuple[np.ndarray, np.ndarray]] = {}   # product: (its memory, buffer)
     direct: list[np.ndarray] = []
+    products = {node for node, _ in chain}
     for k, n in enumerate(nodes):
-        if n in (node for node, _ in chain):
+        if n in products:
             out = s.arr(n)
             if k == len(direct):    # nothing but products before it: written in place
                 direct.append(out)
@@ -159,12 +162,6 @@ def _bind_products(seq: list[Tensor], i: int, s: Any, observed: frozenset[Tensor
         return Group(tuple(nodes), call)
     rest = [partial(np.copyto, *later[n]) if n in later else s.bind_node(n) for n in nodes[1:]]
     return Group(tuple(nodes), partial(_in_turn, call, [c for c in rest if c is not None]))
-
-
-def _meets(x: np.ndarray, y: np.ndarray) -> bool:
-    lo, hi = _base_range(x)
-    ylo, yhi = _base_range(y)
-    return lo < yhi and ylo < hi
 
 
 def _in_turn(first: Callable[[], None], rest: list[Callable[[], None]]) -> None:
