@@ -26,6 +26,11 @@ class Executor:
         for call in calls:
             call()
 
+    def direct(self, call: Callable[[], None]) -> Callable[[], None]:
+        """A bound call as this backend runs it each time (the call itself here; the CPU's
+        skips numba's dispatch)."""
+        return call
+
     def fuse(self, order: list[Tensor], session: Any,
              observed: frozenset[Tensor] = frozenset()) -> Mapping[Tensor, Any]:
         """Groups of consecutive nodes of a planned graph's `order` (bound by `session`, a

@@ -13,7 +13,9 @@ the code as it is, so keep -n below the first step):
 - products-across: only consecutive products of one input run as one call, not Q, K and V
   with a bias add, a rope or a cache write between them (fusion.BETWEEN set to 0);
 - q8k-encoder: the K-quants' activations through the shared Q8_K encoder, not qact.py's
-  (its entry taken out of qact.ENCODERS).
+  (its entry taken out of qact.ENCODERS);
+- direct-calls: the bound calls go through numba's dispatcher, not straight to the compiled
+  code (backends/cpu/compile.py's DIRECT).
 Whole-benchmark speed is `ggraph bench`; this is for telling a 1-3% change from the noise.
 """
 from __future__ import annotations
@@ -31,9 +33,11 @@ from benchlib import model_option, out_option, threads_option, write_results
 
 def set_change(what: str, on: bool) -> None:
     """Turn one change on or off through the switch its module exposes."""
-    from ggraph.backends.cpu import fusion, qact
+    from ggraph.backends.cpu import compile as cpu_compile, fusion, qact
     from ggraph.ir.types import GGMLType
-    if what == "fused-products":
+    if what == "direct-calls":
+        cpu_compile.DIRECT = on
+    elif what == "fused-products":
         fusion.PRODUCTS = on
     elif what == "products-across":
         fusion.BETWEEN = 4 if on else 0
@@ -46,8 +50,8 @@ def set_change(what: str, on: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, parents=[
         model_option("qwen2.5-coder-1.5b"), threads_option(2), out_option("")])
-    ap.add_argument("--without", required=True, choices=("fused-products", "products-across",
-                                                           "q8k-encoder"))
+    ap.add_argument("--without", required=True, choices=("direct-calls", "fused-products",
+                                                           "products-across", "q8k-encoder"))
     ap.add_argument("-n", type=int, default=200, help="decode tokens each engine times")
     args = ap.parse_args()
 

@@ -5,9 +5,10 @@ the same runs.
     python benchmarks/profile_decode.py [--threads 2] [--prompt 128] [--gen 32] [--fa 1] [--by name]
                                         [--json out.json]
 
-Kernels are compiled and bound by a warm-up pass before anything is timed. Profiled runs
-read the clock around every kernel call, so their tok/s is a little lower than the plain
-figure printed first.
+Every token runs at the -t thread count (no ThreadGovernor: its trials of fewer threads would
+slow some tokens and every node with them). Kernels are compiled and bound by a warm-up pass
+before anything is timed. Profiled runs read the clock around every kernel call, so their
+tok/s is a little lower than the plain figure printed first.
 """
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ def main() -> None:
 
     path = str(args.model)
     eng = Engine(path, EngineConfig(n_ctx=1024, n_ubatch=512, n_threads=args.threads,
-                                    flash_attn=bool(args.fa),
-                                    reserve_outputs="last"))
+                                    flash_attn=bool(args.fa), reserve_outputs="last",
+                                    adaptive_threads=False))   # every token at -t, as llama-bench
     rng = np.random.default_rng(0)
     prompt = [int(x) for x in rng.integers(100, 40000, args.prompt)]
 

@@ -11,6 +11,7 @@ lifetime (a compiled kernel's flags) call the function once when they load.
 | GGRAPH_NUMBA_PARALLEL | 1 | 0: CPU kernels without numba's parallel loops |
 | GGRAPH_PARALLEL_MIN_PRODUCT | 65536 | the smallest product a CPU kernel splits over threads |
 | GGRAPH_EXACT_ACTIVATIONS | 0 | 1: mat-muls keep f32 activations (not ggml's vec_dot_type rounding) |
+| GGRAPH_CPU_DIRECT_CALLS | 1 | 0: every CPU kernel call through numba's dispatcher |
 | GGRAPH_CUDA_FAST_LAUNCH | 1 | 0: every CUDA launch through numba's dispatcher |
 | GGRAPH_CUDA_GRAPHS | 1 | 0: no CUDA graph capture of decode steps |
 | GGRAPH_CUDA_TORCH | 1 | 0: no torch tensor-core GEMMs |
@@ -65,6 +66,11 @@ def _int(var: str, default: int) -> int:
 def adaptive_threads() -> bool:
     """GGRAPH_ADAPTIVE_THREADS=0: every run uses all the backend's threads (no governor)."""
     return _flag("GGRAPH_ADAPTIVE_THREADS", True)
+
+
+def direct_calls() -> bool:
+    """GGRAPH_CPU_DIRECT_CALLS=0: bound CPU kernel calls go through numba's dispatcher."""
+    return _flag("GGRAPH_CPU_DIRECT_CALLS", True)
 
 
 def fuse() -> bool:

@@ -5,7 +5,10 @@ its types. The kernel tables (backends/cpu/kernels.py and the training ops' modu
 all bind through here."""
 from __future__ import annotations
 
+from functools import partial
+
 import numba
+from numba.core.dispatcher import Dispatcher
 
 from ggraph import config
 from ggraph.ir.opkind import OpKind
@@ -96,3 +99,37 @@ def row_decoder(t: T):
     """k_dequant_rows bound to type t's decoder, serial and without the GIL: the rows the
     BLAS paths' own threads decode (mul_mat's of a batch, out_prod's) before numpy's matmul."""
     return TARGET.bind(K.k_dequant_rows, SERIAL_NOGIL, f"a{t}_nogil", dec_a=TARGET.codec(t).dec)
+
+
+# a bound call's compiled code called without numba's dispatch: 341 calls in a Qwen2.5 1.5B
+# decode step, each paying the dispatcher's typing of its ~11 arguments (~3 us measured)
+DIRECT = config.direct_calls()
+
+
+def direct(call):
+    """`call` (a bound kernel call: functools.partial of a numba dispatcher over fixed
+    arguments) as a call of the machine code compiled for exactly those arguments' types
+    (compiled now if it is not yet), skipping the dispatch that types every argument on each
+    call; a fusion group's sequence of calls (fusion.in_turn) has each of its calls made so.
+    Anything else, or a call whose arguments numba cannot type, is returned as it is (its
+    dispatcher reports the error when it runs)."""
+    if not DIRECT or not isinstance(call, partial) or call.keywords:
+        return call
+    f = call.func
+    if f is in_turn:
+        return partial(in_turn, direct(call.args[0]), [direct(c) for c in call.args[1]])
+    if not isinstance(f, Dispatcher):
+        return call
+    try:
+        entry = f.compile(tuple(f.typeof_pyval(a) for a in call.args))
+    except Exception:   # noqa: BLE001 - the dispatcher's own call says what is wrong
+        return call
+    return partial(entry, *call.args)
+
+
+def in_turn(first, rest) -> None:
+    """Calls `first`, then each of `rest` (a fusion group whose members run by their own
+    calls: backends/cpu/fusion.py)."""
+    first()
+    for c in rest:
+        c()

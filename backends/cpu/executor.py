@@ -15,7 +15,7 @@ from ggraph.ir.tensor import Tensor
 from ..base import Session
 from ..executor import Executor
 from . import fusion
-from .compile import compiled_for, compiled_nogil
+from .compile import compiled_for, compiled_nogil, direct
 from .threads import ThreadGovernor
 
 
@@ -36,6 +36,9 @@ class CPUExecutor(Executor):
         if not self.fusion:
             return {}
         return fusion.fuse(order, session, compiled_for, compiled_nogil, observed)
+
+    def direct(self, call: Any) -> Any:
+        return direct(call)
 
     def run_context(self, key: Hashable | None = None) -> Any:
         """The threads of a run: the governor's choice for graph `key` (all of them without

@@ -43,7 +43,7 @@ from ggraph.ir.tensor import Tensor
 from ..fusion_rules import PRE_OPS, Group, dead, match, scan
 from ..shared.elementwise import BINARY_CODE
 from . import attn_fusion, fused_templates as F, kernels
-from .compile import is_small
+from .compile import in_turn, is_small
 
 ENABLED = config.fuse()
 # consecutive products of one input as one call (_bind_products); benchmarks/ab_decode.py
@@ -161,13 +161,7 @@ def _bind_products(seq: list[Tensor], i: int, s: Any, observed: frozenset[Tensor
     if not later:
         return Group(tuple(nodes), call)
     rest = [partial(np.copyto, *later[n]) if n in later else s.bind_node(n) for n in nodes[1:]]
-    return Group(tuple(nodes), partial(_in_turn, call, [c for c in rest if c is not None]))
-
-
-def _in_turn(first: Callable[[], None], rest: list[Callable[[], None]]) -> None:
-    first()
-    for c in rest:
-        c()
+    return Group(tuple(nodes), partial(in_turn, call, [c for c in rest if c is not None]))
 
 def _bind_attention(chain: list[Tensor], s: Any, read_by: dict[Tensor, set[Tensor]],
                     nogil_for: Callable[[Callable], Any], observed: frozenset[Tensor]
