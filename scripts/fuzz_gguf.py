@@ -33,6 +33,10 @@ def main() -> int:
     ap.add_argument("--per-mutant", type=int, default=3, help="settings each mutant runs at")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
     ap.add_argument("--kinds", default="", help="only these mutations (comma-separated)")
+    ap.add_argument("--kinds-in-turn", action="store_true",
+                    help="each mutation kind in turn (every kind as often), not drawn by weight")
+    ap.add_argument("--cli-share", type=float, default=0.04,
+                    help="share of mutants whose first setting runs through `ggraph run`")
     ap.add_argument("--no-smollm2", action="store_true", help="tiny models only")
     ap.add_argument("--mutant", type=int, action="append", default=[],
                     help="run only this mutant (repeatable) and show each case")
@@ -50,14 +54,17 @@ def main() -> int:
         smollm2 = str(default_model())
     repro = "python scripts/fuzz_gguf.py" + (f" --kinds {args.kinds}" if kinds else "") + \
         (" --no-smollm2" if args.no_smollm2 else "") + \
-        (f" --per-mutant {args.per_mutant}" if args.per_mutant != 3 else "")
+        (f" --per-mutant {args.per_mutant}" if args.per_mutant != 3 else "") + \
+        (" --kinds-in-turn" if args.kinds_in_turn else "") + \
+        (f" --cli-share {args.cli_share}" if args.cli_share != 0.04 else "")
     if args.keep:
         Path(args.keep).mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with tempfile.TemporaryDirectory() as d:
         bases = structured_bases(Path(d), smollm2)
         fuzz = StructuredFuzz(bases, args.seed, args.per_mutant, args.timeout, kinds,
-                              repro=repro, keep=args.keep)
+                              args.cli_share, repro=repro, keep=args.keep,
+                              in_turn=args.kinds_in_turn)
         report = fuzz.run(args.cases, args.jobs, args.mutant or None, progress=True)
     seconds = round(time.time() - t0)
     cases = [r for r in report.results if r.mutant.kind != "none"]

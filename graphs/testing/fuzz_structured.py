@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -83,16 +84,26 @@ class Planned:
 
 
 def plan_mutant(bases: list[tuple[Base, float]], seed: int, index: int, per_mutant: int = 3,
-                kinds: tuple[str, ...] | None = None, cli_share: float = 0.04) -> Planned:
+                kinds: tuple[str, ...] | None = None, cli_share: float = 0.04,
+                in_turn: bool = False) -> Planned:
+    """Mutant `index` of run `seed`: its base, mutation (its kind drawn, or the index-th in
+    turn), settings and way of running."""
     rng = np.random.default_rng([seed, index])
     shares = np.array([s for _, s in bases])
     base = bases[int(rng.choice(len(bases), p=shares / shares.sum()))][0]
-    m = mutate(base, rng, kinds)
+    m = mutate(base, rng, kinds, index if in_turn else None)
     fits = [s for s in SETTINGS if not m.prompts or s.prompt in m.prompts]
     picks = rng.choice(len(fits), size=min(per_mutant, len(fits)), replace=False)
     cli = bool(rng.random() < cli_share) and not any(
         k in m.run for k in ("ids", "n_past", "after_load"))
     return Planned(index, base, m, [fits[int(i)] for i in picks], cli)
+
+
+def _write(path: str, data: bytes) -> None:
+    """A fresh copy of a mutant that changes its own file after loading (an after_load
+    case), written before each try."""
+    with open(path, "wb") as f:
+        f.write(data)
 
 
 class _Lane:
@@ -140,9 +151,11 @@ class _Lane:
 class StructuredFuzz:
     def __init__(self, bases: list[tuple[Base, float]], seed: int = 0, per_mutant: int = 3,
                  timeout: float = 60.0, kinds: tuple[str, ...] | None = None,
-                 cli_share: float = 0.04, repro: str = "", keep: str | None = None) -> None:
+                 cli_share: float = 0.04, repro: str = "", keep: str | None = None,
+                 in_turn: bool = False) -> None:
         self.bases, self.seed, self.per_mutant = bases, seed, per_mutant
         self.timeout, self.kinds, self.cli_share = timeout, kinds, cli_share
+        self.in_turn = in_turn   # the mutations' kinds taken in turn, not drawn
         self.repro, self.keep = repro, keep
         self.lock = threading.Lock()
         self.baselines: dict[str, tuple[str, str]] = {}
@@ -152,7 +165,7 @@ class StructuredFuzz:
 
     def plan(self, index: int) -> Planned:
         return plan_mutant(self.bases, self.seed, index, self.per_mutant, self.kinds,
-                           self.cli_share)
+                           self.cli_share, self.in_turn)
 
     def baseline(self, lane: _Lane, base: Base, s: Setting, run: dict[str, Any], via: str
                  ) -> tuple[str, str]:
@@ -201,10 +214,7 @@ class StructuredFuzz:
             prepare = None
             if "after_load" in m.run:   # the case changes its file: each setting a fresh copy
                 path = lane.path
-
-                def prepare() -> None:
-                    with open(lane.path, "wb") as f:
-                        f.write(m.data if m.data is not None else base.raw)
+                prepare = partial(_write, lane.path, m.data if m.data is not None else base.raw)
             want = self.baseline(lane, base, s, m.run, via)
             got = lane.cli(path, s, m.run, self.timeout) if via == "cli" else \
                 lane.api(path, s, m.run, self.timeout, prepare)

@@ -463,10 +463,13 @@ MUTATORS: dict[str, tuple[Callable[[Base, np.random.Generator], Mutation], float
 }
 
 
-def mutate(base: Base, rng: np.random.Generator, kinds: tuple[str, ...] | None = None
-           ) -> Mutation:
-    """One mutation of base, its kind drawn by MUTATORS' weights (among `kinds`)."""
+def mutate(base: Base, rng: np.random.Generator, kinds: tuple[str, ...] | None = None,
+           turn: int | None = None) -> Mutation:
+    """One mutation of base, its kind drawn by MUTATORS' weights (among `kinds`), or, given
+    a turn, the turn-th kind in MUTATORS' order (every kind as often: a short run still
+    meets each)."""
     names = [k for k in MUTATORS if kinds is None or k in kinds]
     w = np.array([MUTATORS[k][1] for k in names])
-    kind = names[int(rng.choice(len(names), p=w / w.sum()))]
+    kind = names[int(rng.choice(len(names), p=w / w.sum()))] if turn is None else \
+        names[turn % len(names)]
     return MUTATORS[kind][0](base, rng)
