@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import BackendUnavailableError
-from .registry import NAMES, make_backend
+from .numba_cache import install as _install_cache_locator
+
+# where numba caches the kernels (by package, not by folder), set before any is decorated
+_install_cache_locator()
+
+from .errors import BackendUnavailableError  # noqa: E402
+from .registry import NAMES, make_backend  # noqa: E402
 
 __all__ = ["BackendUnavailableError", "NAMES", "get_backend"]
 
