@@ -10,10 +10,10 @@ where the stamp differs, and every bound kernel's name carries a key over the fi
 it is compiled from (backends/jit.py). Two checkouts of different sources only overwrite each
 other's entries for the files that differ.
 
-`install()` (called by backends/__init__.py) puts the locator first in numba's list through numba's own setting
-(config.CACHE_LOCATOR_CLASSES, NUMBA_CACHE_LOCATOR_CLASSES), before any kernel of ggraph is
-decorated; functions of other packages fall through to numba's locators, and a list the user
-set in the environment is left as it is.
+`install()` (called by backends/__init__.py) puts the locator first in numba's list through
+numba's own setting, NUMBA_CACHE_LOCATOR_CLASSES, before any kernel of ggraph is decorated;
+functions of other packages fall through to numba's locators, and a list the user set is left
+as it is. Child processes inherit the setting (ggraph's workers, which load the same kernels).
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import os
 
 from numba.core import caching, config
 
+ENV = "NUMBA_CACHE_LOCATOR_CLASSES"
 # numba's own locators, in its order (numba/core/caching.py), after ours
 NUMBA_LOCATORS = ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator",
                   "IPythonCacheLocator", "ZipCacheLocator")
@@ -46,10 +47,13 @@ class PackageCacheLocator(caching.UserProvidedCacheLocator):
 
 
 def install() -> bool:
-    """Put PackageCacheLocator first in numba's locators (False where the user chose them)."""
-    if config.CACHE_LOCATOR_CLASSES and "PackageCacheLocator" not in \
-            config.CACHE_LOCATOR_CLASSES:
+    """Put PackageCacheLocator first in numba's locators (False where the user chose them).
+    Set in the environment too: numba's compiler reloads its settings from the environment
+    whenever a NUMBA_* variable changes, which would drop a value set on config alone."""
+    user = os.environ.get(ENV, "")
+    if user and "PackageCacheLocator" not in user:
         return False
     names = [n for n in NUMBA_LOCATORS if hasattr(caching, n)]
-    config.CACHE_LOCATOR_CLASSES = ",".join([f"{__name__}.PackageCacheLocator", *names])
+    os.environ[ENV] = config.CACHE_LOCATOR_CLASSES = ",".join(
+        [f"{__name__}.PackageCacheLocator", *names])
     return True

@@ -15,6 +15,7 @@ lifetime (a compiled kernel's flags) call the function once when they load.
 | GGRAPH_CUDA_FAST_LAUNCH | 1 | 0: every CUDA launch through numba's dispatcher |
 | GGRAPH_CUDA_GRAPHS | 1 | 0: no CUDA graph capture of decode steps |
 | GGRAPH_CUDA_TORCH | 1 | 0: no torch tensor-core GEMMs |
+| GGRAPH_PTX_CACHE | 1 | 0: the PTX gate compiles and assembles every kernel variant afresh |
 | GGRAPH_CUDASIM_GEOMETRY | small | gpu: the GPU's kernel geometry under numba's simulator |
 | GGRAPH_LIBGGML | llama-cpp-python's build | the libggml the ggml comparisons load |
 | GGRAPH_LLAMA_BIN | ~/.cache/llamacpp-tools/build/bin | the folder of llama.cpp's programs (llama-batched-bench) the benchmarks run as peers |
@@ -105,6 +106,11 @@ def cuda_fast_launch() -> bool:
 def cuda_graphs() -> bool:
     """GGRAPH_CUDA_GRAPHS=0: decode steps are not captured into CUDA graphs."""
     return _flag("GGRAPH_CUDA_GRAPHS", True)
+
+
+def ptx_cache() -> bool:
+    """GGRAPH_PTX_CACHE=0: the PTX gate keeps no PTX or ptxas figures on disk."""
+    return _flag("GGRAPH_PTX_CACHE", True)
 
 
 def cuda_torch() -> bool:

@@ -11,7 +11,8 @@ assembled by `ptxas -v` and judged against what a real GPU allows:
 
 `judge` gives one row per kernel variant; `table` prints them. tools/gpu_check.py --ptx
 (`ggraph gpu-check --ptx`) runs the conformance cases and attention graphs in the PTX-only
-mode, then this.
+mode, then this. A second gate over kernels that did not change reads their PTX and ptxas's
+figures from its disk cache (ptx_cache.py).
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
+
+from . import ptx_cache
 
 REGISTER_FILE = 65536        # 32-bit registers per SM (sm_80, sm_90)
 SHARED_LIMIT = 48 * 1024     # static shared memory per block without the opt-in attribute
@@ -104,6 +107,18 @@ def assemble(ptxas: str, ptx: str, cc: tuple[int, int]) -> dict[str, int] | str:
             "spill_loads": sum(_ints(r"(\d+) bytes spill loads", out))}
 
 
+def assembled(ptxas: str, ptx: str, cc: tuple[int, int]) -> dict[str, int] | str:
+    """assemble's figures, from the gate's cache where this ptxas assembled the same PTX
+    before (backends/cuda/ptx_cache.py); its errors are not kept."""
+    name = ptx_cache.figures_name(ptxas, ptx, cc)
+    got = ptx_cache.load_figures(name)
+    if got is None:
+        got = assemble(ptxas, ptx, cc)
+        if isinstance(got, dict):
+            ptx_cache.save_figures(name, got)
+    return got
+
+
 def budget_for(kernel: str) -> int:
     return F64_BUDGET.get(kernel.split("__", 1)[0], 0)
 
@@ -123,7 +138,7 @@ def judge(kernel: str, signature: str, threads: int, ptx: str, error: str,
     if ptxas is None:
         return PtxRow(kernel, signature, threads, f64=f64, budget=budget,
                       problems=("no ptxas (CUDA_HOME/bin or PATH)",))
-    got = assemble(ptxas, ptx, cc)
+    got = assembled(ptxas, ptx, cc)
     if isinstance(got, str):
         return PtxRow(kernel, signature, threads, f64=f64, budget=budget, problems=(got,))
     problems = []

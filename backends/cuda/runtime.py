@@ -32,6 +32,7 @@ from ggraph.ir.types import GGMLType
 from ..shared.elementwise import unflatten_i32
 from ..half import bf16_to_f32_hw, f32_to_bf16_hw, f32_to_half_hw, half_to_f32_hw
 from ..jit import Compiler, Target
+from . import ptx_cache
 from .replay import PreparedLaunch
 
 try:
@@ -100,6 +101,7 @@ class PtxVariant:
 
 
 _PTX_DONE: dict[tuple, PtxVariant] = {}   # (kernel, signature) -> its variant
+_LIBDEVICE = ""                           # the libdevice the PTX-only mode links
 
 
 # -- the shared math, compiled for CUDA --------------------------------------------------------
@@ -176,7 +178,7 @@ def enable_ptx_check(cc: tuple[int, int] = (9, 0), libdevice: str | None = None)
     Needs libNVVM and libdevice (a CUDA toolkit, CUDA_HOME). numba-cuda asks NVRTC and the
     driver for the architecture list and the current device even when only compiling; both
     questions are answered here so that a machine without them can still compile."""
-    global MODE, _PTX_CC
+    global MODE, _PTX_CC, _LIBDEVICE
     if SIM:
         raise RuntimeError("the PTX check needs real numba.cuda, not the simulator")
     from numba.cuda import dispatcher
@@ -188,6 +190,7 @@ def enable_ptx_check(cc: tuple[int, int] = (9, 0), libdevice: str | None = None)
     path = libdevice or os.path.join(home, "nvvm", "libdevice", "libdevice.10.bc")
     if not os.path.exists(path):
         raise FileNotFoundError(f"libdevice not found at {path}; set CUDA_HOME")
+    _LIBDEVICE = path
     libs.get_libdevice = lambda: path
     nvvm.get_libdevice = lambda: path
     dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=cc)
@@ -205,10 +208,15 @@ def _compile_only(kernel: Any, args: tuple, block: Any) -> None:
     v = _PTX_DONE.get(key)
     if v is None:
         v = _PTX_DONE[key] = PtxVariant(*key)
-        try:
-            v.ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=_PTX_CC)
-        except Exception as e:  # keep going: the check reports every kernel that fails
-            v.error = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        # a variant whose sources did not change since a gate compiled it: its PTX from disk
+        cached = ptx_cache.variant_name(kernel, str(sig), _PTX_CC, _LIBDEVICE)
+        v.ptx = ptx_cache.load_ptx(cached) or ""
+        if not v.ptx:
+            try:
+                v.ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=_PTX_CC)
+                ptx_cache.save_ptx(cached, v.ptx)
+            except Exception as e:  # keep going: the check reports every kernel that fails
+                v.error = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
     v.threads = max(v.threads, math.prod(block) if isinstance(block, tuple) else int(block))
 
 

@@ -2,6 +2,7 @@
 checkout of the same sources finds them, with the source's content as the stamp."""
 from __future__ import annotations
 
+import os
 import shutil
 
 from numba.core import caching, config
@@ -43,8 +44,14 @@ def test_other_packages_fall_through_to_numbas_locators(tmp_path, monkeypatch):
 
 
 def test_installed_first_unless_the_user_chose_the_locators(monkeypatch):
-    assert config.CACHE_LOCATOR_CLASSES.split(",")[0] == \
-        "ggraph.backends.numba_cache.PackageCacheLocator"
+    ours = "ggraph.backends.numba_cache.PackageCacheLocator"
+    # in the environment as well: numba's compiler reloads its settings from there whenever a
+    # NUMBA_* variable changes (a test setting one did, and the suite fell back to numba's)
+    assert os.environ[N.ENV].split(",")[0] == ours
+    monkeypatch.setenv("NUMBA_OPT", "2")
+    config.reload_config()
+    assert config.CACHE_LOCATOR_CLASSES.split(",")[0] == ours
     assert "UserProvidedCacheLocator" in config.CACHE_LOCATOR_CLASSES
+    monkeypatch.setenv(N.ENV, "UserWideCacheLocator")
     monkeypatch.setattr(config, "CACHE_LOCATOR_CLASSES", "UserWideCacheLocator")
     assert N.install() is False and config.CACHE_LOCATOR_CLASSES == "UserWideCacheLocator"

@@ -34,6 +34,7 @@ def test_f64_count_counts_instructions_only():
 
 
 def test_judge_finds_spills_registers_shared_and_f64(monkeypatch):
+    monkeypatch.setenv("GGRAPH_PTX_CACHE", "0")   # the stand-in figures are not ptxas's
     figures = {"registers": 255, "shared": 64 * 1024, "local": 16, "spill_stores": 8,
                "spill_loads": 4}
     monkeypatch.setattr(P, "assemble", lambda ptxas, ptx, cc: dict(figures))
