@@ -163,6 +163,7 @@ def _bind_products(seq: list[Tensor], i: int, s: Any, observed: frozenset[Tensor
     rest = [partial(np.copyto, *later[n]) if n in later else s.bind_node(n) for n in nodes[1:]]
     return Group(tuple(nodes), partial(in_turn, call, [c for c in rest if c is not None]))
 
+
 def _bind_attention(chain: list[Tensor], s: Any, read_by: dict[Tensor, set[Tensor]],
                     nogil_for: Callable[[Callable], Any], observed: frozenset[Tensor]
                     ) -> Group | None:
