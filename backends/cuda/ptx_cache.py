@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ggraph import config
+from ..jit import file_hash
 
 
 def folder() -> Path:
@@ -36,8 +37,8 @@ def _name(*parts: Any) -> str:
     return hashlib.sha1("|".join(str(p) for p in parts).encode()).hexdigest()
 
 
-def _read(name: str) -> bytes | None:
-    if not config.ptx_cache():
+def _read(name: str | None) -> bytes | None:
+    if not name or not config.ptx_cache():
         return None
     try:
         return (folder() / name).read_bytes()
@@ -59,14 +60,6 @@ def _write(name: str, data: bytes) -> None:
         pass
 
 
-@functools.lru_cache(maxsize=None)
-def _file_sha1(path: str) -> str:
-    try:
-        return hashlib.sha1(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return "missing"
-
-
 def variant_name(kernel: Any, signature: tuple, cc: tuple[int, int], libdevice: str
                  ) -> str | None:
     """The cache entry of one kernel variant's PTX (None: a kernel without a derived key)."""
@@ -78,12 +71,12 @@ def variant_name(kernel: Any, signature: tuple, cc: tuple[int, int], libdevice: 
     # runtime.py too: the device versions of shared helpers it binds (np.rint's, mul_rn's)
     # are not among the sources the key covers
     return _name("ptx", kernel.py_func.__qualname__, key, signature, cc,
-                 numba_cuda.__version__, _file_sha1(libdevice),
-                 _file_sha1(str(Path(__file__).with_name("runtime.py")))) + ".ptx.gz"
+                 numba_cuda.__version__, file_hash(libdevice),
+                 file_hash(Path(__file__).with_name("runtime.py"))) + ".ptx.gz"
 
 
 def load_ptx(name: str | None) -> str | None:
-    data = _read(name) if name else None
+    data = _read(name)
     if data is None:
         return None
     try:
@@ -118,7 +111,7 @@ def figures_name(ptxas: str, ptx: str, cc: tuple[int, int]) -> str | None:
 
 
 def load_figures(name: str | None) -> dict[str, int] | None:
-    data = _read(name) if name else None
+    data = _read(name)
     if data is None:
         return None
     try:
