@@ -15,7 +15,9 @@ the code as it is, so keep -n below the first step):
 - q8k-encoder: the K-quants' activations through the shared Q8_K encoder, not qact.py's
   (its entry taken out of qact.ENCODERS);
 - direct-calls: the bound calls go through numba's dispatcher, not straight to the compiled
-  code (backends/cpu/compile.py's DIRECT).
+  code (backends/cpu/compile.py's DIRECT);
+- hugepages: the packed weights in plain numpy arrays, not on the 2 MiB-page arena
+  (backends/cpu/hugepages.py; GGRAPH_HUGEPAGES=0 while its engine's backend is made).
 Whole-benchmark speed is `ggraph bench`; this is for telling a 1-3% change from the noise.
 """
 from __future__ import annotations
@@ -37,6 +39,8 @@ def set_change(what: str, on: bool) -> None:
     from ggraph.ir.types import GGMLType
     if what == "direct-calls":
         cpu_compile.DIRECT = on
+    elif what == "hugepages":
+        os.environ["GGRAPH_HUGEPAGES"] = "1" if on else "0"
     elif what == "fused-products":
         fusion.PRODUCTS = on
     elif what == "products-across":
@@ -51,7 +55,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, parents=[
         model_option("qwen2.5-coder-1.5b"), threads_option(2), out_option("")])
     ap.add_argument("--without", required=True, choices=("direct-calls", "fused-products",
-                                                           "products-across", "q8k-encoder"))
+                                                           "hugepages", "products-across",
+                                                           "q8k-encoder"))
     ap.add_argument("-n", type=int, default=200, help="decode tokens each engine times")
     args = ap.parse_args()
 

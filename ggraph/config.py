@@ -12,6 +12,7 @@ lifetime (a compiled kernel's flags) call the function once when they load.
 | GGRAPH_PARALLEL_MIN_PRODUCT | 65536 | the smallest product a CPU kernel splits over threads |
 | GGRAPH_EXACT_ACTIVATIONS | 0 | 1: mat-muls keep f32 activations (not ggml's vec_dot_type rounding) |
 | GGRAPH_CPU_DIRECT_CALLS | 1 | 0: every CPU kernel call through numba's dispatcher |
+| GGRAPH_HUGEPAGES | 1 | 0: packed CPU weights on ordinary pages, not 2 MiB-aligned huge-page-advised mappings |
 | GGRAPH_CUDA_FAST_LAUNCH | 1 | 0: every CUDA launch through numba's dispatcher |
 | GGRAPH_CUDA_GRAPHS | 1 | 0: no CUDA graph capture of decode steps |
 | GGRAPH_CUDA_TORCH | 1 | 0: no torch tensor-core GEMMs |
@@ -97,6 +98,12 @@ def exact_activations() -> bool:
 
 
 # ---- the CUDA backend ----------------------------------------------------------------------
+
+def hugepages() -> bool:
+    """GGRAPH_HUGEPAGES=0: the CPU backend's packed weights in ordinary numpy arrays instead
+    of mappings advised for 2 MiB pages (backends/cpu/hugepages.py)."""
+    return _flag("GGRAPH_HUGEPAGES", True)
+
 
 def cuda_fast_launch() -> bool:
     """GGRAPH_CUDA_FAST_LAUNCH=0: every launch goes through numba's dispatcher."""

@@ -1,6 +1,7 @@
 """A CPU backend's packed copies of its weights (the layout: backends/cpu/qpack.py): made once
 per weight, at reserve or on first use, and kept while the weight lives; their bytes are
-what llama.cpp calls its CPU_REPACK buffer.
+what llama.cpp calls its CPU_REPACK buffer. Their memory comes from a PageArena
+(backends/cpu/hugepages.py): 2 MiB pages where Linux gives them, laid out in packing order.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .hugepages import PageArena
 from .qpack import R, pack, packed_nbytes
 
 
@@ -26,15 +28,18 @@ class PackStore:
     """The packed copies of one backend's weights, made once (at reserve, or on first use)
     and kept while their tensor lives; `nbytes` is the memory they hold (llama.cpp's
     CPU_REPACK buffer). With a `source`, a weight's rows are read from it in runs (not
-    through its mapping) and its mapped pages released once packed."""
+    through its mapping) and its mapped pages released once packed. `arena` gives the
+    packed copies their memory (a PageArena of its own by default)."""
 
     CHUNK = 32 << 20   # bytes of stored rows read and packed at a time
 
-    def __init__(self, source: WeightSource | None = None) -> None:
+    def __init__(self, source: WeightSource | None = None,
+                 arena: PageArena | None = None) -> None:
         self._packed: "weakref.WeakKeyDictionary[object, np.ndarray]" = \
             weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self.source = source
+        self.arena = arena if arena is not None else PageArena()
         self._buf = np.empty(0, np.uint8)   # the rows read, reused: its pages fault in once
 
     def get(self, t, data: np.ndarray) -> np.ndarray:
@@ -48,10 +53,10 @@ class PackStore:
 
     def _pack(self, t, data: np.ndarray) -> np.ndarray:
         m = t.ne[1]
+        out = self.arena.empty(packed_nbytes(t.type, t.ne))
         if self.source is None:
-            return pack(t.type, np.asarray(data).reshape(m, -1))
+            return pack(t.type, np.asarray(data).reshape(m, -1), out=out)
         width = t.nbytes // m
-        out = np.empty(packed_nbytes(t.type, t.ne), np.uint8)
         per_group = out.nbytes // -(-m // R)
         step = max(R, self.CHUNK // max(width, 1) // R * R)
         if self._buf.nbytes < min(step, m) * width:
