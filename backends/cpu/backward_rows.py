@@ -20,7 +20,7 @@ from ..base import Session
 from ..shared.bound import bound
 from ..shared.kernel_args import rope_args
 from . import templates as K
-from .compile import compiled, is_small
+from .compile import compiled, index_checked, is_small
 
 dec_a, dec_b, enc_d = bound("dec_a", "dec_b", "enc_d")
 
@@ -132,24 +132,11 @@ def _rms_norm_back(node: Tensor, s: Session):
     return _two_rows(k_rms_norm_back, node, s, np.float64(node.params.eps))
 
 
-_FIRST_BAD_INDEX = compiled(K.k_first_bad_index, True)
-
-
 def _get_rows_back(node: Tensor, s: Session):
     a, idx = node.src
     k = compiled(k_get_rows_back, is_small(a), a=a.type)
-    return partial(_checked_rows, node, s.arr(idx), partial(k, s.arr(a), s.arr(idx),
-                                                            s.arr(node)))
-
-
-def _checked_rows(node: Tensor, I: np.ndarray, run: Callable[[], None]) -> None:
-    """Rows come from data: one outside [0, rows) is an error naming the node, never a write
-    out of bounds (numba does not check)."""
-    at = _FIRST_BAD_INDEX(I, node.ne[1])
-    if at >= 0:
-        raise IndexError(f"{node.op} {node.describe()}: row {I.reshape(-1)[at]} is outside "
-                         f"[0, {node.ne[1]})")
-    run()
+    return index_checked(node, s.arr(idx), node.ne[1], "row",
+                         partial(k, s.arr(a), s.arr(idx), s.arr(node)))
 
 
 def _rope_back(node: Tensor, s: Session):

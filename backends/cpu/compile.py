@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import partial
 
 import numba
+import numpy as np
 from numba.core.dispatcher import Dispatcher
 
 from ggraph import config
@@ -106,20 +107,35 @@ def row_decoder(t: T):
 DIRECT = config.direct_calls()
 
 
+def calls_in(*positions: int):
+    """Marks a function whose positional arguments at `positions` are bound calls, or lists
+    of them (in_turn, a kernel after its index check): `direct` makes those direct too."""
+    def mark(f):
+        f.bound_calls_at = positions
+        return f
+    return mark
+
+
 def direct(call):
     """`call` (a bound kernel call: functools.partial of a numba dispatcher over fixed
     arguments) as a call of the machine code compiled for exactly those arguments' types
     (compiled now if it is not yet), skipping the dispatch that types every argument on each
-    call; a fusion group's sequence of calls (fusion.in_turn) has each of its calls made so.
-    Anything else, or a call whose arguments numba cannot type, is returned as it is (its
-    dispatcher reports the error when it runs)."""
+    call; a call of a function marked by `calls_in` (a fusion group's in_turn, an index
+    check and its kernel) has the calls it is bound to made so. Anything else, or a call
+    whose arguments numba cannot type, is returned as it is (its dispatcher reports the
+    error when it runs)."""
     if not DIRECT or not isinstance(call, partial) or call.keywords:
         return call
     f = call.func
-    if f is in_turn:
-        return partial(in_turn, direct(call.args[0]), [direct(c) for c in call.args[1]])
     if not isinstance(f, Dispatcher):
-        return call
+        at = getattr(f, "bound_calls_at", ())
+        if not at:
+            return call
+        args = list(call.args)
+        for i in at:
+            args[i] = [direct(c) for c in args[i]] if isinstance(args[i], list) \
+                else direct(args[i])
+        return partial(f, *args)
     try:
         entry = f.compile(tuple(f.typeof_pyval(a) for a in call.args))
     except Exception:   # noqa: BLE001 - the dispatcher's own call says what is wrong
@@ -127,9 +143,30 @@ def direct(call):
     return partial(entry, *call.args)
 
 
+@calls_in(0, 1)
 def in_turn(first, rest) -> None:
     """Calls `first`, then each of `rest` (a fusion group whose members run by their own
     calls: backends/cpu/fusion.py)."""
     first()
     for c in rest:
         c()
+
+
+_FIRST_BAD_INDEX = SERIAL(K.k_first_bad_index)
+
+
+def index_checked(node: Tensor, idx: np.ndarray, n: int, what: str, run) -> partial:
+    """`run` (a bound call) after a check of its indices `idx`, which come from data (tokens,
+    cache cells, routing): the kernels do not bounds-check (numba), so an index outside
+    [0, n) is an error naming the node instead of a crash."""
+    i4 = idx[(None,) * (4 - idx.ndim)]   # a view (never a copy): the check reads each run's ids
+    return partial(_checked, node, i4, n, what, partial(_FIRST_BAD_INDEX, i4, n), run)
+
+
+@calls_in(4, 5)
+def _checked(node: Tensor, i4: np.ndarray, n: int, what: str, check, run) -> None:
+    at = check()
+    if at >= 0:
+        raise IndexError(f"{node.op} {node.describe()}: {what} {i4.reshape(-1)[at]} is "
+                         f"outside [0, {n})")
+    run()

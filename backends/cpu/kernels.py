@@ -34,8 +34,8 @@ from . import templates as K
 from .compile import (EXPF as _EXPF, INLINE_FAST as _INLINE_FAST, KERNEL as _KERNEL,
                       KERNEL_FAST as _KERNEL_FAST, PARALLEL_MIN_WORK, ROUND_HALF as _ROUND_HALF,
                       SERIAL as _SERIAL, SERIAL_FAST as _SERIAL_FAST,
-                      TARGET, compiled, compiled_nogil, is_small,
-                      row_decoder)
+                      TARGET, calls_in, compiled, compiled_nogil, index_checked,
+                      is_small, row_decoder)
 
 _compiled = compiled
 _small = is_small
@@ -434,6 +434,7 @@ def _flat_rows(A: np.ndarray):
     return np.lib.stride_tricks.as_strided(A, shape=(span,), strides=(it,)), tuple(st)
 
 
+@calls_in(0, 1)
 def _both(first, second) -> None:
     first()
     second()
@@ -445,27 +446,13 @@ def _mul_mat_id(node: Tensor, s: Session):
         Q, prep = qa
         run = partial(_qdot_kernel(K.k_mul_mat_id_q, _small(node), as_.type), s.arr(as_), Q,
                       s.arr(ids), s.arr(node), b.ne[0])
-        run = partial(_checked, node, s.arr(ids), as_.ne[2], "expert id", run)
+        run = index_checked(node, s.arr(ids), as_.ne[2], "expert id", run)
         return partial(_both, prep, run)
     B, prep = _activations(as_, b, s.arr(b), node)
     run = partial(_compiled(K.k_mul_mat_id, _small(node), a=as_.type,
                             b=T.F32 if prep else b.type), s.arr(as_), B, s.arr(ids), s.arr(node))
-    run = partial(_checked, node, s.arr(ids), as_.ne[2], "expert id", run)
+    run = index_checked(node, s.arr(ids), as_.ne[2], "expert id", run)
     return run if prep is None else partial(_both, prep, run)
-
-
-def _checked(node: Tensor, idx: np.ndarray, n: int, what: str, run) -> None:
-    """Indices come from data (tokens, cache cells, routing); the kernels do not bounds-check
-    (numba), so an index outside [0, n) is an error naming the node instead of a crash."""
-    i4 = idx if idx.ndim == 4 else idx.reshape((1,) * (4 - idx.ndim) + idx.shape)
-    at = _FIRST_BAD_INDEX(i4, n)
-    if at >= 0:
-        bad = i4.reshape(-1)[at]
-        raise IndexError(f"{node.op} {node.describe()}: {what} {bad} is outside [0, {n})")
-    run()
-
-
-_FIRST_BAD_INDEX = _SERIAL(K.k_first_bad_index)
 
 
 # -- rows, copies, layout --------------------------------------------------------------------
@@ -478,7 +465,7 @@ def _get_rows(node: Tensor, s: Session):
     else:
         run = partial(_compiled(K.k_get_rows, _small(node), a=a.type, d=node.type), s.arr(a),
                       s.arr(idx), s.arr(node))
-    return partial(_checked, node, s.arr(idx), a.ne[1], "row", run)
+    return index_checked(node, s.arr(idx), a.ne[1], "row", run)
 
 
 _SERIAL_GET_ROWS_INT = _SERIAL(K.k_get_rows_int)
@@ -494,7 +481,7 @@ def _set_rows(node: Tensor, s: Session):
     else:
         k = _compiled(K.k_set_rows, _small(node), a=src.type, d=dst.type)
     run = partial(k, s.arr(src), s.arr(idx), s.arr(node))
-    return partial(_checked, node, s.arr(idx), dst.ne[1], "row", run)
+    return index_checked(node, s.arr(idx), dst.ne[1], "row", run)
 
 
 # one float32 as a destination type's element (k_set_rows_1): the target's own f32_to_half

@@ -71,3 +71,21 @@ def test_a_graph_run_direct_gives_the_dispatched_runs_bytes(monkeypatch):
         kinds = [isinstance(getattr(c, "func", None), Dispatcher) for c in s.bound_calls]
         assert any(kinds) != on                      # direct: no call left to a dispatcher
     np.testing.assert_array_equal(results[True], results[False])
+
+
+def test_an_index_check_and_its_kernel_are_made_direct_and_still_refuse_bad_rows():
+    """index_checked (get_rows, set_rows, mul_mat_id): the check of the ids and the kernel
+    after it both run without dispatch, and an id outside [0, n) is still an error naming
+    the node, read from the ids as they are at the call (the check holds a view)."""
+    ctx = Context()
+    idx = np.array([1, 3], np.int32)
+    node = ctx.new_tensor("f32", (4, 2), name="rows")
+    a, out = np.ones(4, np.float32), np.zeros(4, np.float32)
+    d = C.direct(C.index_checked(node, idx, 4, "row", partial(_add_into, out, a, 1.0)))
+    check, run = d.args[4], d.args[5]
+    assert not isinstance(check.func, Dispatcher) and not isinstance(run.func, Dispatcher)
+    d()
+    assert (out == 2).all()
+    idx[1] = 4
+    with pytest.raises(IndexError, match="'rows'.*row 4 is outside \\[0, 4\\)"):
+        d()
