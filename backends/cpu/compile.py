@@ -2,7 +2,9 @@
 serial, with or without the fast-math flags, without the GIL for threads of our own), the size
 below which a node runs on one thread, and `compiled`, which binds a template to the codecs of
 its types. The kernel tables (backends/cpu/kernels.py and the training ops' modules beside it)
-all bind through here."""
+all bind through here. Their bound calls are made here too: `direct` calls them without
+numba's dispatch, `in_turn` runs a group's calls one after the other, and `index_checked`
+puts the check of data-borne indices before a kernel that would read out of bounds."""
 from __future__ import annotations
 
 from functools import partial
