@@ -97,13 +97,13 @@ def exact_activations() -> bool:
     return _flag("GGRAPH_EXACT_ACTIVATIONS", False)
 
 
-# ---- the CUDA backend ----------------------------------------------------------------------
-
 def hugepages() -> bool:
     """GGRAPH_HUGEPAGES=0: the CPU backend's packed weights in ordinary numpy arrays instead
     of mappings advised for 2 MiB pages (backends/cpu/hugepages.py)."""
     return _flag("GGRAPH_HUGEPAGES", True)
 
+
+# ---- the CUDA backend ----------------------------------------------------------------------
 
 def cuda_fast_launch() -> bool:
     """GGRAPH_CUDA_FAST_LAUNCH=0: every launch goes through numba's dispatcher."""
