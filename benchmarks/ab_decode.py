@@ -17,7 +17,13 @@ the code as it is, so keep -n below the first step):
 - direct-calls: the bound calls go through numba's dispatcher, not straight to the compiled
   code (backends/cpu/compile.py's DIRECT);
 - hugepages: the packed weights in plain numpy arrays, not on the 2 MiB-page arena
-  (backends/cpu/hugepages.py; GGRAPH_HUGEPAGES=0 while its engine's backend is made).
+  (backends/cpu/hugepages.py; GGRAPH_HUGEPAGES=0 while its engine's backend is made);
+- weight-prefetch: the packed products ask for no weight line ahead (kernels.PREFETCH set to
+  0), against the host's choice (qlanes.prefetch_choice) or, with --prefetch LOCALITY:BYTES,
+  against that one (e.g. 0:8192, prefetchnta 8 KiB ahead, where the host's choice is none):
+
+    python benchmarks/ab_decode.py --without weight-prefetch --prefetch 0:8192 -t 1
+
 Whole-benchmark speed is `ggraph bench`; this is for telling a 1-3% change from the noise.
 """
 from __future__ import annotations
@@ -33,11 +39,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: r
 from benchlib import model_option, out_option, threads_option, write_results
 
 
-def set_change(what: str, on: bool) -> None:
-    """Turn one change on or off through the switch its module exposes."""
-    from ggraph.backends.cpu import compile as cpu_compile, fusion, qact
+def set_change(what: str, on: bool, prefetch: tuple[int, int] | None = None) -> None:
+    """Turn one change on or off through the switch its module exposes (`prefetch`: the
+    weight-prefetch side's (locality, distance), the host's where None)."""
+    from ggraph.backends.cpu import compile as cpu_compile, fusion, kernels, qact, qlanes
     from ggraph.ir.types import GGMLType
-    if what == "direct-calls":
+    if what == "weight-prefetch":
+        locality, distance = prefetch or HOST_PREFETCH
+        qlanes.PF_LOCALITY = locality if on else HOST_PREFETCH[0]
+        kernels.PREFETCH = distance if on else 0
+    elif what == "direct-calls":
         cpu_compile.DIRECT = on
     elif what == "hugepages":
         os.environ["GGRAPH_HUGEPAGES"] = "1" if on else "0"
@@ -51,18 +62,43 @@ def set_change(what: str, on: bool) -> None:
         qact.ENCODERS.pop(GGMLType.Q8_K, None)
 
 
+def _host_prefetch() -> tuple[int, int]:
+    from ggraph.backends.cpu import qlanes
+    return qlanes.PF_LOCALITY, qlanes.PF_DISTANCE
+
+
+HOST_PREFETCH = _host_prefetch()
+
+
+def _prefetch_arg(text: str) -> tuple[int, int]:
+    try:
+        locality, distance = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--prefetch {text!r}: want LOCALITY:BYTES, e.g. 0:8192")
+    if not (0 <= locality <= 3 and 0 < distance <= 1 << 20):
+        raise argparse.ArgumentTypeError(f"--prefetch {text!r}: locality 0-3, bytes 1..1048576")
+    return locality, distance
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, parents=[
         model_option("qwen2.5-coder-1.5b"), threads_option(2), out_option("")])
     ap.add_argument("--without", required=True, choices=("direct-calls", "fused-products",
                                                            "hugepages", "products-across",
-                                                           "q8k-encoder"))
+                                                           "q8k-encoder", "weight-prefetch"))
+    ap.add_argument("--prefetch", type=_prefetch_arg, default=None, metavar="LOCALITY:BYTES",
+                    help="with --without weight-prefetch: the prefetch the other side asks for "
+                         "(llvm locality 0-3: 0 prefetchnta .. 3 prefetcht0; bytes ahead); "
+                         "default: this host's choice")
     ap.add_argument("-n", type=int, default=200, help="decode tokens each engine times")
     args = ap.parse_args()
+    if args.without == "weight-prefetch" and (args.prefetch or HOST_PREFETCH)[1] == 0:
+        ap.error("this host's choice is no weight prefetch (qlanes.prefetch_choice): give the "
+                 "other side one with --prefetch LOCALITY:BYTES")
 
     from ggraph.graphs.runtime.engine import Engine, EngineConfig
     def engine(switched_off: bool) -> Engine:
-        set_change(args.without, not switched_off)
+        set_change(args.without, not switched_off, args.prefetch)
         try:
             e = Engine(str(args.model), EngineConfig(
                 n_ctx=1024, n_threads=args.threads, adaptive_threads=False,
@@ -70,7 +106,7 @@ def main() -> None:
             e.eval([1, 2, 3, 4])
             e.eval([5])   # the decode graph bound with the switch as set
         finally:
-            set_change(args.without, True)
+            set_change(args.without, True, HOST_PREFETCH)
         return e
 
     sides = {"without": engine(True), "with": engine(False)}
@@ -98,6 +134,7 @@ def main() -> None:
     if args.out:
         write_results(args.out, rows, args=args, threads=args.threads,
                       extra={"without": args.without, "tokens": args.n,
+                             "prefetch": list(args.prefetch or HOST_PREFETCH),
                              "paired_median_ms": float(np.median(d)),
                              "paired_mean_ms": float(d.mean())})
 

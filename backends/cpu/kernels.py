@@ -248,10 +248,9 @@ def _row_dot_kernel(serial: bool, a: T, b: T):
                        act_sums=TARGET.bind(qrows.act_sums, TARGET.device))
 
 
-# the packed products ask for each weight line this many bytes before they read it (per
-# vendor: qlanes.PF_DISTANCE): 8-16 KiB ahead streamed Q4_K at 65-73% of a core's read
-# bandwidth, 4 KiB 57%, none 54% (EPYC, 1 thread); closer than that the line is not in yet,
-# further it leaves L1 before its turn
+# the packed products ask for each weight line this many bytes before they read it, or for
+# none (0), as measured per CPU (qlanes.prefetch_choice): closer than 8 KiB the line is not in
+# yet, further it leaves L1 before its turn
 PREFETCH = qlanes.PF_DISTANCE
 
 
@@ -316,8 +315,9 @@ def packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_
     tile = TILES[a]
     tag = f"R{r}_{qlanes.flavor()}_pf{PREFETCH}_{qlanes.PF_LOCALITY}"
     tiles = {}
+    ahead = TARGET.bind(qtiles.ahead, _INLINE_FAST, tag, PF=PREFETCH)
     for c in (1, 2, 4):
-        names: dict = {"R": r, "C": c, "PF": PREFETCH}
+        names: dict = {"R": r, "C": c, "PF": PREFETCH, "ahead": ahead}
         for h in tile.helpers:
             names[h.__name__] = TARGET.bind(h, _INLINE_FAST, f"C{c}_{tag}", **names)
         tiles[f"tile{c}"] = TARGET.bind(tile.fn, _INLINE_FAST, f"{a}_C{c}_{tag}", **names)

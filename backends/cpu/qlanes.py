@@ -20,7 +20,8 @@ their vector arguments, so one layout width can be compiled and tested on any ho
 - floats: `fzero`, `ldh` (R f16 row scales), `ffma`/`ffms` (acc +/- float(ints) *
   (scales * s)), `fmas` (acc + scales * s), `cf32`/`cf16` (each column's float), `fadd`,
   `fload`/`fstore` (R lanes of each column from/to a 2-D float array);
-- memory: `load_u32` (an unaligned word), `prefetch` (a non-temporal hint).
+- memory: `load_u32` (an unaligned word), `prefetch` (a hint of the host's locality:
+  `prefetch_choice`).
 
 Every offset is a byte offset into a 1-D uint8 array (an element offset for `fstore`'s
 float32 array). Values stay in range: weights of at most 8 bits (unsigned) times int8 quants
@@ -48,33 +49,57 @@ R = 16 if AVX512 else 8
 WIDTHS = (8, 16)
 
 
-def _cpu_vendor() -> str:
-    """/proc/cpuinfo's vendor_id ("GenuineIntel", "AuthenticAMD"; "" where unreadable)."""
+def _cpu_id() -> tuple[str, int]:
+    """/proc/cpuinfo's vendor_id ("GenuineIntel", "AuthenticAMD") and cpu family ("", 0
+    where unreadable)."""
+    vendor, family = "", 0
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id":
+                    vendor = value.strip()
+                elif key.strip() == "cpu family" and value.strip().isdigit():
+                    family = int(value.strip())
+                if not line.strip():   # the first CPU's block is enough
+                    break
     except OSError:
         pass
-    return ""
+    return vendor, family
 
 
-# the software prefetch of streamed weights (llvm.prefetch's locality) and how far ahead it
-# asks (bytes; the packed products' PF), chosen per vendor by measurement:
-# - AMD EPYC (Zen 5): non-temporal (0: prefetchnta; each line is read once per token, and
-#   keeping it out of L2/L3 leaves them to what is reused), 8 KiB ahead, was the fastest;
-# - Intel Xeon: prefetchnta starves the streams. On Emerald Rapids, into L2 (2: prefetcht1)
-#   took the packed Q8_0 mat-vec from 10 to 21-22 GB/s of the 22.6 GB/s read bandwidth at 2
-#   threads (benchmarks/bench_kquant.py, mv cold) and SmolLM2 tg64 from 0.85x to 1.23x
-#   llama.cpp. On Ice Lake (model 106), into L1 (3: prefetcht0) 16 KiB ahead beat t1 at 8 KiB:
-#   the Qwen2.5 1.5B Q4_K 1536x8960 mat-vec 88 -> 99% of the read bandwidth at 1 thread and
-#   83 -> 90% at 2 (medians of 3 interleaved rounds), and a Qwen2.5 1.5B decode step 115-119
-#   -> 106-111 ms at 1 thread and 64-72 -> 63.5-63.8 ms at 2 (t1 at 16 KiB: no better than
-#   at 8); the L1 (48 KiB) holds 16 KiB ahead of a single stream
-_INTEL = _cpu_vendor() == "GenuineIntel"
-PF_LOCALITY = 3 if _INTEL else 0
-PF_DISTANCE = 16384 if _INTEL else 8192
+def prefetch_choice(vendor: str, family: int) -> tuple[int, int]:
+    """(locality, distance) of the software prefetch on a CPU: `prefetch`'s llvm locality (the
+    weight streams and the decode attention's rows) and how many bytes ahead the packed
+    products ask for their weights' lines (0: they ask for none). Chosen by measurement:
+
+    - Intel Xeon: prefetchnta starves the streams. On Emerald Rapids, into L2 (2: prefetcht1)
+      took the packed Q8_0 mat-vec from 10 to 21-22 GB/s of the 22.6 GB/s read bandwidth at 2
+      threads (benchmarks/bench_kquant.py, mv cold) and SmolLM2 tg64 from 0.85x to 1.23x
+      llama.cpp. On Ice Lake (model 106), into L1 (3: prefetcht0) 16 KiB ahead beat t1 at 8
+      KiB: the Qwen2.5 1.5B Q4_K 1536x8960 mat-vec 88 -> 99% of the read bandwidth at 1
+      thread and 83 -> 90% at 2, and a Qwen2.5 1.5B decode step 115-119 -> 106-111 ms at 1
+      thread (the L1, 48 KiB, holds 16 KiB ahead of a single stream);
+    - AMD Zen 5 (family 26): non-temporal (0: prefetchnta; each line is read once per token,
+      and keeping it out of L2/L3 leaves them to what is reused) 8 KiB ahead streamed Q4_K
+      at 65-73% of a core's read bandwidth against 54% with none (on 4 KiB pages, before the
+      packed weights moved to 2 MiB ones: backends/cpu/hugepages.py);
+    - AMD Zen 4 (family 25, EPYC model 17) and any CPU not measured: none. On Zen 4 the
+      hardware prefetcher streams the packed weights faster alone: prefetchnta 8 KiB ahead
+      held the Qwen2.5 1.5B decode to 14.8 tok/s at 1 thread and 23.1 at 2 against 21.4 and
+      29.1 without (ggraph bench tg64), prefetcht0 16 KiB ahead and prefetcht1 8 KiB to
+      18.3-20.0 GB/s of Q4_K mat-vec at 1 thread against 21-24. ggml asks for none either.
+      The decode attention keeps its prefetch of K/V rows ahead (kernels.DECODE_PREFETCH),
+      non-temporal, as on Zen 5.
+    """
+    if vendor == "GenuineIntel":
+        return 3, 16384
+    if vendor == "AuthenticAMD" and family >= 26:
+        return 0, 8192
+    return 0, 0
+
+
+PF_LOCALITY, PF_DISTANCE = prefetch_choice(*_cpu_id())
 
 _I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 _F32, _F16 = ir.FloatType(), ir.HalfType()

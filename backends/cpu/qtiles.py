@@ -5,7 +5,7 @@ Each type has one tile function, `tile_<type>(acc, w, t, q, ysb, ysi, ysf, b)` -
 block b of the tile's R rows dotted with each of the C activation rows of q (2-D: the bytes
 of the weights' vec_dot_type, Q8_0 blocks of 34 bytes or Q8_K blocks of 292), lane j R + l
 being row l times column j (backends/cpu/qlanes.py); each is bound for C = 1, 2 and 4
-(backends/cpu/kernels.py). Prefetches run PF bytes ahead of every step. The integer sums are
+(backends/cpu/kernels.py). Prefetches run PF bytes ahead of every step (none where PF is 0). The integer sums are
 ggml's (backends/shared/qdot.py computes the same; the tests compare them): unsigned weight
 values times int8 quants summed by vpdpbusd, an offset (Q4_0's 8, Q5_0's 16, Q8_0's 128,
 Q6_K's 32, IQ4_XS's 128) taken off as offset * sum(quants), sub-block scales applied as
@@ -50,6 +50,13 @@ IQ4_U8 = (np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53,
           + 128).astype(np.uint8)
 
 
+def ahead(w, at):
+    """Ask for the weight line PF bytes past byte `at`; where PF is 0 nothing is asked and
+    the host's hardware prefetcher streams the weights alone (qlanes.PF_DISTANCE)."""
+    if PF > 0:
+        prefetch(w, at + PF)
+
+
 # ---- 32-element blocks (activations: Q8_0, 34 bytes a block: f16 d, 32 int8) --------------
 
 def nib_sum(w, o, q, p, five):
@@ -58,7 +65,7 @@ def nib_sum(w, o, q, p, five):
     s0, s1 = lzero(R, C), lzero(R, C)
     for k in range(4):
         at = o + (4 + five) * R * k
-        prefetch(w, at + PF)
+        ahead(w, at)
         v = ldq(w, at, R)
         lo, hi = lo4(v), hi4(v)
         if five:
@@ -94,8 +101,8 @@ def tile_q8_0(acc, w, t, q, ysb, ysi, ysf, b):
     p = 34 * b + 2
     s0, s1 = lzero(R, C), lzero(R, C)
     for k in range(0, 8, 2):
-        prefetch(w, t + 2 * R + 4 * R * k + PF)
-        prefetch(w, t + 6 * R + 4 * R * k + PF)
+        ahead(w, t + 2 * R + 4 * R * k)
+        ahead(w, t + 6 * R + 4 * R * k)
         s0 = dpb(s0, ldq(w, t + 2 * R + 4 * R * k, R), q, p + 4 * k)
         s1 = dpb(s1, ldq(w, t + 6 * R + 4 * R * k, R), q, p + 4 * k + 4)
     s = lsubm(ladd(s0, s1), ysi, b)
@@ -114,7 +121,7 @@ def k4_sums(w, o, q, p, t, five):
         s0, s1 = lzero(R, C), lzero(R, C)
         for k in range(8):
             at = o + (4 + five) * R * (8 * jp + k)
-            prefetch(w, at + PF)
+            ahead(w, at)
             v = ldq(w, at, R)
             lo, hi = lo4(v), hi4(v)
             if five:
@@ -129,7 +136,7 @@ def k4_sums(w, o, q, p, t, five):
 def k4_tile(acc, w, t, q, ysb, b, five):
     """Q4_K/Q5_K: d * sum_j scale_j dot_j - dmin * sum_j min_j sum_j(quants)."""
     for o in range(0, 20 * R, 64):   # the header of the tile PF ahead (the steps cover bodies)
-        prefetch(w, t + PF + o)
+        ahead(w, t + o)
     isum = k4_sums(w, t + 20 * R, q, 292 * b + 4, t, five)
     msum = lzero(R, C)
     for pr in range(4):  # mins by pairs of sub-blocks against pairs of activation sums
@@ -153,7 +160,7 @@ def tile_q6_k(acc, w, t, q, ysb, ysi, ysf, b):
     16 bytes a row, sub-block j at t + j R, then R f16 d); 16 steps of 12R bytes from t + 18R,
     each the two quant groups and the 2-bit group of 4 values l of each row."""
     for o in range(0, 18 * R, 64):   # the header of the tile PF ahead (the steps cover bodies)
-        prefetch(w, t + PF + o)
+        ahead(w, t + o)
     p = 292 * b + 4
     isum = lzero(R, C)
     for n in range(2):
@@ -163,7 +170,7 @@ def tile_q6_k(acc, w, t, q, ysb, ysi, ysf, b):
                 k = 4 * h + kk
                 at = t + 18 * R + 12 * R * (8 * n + k)
                 for c in range(0, 12 * R, 64):
-                    prefetch(w, at + c + PF)
+                    ahead(w, at + c)
                 va, vb, hq = ldq(w, at, R), ldq(w, at + 4 * R, R), ldq(w, at + 8 * R, R)
                 yo = p + 128 * n + 4 * k
                 a0 = dpb(a0, hi2(lo4(va), hq, 0), q, yo)
@@ -182,13 +189,13 @@ def tile_q6_k(acc, w, t, q, ysb, ysi, ysf, b):
 def tile_iq4_xs(acc, w, t, q, ysb, ysi, ysf, b):
     """Header: 8 signed scale bytes a row (ls - 32), R f16 d; then 32 steps of quants."""
     for o in range(0, 10 * R, 64):   # the header of the tile PF ahead (the steps cover bodies)
-        prefetch(w, t + PF + o)
+        ahead(w, t + o)
     p = 292 * b + 4
     isum = lzero(R, C)
     for j in range(8):
         s0, s1 = lzero(R, C), lzero(R, C)
         for k in range(4):
-            prefetch(w, t + 10 * R + 4 * R * (4 * j + k) + PF)
+            ahead(w, t + 10 * R + 4 * R * (4 * j + k))
             v = ldq(w, t + 10 * R + 4 * R * (4 * j + k), R)
             s0 = dpb(s0, lut16(lo4(v), IQ4_U8, 0), q, p + 32 * j + 4 * k)
             s1 = dpb(s1, lut16(hi4(v), IQ4_U8, 0), q, p + 32 * j + 16 + 4 * k)

@@ -113,6 +113,28 @@ def test_the_other_width(t):
     _close(*_products(t, A, xb, r))
 
 
+def test_the_weight_prefetch_is_only_a_hint(monkeypatch):
+    """With the weight lines asked for 8 KiB ahead and with none asked for (the two choices
+    qlanes.prefetch_choice makes per CPU), a product is the same, bit for bit."""
+    A = _weights(T.Q4_K, qlanes.R + 3, 512, seed=9)
+    xb = np.random.default_rng(8).standard_normal((1, 1, 3, 512)).astype(np.float32)
+    got = {}
+    for pf in (0, 8192):
+        monkeypatch.setattr(KK, "PREFETCH", pf)
+        got[pf] = _products(T.Q4_K, A, xb, qlanes.R)[0]
+    assert np.array_equal(got[0], got[8192])
+    _close(*_products(T.Q4_K, A, xb, qlanes.R))
+
+
+@pytest.mark.parametrize(("vendor", "family", "choice"), [
+    ("GenuineIntel", 6, (3, 16384)), ("AuthenticAMD", 26, (0, 8192)),
+    ("AuthenticAMD", 25, (0, 0)), ("", 0, (0, 0))])
+def test_the_prefetch_choice_per_cpu(vendor, family, choice):
+    """Intel: into L1 16 KiB ahead; Zen 5: non-temporal 8 KiB ahead; Zen 4 and CPUs not
+    measured: no weight prefetch (the hardware's alone), as qlanes.prefetch_choice measured."""
+    assert qlanes.prefetch_choice(vendor, family) == choice
+
+
 @pytest.mark.parametrize("flags", [
     {"VNNI512": False, "VNNI256": False},                                   # vpmaddubsw
     {"VNNI512": False, "VNNI256": False, "AVX512": False, "AVX2": False},    # portable IR
