@@ -24,6 +24,8 @@ the code as it is, so keep -n below the first step):
 
     python benchmarks/ab_decode.py --without weight-prefetch --prefetch 0:8192 -t 1
 
+- work-stealing: a packed product's threads take only their own share of its row groups,
+  not the others' once theirs are done (kernels.PACKED_STEAL set to False).
 Whole-benchmark speed is `ggraph bench`; this is for telling a 1-3% change from the noise.
 """
 from __future__ import annotations
@@ -44,7 +46,9 @@ def set_change(what: str, on: bool, prefetch: tuple[int, int] | None = None) -> 
     weight-prefetch side's (locality, distance), the host's where None)."""
     from ggraph.backends.cpu import compile as cpu_compile, fusion, kernels, qact, qlanes
     from ggraph.ir.types import GGMLType
-    if what == "weight-prefetch":
+    if what == "work-stealing":
+        kernels.PACKED_STEAL = on
+    elif what == "weight-prefetch":
         locality, distance = prefetch or HOST_PREFETCH
         qlanes.PF_LOCALITY = locality if on else HOST_PREFETCH[0]
         kernels.PREFETCH = distance if on else 0
@@ -85,7 +89,8 @@ def main() -> None:
         model_option("qwen2.5-coder-1.5b"), threads_option(2), out_option("")])
     ap.add_argument("--without", required=True, choices=("direct-calls", "fused-products",
                                                            "hugepages", "products-across",
-                                                           "q8k-encoder", "weight-prefetch"))
+                                                           "q8k-encoder", "weight-prefetch",
+                                                           "work-stealing"))
     ap.add_argument("--prefetch", type=_prefetch_arg, default=None, metavar="LOCALITY:BYTES",
                     help="with --without weight-prefetch: the prefetch the other side asks for "
                          "(llvm locality 0-3: 0 prefetchnta .. 3 prefetcht0; bytes ahead); "

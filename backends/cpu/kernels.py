@@ -253,6 +253,10 @@ def _row_dot_kernel(serial: bool, a: T, b: T):
 # yet, further it leaves L1 before its turn
 PREFETCH = qlanes.PF_DISTANCE
 
+# a packed product's threads take the runs of the others' shares once theirs are done
+# (qtiles.k_mul_mat_packed), so a thread the host holds back delays one run, not its share
+PACKED_STEAL = True
+
 
 def packed_weight(a: Tensor, b: Tensor, s: Session) -> np.ndarray | None:
     """The packed copy of weight `a` (backends/cpu/qpack.py) where the decode mat-vec can
@@ -313,7 +317,8 @@ def packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_
     r rows, for one column, 2 and 4 at a time, with its activation sums and the codecs that
     quantize b's columns to a's vec_dot_type; l1 and l2 size its cache blocks."""
     tile = TILES[a]
-    tag = f"R{r}_{qlanes.flavor()}_pf{PREFETCH}_{qlanes.PF_LOCALITY}"
+    tag = (f"R{r}_{qlanes.flavor()}_pf{PREFETCH}_{qlanes.PF_LOCALITY}"
+           f"{'' if PACKED_STEAL else '_nosteal'}")
     tiles = {}
     ahead = TARGET.bind(qtiles.ahead, _INLINE_FAST, tag, PF=PREFETCH)
     for c in (1, 2, 4):
@@ -325,10 +330,12 @@ def packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_
     quantize = TARGET.bind(qtiles.quantize_column, TARGET.device, f"a{a}_b{b}",
                            dec_b=TARGET.codec(b).dec, enc_r=act_encoder(VEC_DOT_TYPE[a]),
                            aux=aux)
+    group = TARGET.bind(qtiles.row_group_dot, _INLINE_FAST, f"{a}_{tag}", R=r,
+                        TILE=PACKS[a].tile(r), **tiles)
     return TARGET.bind(qtiles.k_mul_mat_packed, _SERIAL_FAST if serial else _KERNEL_FAST,
                        f"a{a}_b{b}{'_serial' if serial else ''}_{l1}_{l2}_{tag}", R=r,
                        TILE=PACKS[a].tile(r), quantize_column=quantize, ACT_BYTES=l2,
-                       W_BYTES=l1, KC=PACKED_RUN, **tiles)
+                       W_BYTES=l1, KC=PACKED_RUN, STEAL=PACKED_STEAL, group_dot=group)
 
 
 def _gemm(a: Tensor, b: Tensor, node: Tensor, s: Session):

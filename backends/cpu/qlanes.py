@@ -21,7 +21,8 @@ their vector arguments, so one layout width can be compiled and tested on any ho
   (scales * s)), `fmas` (acc + scales * s), `cf32`/`cf16` (each column's float), `fadd`,
   `fload`/`fstore` (R lanes of each column from/to a 2-D float array);
 - memory: `load_u32` (an unaligned word), `prefetch` (a hint of the host's locality:
-  `prefetch_choice`).
+  `prefetch_choice`), `fetch_add` (an atomic counter of work the threads share),
+  `thread_count` (the threads of the parallel loops now).
 
 Every offset is a byte offset into a 1-D uint8 array (an element offset for `fstore`'s
 float32 array). Values stay in range: weights of at most 8 bits (unsigned) times int8 quants
@@ -30,6 +31,7 @@ weights above 127 are only packed where VNNI is present (qpack.py's Pack.full_u8
 """
 from __future__ import annotations
 
+import numba
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -37,6 +39,7 @@ from numba.extending import intrinsic
 
 from numba.extending import models, register_model
 
+from .threads import configure_openmp
 from .qvec import FEATURES, Vec, load_at, ptr_at, vconst, x86_call
 
 AVX512 = {"+avx512f", "+avx512bw", "+avx512vl"} <= FEATURES
@@ -652,7 +655,39 @@ def prefetch(typingctx, arr, off):
     return types.none(arr, off), codegen
 
 
+@intrinsic
+def fetch_add(typingctx, arr, i, v):
+    """Atomically add v to int64 arr[i] and return the value it had: shared counters from
+    which threads take units of work (no bounds check: i must be in range)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+        idx = context.cast(builder, args[1], sig.args[1], types.intp)
+        val = context.cast(builder, args[2], sig.args[2], types.int64)
+        return builder.atomic_rmw("add", builder.gep(ary.data, [idx]), val, "monotonic")
+
+    return types.int64(arr, i, v), codegen
+
+
+@intrinsic
+def thread_count(typingctx):
+    """The threads numba's parallel loops run on now (numba.set_num_threads), read from the
+    threading layer's symbol as those loops read it: numba.get_num_threads() in compiled
+    code calls through a ctypes pointer, which keeps the caller out of the on-disk cache."""
+    configure_openmp()          # before numba's threads start (threads.py)
+    numba.get_num_threads()     # the threading layer loaded and its symbols added
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(cgutils.intp_t, []),
+                                            "get_num_threads")
+        return builder.call(fn, [])
+
+    return types.intp(), codegen
+
+
 __all__ = ["AVX512", "AVX2", "VNNI512", "VNNI256", "R", "WIDTHS", "flavor", "ldq", "lo4", "hi4",
            "bit5", "hi2", "lut16", "lzero", "dpb", "dpw", "lmul", "lsubm", "ladd", "fzero", "ldh",
            "ffma", "ffms", "fmas", "cf32", "cf16", "fadd", "fload", "fstore", "load_u32",
-           "prefetch"]
+           "prefetch", "fetch_add", "thread_count"]

@@ -19,8 +19,8 @@ threads take runs of row groups, so each streams its own contiguous part of the 
 dotting each group with the columns 4 at a time while it is in L1/L2 (cache blocks and runs
 of blocks: see the kernel). The helpers `_half_row`, `_f32_row`, `_i16_row`, `_sum_i8`,
 `_f16_round` are the shared codec helpers the CPU target binds (backends/jit.py); `tile1`,
-`tile2`, `tile4`, `aux`, `quantize_column`, R, C, PF, TILE and the cache sizes are bound per
-type.
+`tile2`, `tile4`, `aux`, `quantize_column`, `group_dot` (`row_group_dot` bound to the tiles),
+R, C, PF, STEAL, TILE and the cache sizes are bound per type.
 """
 from __future__ import annotations
 
@@ -31,15 +31,17 @@ import numpy as np
 from numba import njit, prange
 
 from ggraph.ir.types import GGMLType
-from .qlanes import (R, bit5, cf16, cf32, dpb, dpw, fadd, ffma, ffms, fload, fmas, fstore, fzero,
-                     hi2, hi4, ladd, ldh, ldq, lmul, lo4, lsubm, lut16, lzero, prefetch)
+from .qlanes import (R, bit5, cf16, cf32, dpb, dpw, fadd, fetch_add, ffma, ffms, fload, fmas,
+                     fstore, fzero, hi2, hi4, ladd, ldh, ldq, lmul, lo4, lsubm, lut16, lzero,
+                     prefetch, thread_count)
 from ..shared.bound import bound
 
 # names each binding supplies (backends/shared/bound.py)
-(ACT_BYTES, C, KC, OFF, PF, SUB, TILE, W_BYTES, _f16_round, _half_row, _i16_row, _sum_i8, aux,
- dec_b, enc_r, tile1, tile2, tile4) = bound(
-    "ACT_BYTES", "C", "KC", "OFF", "PF", "SUB", "TILE", "W_BYTES", "_f16_round", "_half_row",
-    "_i16_row", "_sum_i8", "aux", "dec_b", "enc_r", "tile1", "tile2", "tile4")
+(ACT_BYTES, C, KC, OFF, PF, STEAL, SUB, TILE, W_BYTES, _f16_round, _half_row, _i16_row, _sum_i8,
+ aux, dec_b, enc_r, group_dot, tile1, tile2, tile4) = bound(
+    "ACT_BYTES", "C", "KC", "OFF", "PF", "STEAL", "SUB", "TILE", "W_BYTES", "_f16_round",
+    "_half_row", "_i16_row", "_sum_i8", "aux", "dec_b", "enc_r", "group_dot", "tile1", "tile2",
+    "tile4")
 
 # the most runs of row groups a product is cut into for its threads: fine enough to share any
 # thread count evenly, coarse enough that each run's allocation is spread over many groups
@@ -243,7 +245,8 @@ def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, kk, nb, ms):
     several that read the same columns (a layer's FFN gate and up: backends/cpu/fusion.py),
     their row groups numbered one weight after the other from starts[p] (starts[-1]: all).
     The columns are quantized first (in parallel when there are many), then threads take
-    runs of row groups, each streaming its own part of the weights and dotting every group
+    runs of row groups, each streaming its own share of the weights (then, where STEAL, the
+    runs left in the others' shares) and dotting every group
     with the columns 4 at a time (`tile4`: each weight load serves 4 columns), then 2
     (`tile2`: a batched decode step of 2 or 3 sequences), then one (`tile1`), while the
     group is in L1/L2. A column's sums are the same whichever tile takes it, and a weight's
@@ -282,47 +285,68 @@ def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, kk, nb, ms):
         c1 = min(cols, c0 + chunk)
         ce = c1 + pad if c1 == cols else c1   # the columns computed, the repeated one too
         full = c0 + (ce - c0) // 4 * 4
-        # the groups cut into at most RUNS runs that the threads share out; a run's partial
-        # sums are allocated once, not once a group (numba does not hoist the allocation: ~50k
-        # of them in a 1.5B decode step at 2 threads, ~1 ms of its ~54)
+        # the groups cut into at most RUNS runs; a run's partial sums are allocated once, not
+        # once a group (numba does not hoist the allocation: ~50k of them in a 1.5B decode
+        # step at 2 threads, ~1 ms of its ~54). Each thread owns an equal share of the runs
+        # and takes them front to back (one contiguous stream); where STEAL, one that has
+        # finished its share goes on to take the next runs of the others' shares, so a
+        # thread the host holds back keeps the product waiting for its current run, not for
+        # the rest of its share (counters 64 bytes apart: no line shared between them)
         per = max(1, -(-starts[-1] // RUNS))
-        for run in prange(-(-starts[-1] // per)):
+        n_runs = -(-starts[-1] // per)
+        workers = max(1, min(n_runs, thread_count()))
+        taken = np.zeros(8 * workers, np.int64)
+        for wk in prange(workers):
             part = np.empty((ce - c0, R), np.float32)
-            for g in range(run * per, min(starts[-1], (run + 1) * per)):
-                p = 0
-                while g >= starts[p + 1]:
-                    p += 1
-                w = ws[p]
-                base, r0 = (g - starts[p]) * nb * TILE, (g - starts[p]) * R
-                for k0 in range(0, nb, kc):
-                    k1 = min(nb, k0 + kc)
-                    for c in range(c0, full, 4):
-                        acc = fzero(R, 4)
-                        qc, bc, ic, fc = q2[c:c + 4], yb[c:c + 4], yi[c:c + 4], yf[c:c + 4]
-                        for blk in range(k0, k1):
-                            acc = tile4(acc, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
-                        fstore(part, c - c0, 0, acc if k0 == 0 else
-                               fadd(fload(part, c - c0, R, 4), acc))
-                    pair = full + (ce - full) // 2 * 2
-                    for c in range(full, pair, 2):
-                        acc2 = fzero(R, 2)
-                        qc, bc, ic, fc = q2[c:c + 2], yb[c:c + 2], yi[c:c + 2], yf[c:c + 2]
-                        for blk in range(k0, k1):
-                            acc2 = tile2(acc2, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
-                        fstore(part, c - c0, 0, acc2 if k0 == 0 else
-                               fadd(fload(part, c - c0, R, 2), acc2))
-                    for c in range(pair, ce):
-                        acc1 = fzero(R, 1)
-                        qc, bc, ic, fc = q2[c:c + 1], yb[c:c + 1], yi[c:c + 1], yf[c:c + 1]
-                        for blk in range(k0, k1):
-                            acc1 = tile1(acc1, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
-                        fstore(part, c - c0, 0, acc1 if k0 == 0 else
-                               fadd(fload(part, c - c0, R, 1), acc1))
-                rows = min(R, ms[p] - r0)
-                dp = ds[p]
-                for j in range(c1 - c0):
-                    c = c0 + j
-                    dp[c // (n2 * nn), (c // nn) % n2, c % nn, r0:r0 + rows] = part[j, :rows]
+            for v in range(workers if STEAL else 1):
+                owner = (wk + v) % workers
+                lo, hi = owner * n_runs // workers, (owner + 1) * n_runs // workers
+                while True:
+                    run = lo + fetch_add(taken, 8 * owner, 1)
+                    if run >= hi:
+                        break
+                    for g in range(run * per, min(starts[-1], (run + 1) * per)):
+                        group_dot(ws, starts, q2, yb, yi, yf, ds, nb, ms, part, g, c0, c1, ce,
+                                  full, kc, n2, nn)
+
+def row_group_dot(ws, starts, q2, yb, yi, yf, ds, nb, ms, part, g, c0, c1, ce, full, kc, n2, nn):
+    """Row group g (of the weights numbered one after the other from starts) times the
+    quantized columns c0..ce (4, then 2, then 1 at a time; kc blocks at a time, summed in
+    part) into ds, for the columns up to c1 (ce - c1: the repeated padding column)."""
+    p = 0
+    while g >= starts[p + 1]:
+        p += 1
+    w = ws[p]
+    base, r0 = (g - starts[p]) * nb * TILE, (g - starts[p]) * R
+    for k0 in range(0, nb, kc):
+        k1 = min(nb, k0 + kc)
+        for c in range(c0, full, 4):
+            acc = fzero(R, 4)
+            qc, bc, ic, fc = q2[c:c + 4], yb[c:c + 4], yi[c:c + 4], yf[c:c + 4]
+            for blk in range(k0, k1):
+                acc = tile4(acc, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
+            fstore(part, c - c0, 0, acc if k0 == 0 else
+                   fadd(fload(part, c - c0, R, 4), acc))
+        pair = full + (ce - full) // 2 * 2
+        for c in range(full, pair, 2):
+            acc2 = fzero(R, 2)
+            qc, bc, ic, fc = q2[c:c + 2], yb[c:c + 2], yi[c:c + 2], yf[c:c + 2]
+            for blk in range(k0, k1):
+                acc2 = tile2(acc2, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
+            fstore(part, c - c0, 0, acc2 if k0 == 0 else
+                   fadd(fload(part, c - c0, R, 2), acc2))
+        for c in range(pair, ce):
+            acc1 = fzero(R, 1)
+            qc, bc, ic, fc = q2[c:c + 1], yb[c:c + 1], yi[c:c + 1], yf[c:c + 1]
+            for blk in range(k0, k1):
+                acc1 = tile1(acc1, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
+            fstore(part, c - c0, 0, acc1 if k0 == 0 else
+                   fadd(fload(part, c - c0, R, 1), acc1))
+    rows = min(R, ms[p] - r0)
+    dp = ds[p]
+    for j in range(c1 - c0):
+        c = c0 + j
+        dp[c // (n2 * nn), (c // nn) % n2, c % nn, r0:r0 + rows] = part[j, :rows]
 
 
 def quantize_column(b, q, ysb, ysi, ysf, i3, i2, n, kk):

@@ -126,6 +126,30 @@ def test_the_weight_prefetch_is_only_a_hint(monkeypatch):
     _close(*_products(T.Q4_K, A, xb, qlanes.R))
 
 
+def test_threads_that_take_each_others_runs_compute_the_same(monkeypatch):
+    """A packed product's threads that go on to the runs of the others' shares
+    (kernels.PACKED_STEAL) give what threads that keep to their own give, and what one
+    thread gives, bit for bit: every run is a row group's own sums, whoever takes it."""
+    import numba
+    t, m, k = T.Q4_K, 40 * qlanes.R + 3, 512   # more runs than threads, a partial last group
+    A = _weights(t, m, k, seed=12)
+    xb = np.random.default_rng(13).standard_normal((1, 1, 1, k)).astype(np.float32)
+    got = {}
+    was = numba.get_num_threads()
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    try:
+        for steal in (False, True):
+            monkeypatch.setattr(KK, "PACKED_STEAL", steal)
+            out = np.full((1, 1, 1, m), np.nan, np.float32)
+            KK.packed_call(KK.packed_kernel(False, t, T.F32), t, xb,
+                           [(qpack.pack(t, A, qlanes.R), out, m)], qlanes.R)()
+            got[steal] = out
+    finally:
+        numba.set_num_threads(was)
+    assert np.array_equal(got[False], got[True])
+    assert np.array_equal(got[True], _products(t, A, xb, qlanes.R)[0])
+
+
 @pytest.mark.parametrize(("vendor", "family", "choice"), [
     ("GenuineIntel", 6, (3, 16384)), ("AuthenticAMD", 26, (0, 8192)),
     ("AuthenticAMD", 25, (0, 0)), ("", 0, (0, 0))])
