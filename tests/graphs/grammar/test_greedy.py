@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("llguidance", reason="the grammar engine is the ggraph[grammar] extra")
 
 from grammar_files import grammar_files  # noqa: E402
-from llama_cpp_ref import live, recorded, sha256_text, sure_steps  # noqa: E402
+from llama_cpp_ref import MIN_MARGIN, live, recorded, sha256_text, sure_steps  # noqa: E402
 from ggraph.graphs.gguf.fetch import default_model  # noqa: E402
 
 N_GREEDY = 32
@@ -58,6 +58,12 @@ def test_greedy_equals_llama_cpp(name, smollm2_engine):
     s = Sampler(SamplerParams(temp=0.0, grammar=grammar), eng.tokenizer)
     gen = list(eng.generate(prompt, N_GREEDY, sampler=s))
     k = sure_steps(ref["margins"])
+    if k == 0 and llama_cpp is not None:
+        # llama-cpp-python's own copy of a grammar (its llama_grammar constants, older than
+        # the source tree's file the recording used) may leave the first step open: then no
+        # step of llama.cpp's greedy text is safe to compare
+        pytest.skip(f"llama.cpp's first greedy step under {name}.gbnf has a top-2 margin of "
+                    f"{ref['margins'][0]:.3f} (< {MIN_MARGIN}): no step is safe to compare")
     assert k >= 1, ref["margins"]
     assert gen[:k] == ref["tokens"][:k], (name, k, eng.tokenizer.decode(gen),
                                           eng.tokenizer.decode(ref["tokens"]))
