@@ -44,7 +44,8 @@ from ..shared.bound import bound
     "tile4")
 
 # the most runs of row groups a product is cut into for its threads: fine enough to share any
-# thread count evenly, coarse enough that each run's allocation is spread over many groups
+# thread count evenly and to leave a thread held back by the host little to finish, coarse
+# enough that each run's counter step is spread over many groups
 RUNS = 256
 
 # IQ4_NL's 16 values + 128: unsigned bytes for vpdpbusd (128 * sum(quants) is taken off)
@@ -285,8 +286,8 @@ def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, kk, nb, ms):
         c1 = min(cols, c0 + chunk)
         ce = c1 + pad if c1 == cols else c1   # the columns computed, the repeated one too
         full = c0 + (ce - c0) // 4 * 4
-        # the groups cut into at most RUNS runs; a run's partial sums are allocated once, not
-        # once a group (numba does not hoist the allocation: ~50k of them in a 1.5B decode
+        # the groups cut into at most RUNS runs; a thread's partial sums are allocated once,
+        # not once a group (numba does not hoist the allocation: ~50k of them in a 1.5B decode
         # step at 2 threads, ~1 ms of its ~54). Each thread owns an equal share of the runs
         # and takes them front to back (one contiguous stream); where STEAL, one that has
         # finished its share goes on to take the next runs of the others' shares, so a
