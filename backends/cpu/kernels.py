@@ -249,8 +249,8 @@ def _row_dot_kernel(serial: bool, a: T, b: T):
 
 
 # the packed products ask for each weight line this many bytes before they read it, or for
-# none (0), as measured per CPU (qlanes.prefetch_choice): closer than 8 KiB the line is not in
-# yet, further it leaves L1 before its turn
+# none (0), as measured per CPU (qlanes.prefetch_choice): where a prefetch helps, 8-16 KiB
+# ahead; closer, the line is not in yet, further, it leaves L1 before its turn
 PREFETCH = qlanes.PF_DISTANCE
 
 # a packed product's threads take the runs of the others' shares once theirs are done
