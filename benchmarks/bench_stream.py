@@ -6,9 +6,12 @@ For each type and shape, enough copies of one packed weight (backends/cpu/qpack.
 bytes exceed the caches (--mib per case) are multiplied by one column in turn, as a decode step
 reads its weights once each; each round first measures the read bandwidth
 (backends/cpu/membw.py) at the same thread count, so every share is against a figure taken
-seconds before it. Prints per type and shape the GB/s of each round's best pass and its share,
-and writes JSON (default benchmarks/results/bench_stream.json). bench_kquant.py sets the same
-kernels beside ggml's; this one only watches the memory.
+seconds before it. Beside each product, the same copies read bare (membw.read_pieces: one
+parallel sum per copy, as one product per copy): what the memory gives a stream of pieces of
+that size without the products' arithmetic. Prints per type and shape the GB/s of each
+round's best pass, its share, and the bare read's GB/s, and writes JSON (default
+benchmarks/results/bench_stream.json). bench_kquant.py sets the same kernels beside ggml's;
+this one only watches the memory.
 
     python benchmarks/bench_stream.py [-t 1] [--types Q4_0,Q4_K,Q6_K] [--rounds 3]
 """
@@ -18,6 +21,7 @@ import argparse
 import os
 import sys
 import time
+from functools import partial
 
 import numpy as np
 
@@ -29,9 +33,10 @@ SHAPES = {"1.5B ffn_up": (1536, 8960), "1.5B ffn_down": (8960, 1536), "1.5B attn
 
 
 def case(type_name: str, k: int, m: int, mib: int, rng: np.random.Generator):
-    """(call, packed bytes, copies): the packed product of one type, bound to copies of one
-    weight that together take about `mib` MiB."""
+    """(call, bare read, packed bytes, copies): the packed product of one type, bound to copies
+    of one weight that together take about `mib` MiB, and a bare read of the same copies."""
     from ggraph.backends.cpu import kernels, qpack
+    from ggraph.backends.cpu.membw import read_pieces
     from ggraph.codecs.buffers import encode_rows
     from ggraph.ir.types import GGMLType
 
@@ -42,14 +47,15 @@ def case(type_name: str, k: int, m: int, mib: int, rng: np.random.Generator):
     b = rng.standard_normal((1, 1, 1, k)).astype(np.float32)
     d = np.empty((1, 1, 1, m), np.float32)
     kern = kernels.packed_kernel(False, t, GGMLType.F32)
-    calls = [kernels.packed_call(kern, t, b, [(p, d, m)])
-             for p in [packed] + [packed.copy() for _ in range(copies - 1)]]
+    pieces = [packed] + [packed.copy() for _ in range(copies - 1)]
+    calls = [kernels.packed_call(kern, t, b, [(p, d, m)]) for p in pieces]
     calls[0]()   # compile (or load) before timing
+    read_pieces(pieces[:1])
 
     def run() -> None:
         for call in calls:
             call()
-    return run, packed.nbytes, copies
+    return run, partial(read_pieces, pieces), packed.nbytes, copies
 
 
 def main() -> None:
@@ -83,22 +89,26 @@ def main() -> None:
         for _ in range(args.rounds):
             bw = read_bandwidth(threads)
             bws.append(bw)
-            for key, (run, nbytes, copies) in cases.items():
+            for key, (run, bare, nbytes, copies) in cases.items():
                 best = min(_timed(run) for _ in range(args.passes)) / copies
-                gbs[key].append((nbytes / best / 1e9, bw))
+                bare_best = min(_timed(bare) for _ in range(args.passes)) / copies
+                gbs[key].append((nbytes / best / 1e9, bw, nbytes / bare_best / 1e9))
         for (ty, s), runs in gbs.items():
-            shares = [g / bw for g, bw in runs]
+            shares = [g / bw for g, bw, _ in runs]
             rows.append(dict(type=ty, shape=s, k=SHAPES[s][0], m=SHAPES[s][1], threads=threads,
-                             packed_bytes=cases[(ty, s)][1], copies=cases[(ty, s)][2],
-                             gbs=[round(g, 2) for g, _ in runs],
-                             read_gbs=[round(bw, 2) for _, bw in runs],
-                             gbs_median=float(np.median([g for g, _ in runs])),
+                             packed_bytes=cases[(ty, s)][2], copies=cases[(ty, s)][3],
+                             gbs=[round(g, 2) for g, _, _ in runs],
+                             read_gbs=[round(bw, 2) for _, bw, _ in runs],
+                             bare_gbs=[round(x, 2) for _, _, x in runs],
+                             bare_median=float(np.median([x for _, _, x in runs])),
+                             gbs_median=float(np.median([g for g, _, _ in runs])),
                              share_min=min(shares), share_max=max(shares),
                              share_median=float(np.median(shares))))
     print_table(rows, [Column("type", align="<"), Column("shape", align="<"),
                        Column("threads"), Column("gbs_median", "GB/s", "{:.1f}"),
                        Column(lambda r: f"{r['share_min']:.0%}-{r['share_max']:.0%}",
                               "share of read bw (rounds)"),
+                       Column("bare_median", "same pieces read bare GB/s", "{:.1f}"),
                        Column(lambda r: f"{min(r['read_gbs']):.1f}-{max(r['read_gbs']):.1f}",
                               "read GB/s")], markdown=True)
     write_results(args.out, rows, args=args)

@@ -4,10 +4,13 @@ every "share of the read bandwidth" the benchmarks print (`ggraph bench`, bench_
 A parallel numba reduction over a buffer far larger than the caches, at a given thread count
 (numba's threads are the ones ggraph's kernels run on), timed a few times; the median of the
 runs is the figure, as a busy machine only slows a run down.
+`read_pieces` reads buffers one parallel read each, as a decode step's products read their
+weights: benchmarks/bench_stream.py sets it beside the products over the same pieces.
 """
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
 import numba
 import numpy as np
@@ -48,3 +51,15 @@ def read_bandwidth(n_threads: int, runs: int = 5) -> float:
     finally:
         numba.set_num_threads(was)
     return buf.nbytes / float(np.median(times)) / 1e9
+
+
+def read_pieces(pieces: Sequence[np.ndarray]) -> int:
+    """One parallel read of each uint8 buffer in turn (its 8-byte words; a tail of fewer than
+    8 bytes is skipped), at numba's current thread count: the products' reading of their
+    weights without their arithmetic. Returns the bytes read."""
+    n = 0
+    for p in pieces:
+        w = p[: p.size // 8 * 8]
+        _read_all(w)
+        n += w.size
+    return n
