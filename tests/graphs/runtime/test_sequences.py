@@ -5,8 +5,8 @@ Isolation: prompts evaluated together in one batch give each prompt's logits eva
 alone, on tiny llama (f16 cache; q8_0 K/V with flash attention; split attention), tiny Gemma
 3 past its sliding window, and the real SmolLM2 and Gemma 3; so do decode steps of several
 sequences in one batch. Nothing leaks: a sequence's logits do not move by one bit when the
-other sequences' tokens change. The sequence operations give the logits of evaluating the resulting sequences
-afresh.
+other sequences' tokens change. The sequence operations give the logits of evaluating the
+resulting sequences afresh.
 """
 from __future__ import annotations
 
@@ -167,9 +167,8 @@ def kernel_spread(eng: Engine, prompts: list[list[int]]) -> float:
 def test_sequences_in_one_batch_are_isolated_real_models(model):
     """~38 tokens of 4 prompts in one batch take the GEMM where each prompt alone (5-15
     tokens) takes the mat-vec path: the difference must stay within that spread, and no
-    sequence's logits may move with the others' tokens (check_isolated) (Gemma 3
-    270M through its iswa cache, its window of 512 not reached: the tiny Gemma 3 above passes
-    its window)."""
+    sequence's logits may move with the others' tokens. Gemma 3 270M runs through its iswa
+    cache, its window of 512 not reached (the tiny Gemma 3 above passes its window)."""
     path = str(default_model()) if model == "smollm2" else str(fetch_model("gemma3"))
     eng = Engine(path, EngineConfig(n_ctx=512, n_seq_max=4))
     tok = eng.tokenizer
