@@ -18,9 +18,10 @@ f16-rounded d * sum that Q4_1 and Q5_1 add times their mins (Q8_1's s); `aux_*` 
 threads take runs of row groups, so each streams its own contiguous part of the weight once,
 dotting each group with the columns 4 at a time while it is in L1/L2 (cache blocks and runs
 of blocks: see the kernel). The helpers `_half_row`, `_f32_row`, `_i16_row`, `_sum_i8`,
-`_f16_round` are the shared codec helpers the CPU target binds (backends/jit.py); `tile1`,
-`tile2`, `tile4`, `aux`, `quantize_column`, `group_dot` (`row_group_dot` bound to the tiles),
-R, C, PF, STEAL, TILE and the cache sizes are bound per type.
+`_f16_round` are the shared codec helpers the CPU target binds (backends/jit.py); `tile` (a
+type's tile function for C columns), `dots1`, `dots2`, `dots4` (`column_dots` bound to them),
+`aux`, `quantize_column`, `group_dot` (`row_group_dot` bound to the dots), R, C, PF, STEAL,
+TILE and the cache sizes are bound per type.
 """
 from __future__ import annotations
 
@@ -38,10 +39,10 @@ from ..shared.bound import bound
 
 # names each binding supplies (backends/shared/bound.py)
 (ACT_BYTES, C, KC, OFF, PF, STEAL, SUB, TILE, W_BYTES, _f16_round, _half_row, _i16_row, _sum_i8,
- aux, dec_b, enc_r, group_dot, tile1, tile2, tile4) = bound(
+ aux, dec_b, dots1, dots2, dots4, enc_r, group_dot, tile) = bound(
     "ACT_BYTES", "C", "KC", "OFF", "PF", "STEAL", "SUB", "TILE", "W_BYTES", "_f16_round",
-    "_half_row", "_i16_row", "_sum_i8", "aux", "dec_b", "enc_r", "group_dot", "tile1", "tile2",
-    "tile4")
+    "_half_row", "_i16_row", "_sum_i8", "aux", "dec_b", "dots1", "dots2", "dots4", "enc_r",
+    "group_dot", "tile")
 
 # the most runs of row groups a product is cut into for its threads: fine enough to share any
 # thread count evenly and to leave a thread held back by the host little to finish, coarse
@@ -310,6 +311,7 @@ def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, kk, nb, ms):
                         group_dot(ws, starts, q2, yb, yi, yf, ds, nb, ms, part, g, c0, c1, ce,
                                   full, kc, n2, nn)
 
+
 def row_group_dot(ws, starts, q2, yb, yi, yf, ds, nb, ms, part, g, c0, c1, ce, full, kc, n2, nn):
     """Row group g (of the weights numbered one after the other from starts) times the
     quantized columns c0..ce (4, then 2, then 1 at a time; kc blocks at a time, summed in
@@ -319,36 +321,29 @@ def row_group_dot(ws, starts, q2, yb, yi, yf, ds, nb, ms, part, g, c0, c1, ce, f
         p += 1
     w = ws[p]
     base, r0 = (g - starts[p]) * nb * TILE, (g - starts[p]) * R
+    pair = full + (ce - full) // 2 * 2
     for k0 in range(0, nb, kc):
         k1 = min(nb, k0 + kc)
-        for c in range(c0, full, 4):
-            acc = fzero(R, 4)
-            qc, bc, ic, fc = q2[c:c + 4], yb[c:c + 4], yi[c:c + 4], yf[c:c + 4]
-            for blk in range(k0, k1):
-                acc = tile4(acc, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
-            fstore(part, c - c0, 0, acc if k0 == 0 else
-                   fadd(fload(part, c - c0, R, 4), acc))
-        pair = full + (ce - full) // 2 * 2
-        for c in range(full, pair, 2):
-            acc2 = fzero(R, 2)
-            qc, bc, ic, fc = q2[c:c + 2], yb[c:c + 2], yi[c:c + 2], yf[c:c + 2]
-            for blk in range(k0, k1):
-                acc2 = tile2(acc2, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
-            fstore(part, c - c0, 0, acc2 if k0 == 0 else
-                   fadd(fload(part, c - c0, R, 2), acc2))
-        for c in range(pair, ce):
-            acc1 = fzero(R, 1)
-            qc, bc, ic, fc = q2[c:c + 1], yb[c:c + 1], yi[c:c + 1], yf[c:c + 1]
-            for blk in range(k0, k1):
-                acc1 = tile1(acc1, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
-            fstore(part, c - c0, 0, acc1 if k0 == 0 else
-                   fadd(fload(part, c - c0, R, 1), acc1))
+        dots4(w, base, q2, yb, yi, yf, part, c0, full, c0, k0, k1)
+        dots2(w, base, q2, yb, yi, yf, part, full, pair, c0, k0, k1)
+        dots1(w, base, q2, yb, yi, yf, part, pair, ce, c0, k0, k1)
     rows = min(R, ms[p] - r0)
     dp = ds[p]
     for j in range(c1 - c0):
         c = c0 + j
         dp[c // (n2 * nn), (c // nn) % n2, c % nn, r0:r0 + rows] = part[j, :rows]
 
+
+def column_dots(w, base, q2, yb, yi, yf, part, lo, hi, c0, k0, k1):
+    """Columns lo..hi of the quantized activations, C at a time (`tile`: tile1, tile2 or
+    tile4), times blocks k0..k1 of the row group at byte `base` of w, added to their sums in
+    part (row c - c0) after the first run of blocks (k0 == 0) stores them."""
+    for c in range(lo, hi, C):
+        acc = fzero(R, C)
+        qc, bc, ic, fc = q2[c:c + C], yb[c:c + C], yi[c:c + C], yf[c:c + C]
+        for blk in range(k0, k1):
+            acc = tile(acc, w, base + blk * TILE, qc, bc, ic, fc, blk)  # noqa
+        fstore(part, c - c0, 0, acc if k0 == 0 else fadd(fload(part, c - c0, R, C), acc))
 
 def quantize_column(b, q, ysb, ysi, ysf, i3, i2, n, kk):
     """Column b[i3, i2, n] encoded to the weights' vec_dot_type (q) and its sums (aux)."""
