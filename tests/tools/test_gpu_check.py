@@ -50,6 +50,11 @@ def test_sanitizer_summaries_are_parsed():
             "========= ERROR SUMMARY: 1 error\n")
     assert gpu_child.parse_summary(race) == {"errors": 1, "hazards": 2, "race_errors": 1,
                                              "race_warnings": 1}
+    # CUDA 13's racecheck (the H200's): its own line alone, which counts as the summary
+    race13 = "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
+    assert gpu_child.parse_summary(race13) == {"errors": 0, "hazards": 0, "race_errors": 0,
+                                               "race_warnings": 0}
+    assert gpu_child.parse_summary(race13.replace("(0 errors", "(2 errors"))["errors"] == 2
     assert gpu_child.parse_summary("Traceback ...\nKilled") == {"errors": None}
 
 

@@ -172,15 +172,18 @@ _RACES = re.compile(r"RACECHECK SUMMARY:\s*(\d+)\s+hazards? displayed\s*\((\d+)\
 
 
 def parse_summary(text: str) -> dict[str, int | None]:
-    """compute-sanitizer's totals: `ERROR SUMMARY: N errors` (every tool prints it) and, from
-    racecheck, `RACECHECK SUMMARY: H hazards displayed (E errors, W warnings)`; None where
-    the line is absent (the tool never got to print it)."""
+    """compute-sanitizer's totals: `ERROR SUMMARY: N errors` and, from racecheck, `RACECHECK
+    SUMMARY: H hazards displayed (E errors, W warnings)`; errors None where neither line is
+    there (the tool never got to print one). CUDA 13's racecheck prints only its own line
+    (seen on the H200), so its E errors stand for the total there."""
     m = _ERRORS.findall(text)
     r = _RACES.findall(text)
     out: dict[str, int | None] = {"errors": int(m[-1]) if m else None}
     if r:
         out.update(hazards=int(r[-1][0]), race_errors=int(r[-1][1]),
                    race_warnings=int(r[-1][2]))
+        if out["errors"] is None:
+            out["errors"] = out["race_errors"]
     return out
 
 
