@@ -55,7 +55,12 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
     units = ns * hkv * runs
     # the mask's rows as float32, once (a row per sequence, head and query of the mask)
     m3, m2 = (m.shape[0], m.shape[1]) if has_mask else (1, 1)
-    mf = np.zeros((m3, m2, nt, nkv if has_mask else 1), np.float32)
+    # np.empty: under parallel=True np.zeros is a parallel loop of its own (one more fork and
+    # join a call); a mask's rows are written whole below, and without one a zero per row
+    mf = np.empty((m3, m2, nt, nkv if has_mask else 1), np.float32)
+    if not has_mask:
+        for t in range(nt):
+            mf[0, 0, t, 0] = 0.0
     if has_mask and m3 * m2 * nt >= 4:
         for w in prange(m3 * m2 * nt):
             a, b, t = w // (m2 * nt), (w // nt) % m2, w % nt

@@ -297,7 +297,11 @@ def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, kk, nb, ms):
         per = max(1, -(-starts[-1] // RUNS))
         n_runs = -(-starts[-1] // per)
         workers = max(1, min(n_runs, thread_count()))
-        taken = np.zeros(8 * workers, np.int64)
+        # zeroed by a plain loop: under parallel=True np.zeros is a parallel loop of its own,
+        # one more fork and join (~1 us) a call
+        taken = np.empty(8 * workers, np.int64)
+        for i in range(8 * workers):
+            taken[i] = 0
         for wk in prange(workers):
             part = np.empty((ce - c0, R), np.float32)
             for v in range(workers if STEAL else 1):
