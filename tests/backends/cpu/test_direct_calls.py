@@ -89,3 +89,20 @@ def test_an_index_check_and_its_kernel_are_made_direct_and_still_refuse_bad_rows
     idx[1] = 4
     with pytest.raises(IndexError, match="'rows'.*row 4 is outside \\[0, 4\\)"):
         d()
+
+
+def test_argument_types_from_the_cache_are_numbas_own():
+    """direct() types ndarrays (and tuples of them) from a cache keyed by what numba's Array
+    type is made of; each must equal numba's typeof, views, orders, read-only and
+    misaligned arrays included, and the second lookup (from the cache) too."""
+    f = numba.njit(cache=False)(lambda x: 0)
+    a = np.zeros((3, 4, 5), np.float32)
+    ro = np.zeros(4)
+    ro.flags.writeable = False
+    cases = [a, a[:, 1], a[..., ::2], a.T, np.asfortranarray(a), a[0, 0, 0:1],
+             np.zeros(0, np.int8), np.zeros((1, 1, 1, 1)), np.frombuffer(b"abcd", np.uint8),
+             np.zeros(9, np.uint8)[1:].view(np.uint16), ro, np.zeros(5, np.float16),
+             (a, a), (a, a[0]), (np.zeros(3, np.int64),), 3, 2.5, True, np.int64(4)]
+    for c in cases:
+        for _ in range(2):
+            assert C.arg_type(f, c) == f.typeof_pyval(c), c
