@@ -377,6 +377,8 @@ class Engine:
                 raise
             if not out:
                 return np.zeros((0, self.model.hp.n_vocab), np.float32)
+            if len(out) == 1 and len(places[0]) == 1:   # a decode step: its one row as read
+                return out[0]
             rows = np.concatenate(out)
             order = np.argsort(np.concatenate(places), kind="stable")  # back in batch order
             return rows if np.all(order[1:] > order[:-1]) else rows[order]
