@@ -377,10 +377,10 @@ class Engine:
                 raise
             if not out:
                 return np.zeros((0, self.model.hp.n_vocab), np.float32)
-            if len(out) == 1 and len(places[0]) == 1:   # a decode step: its one row as read
-                return out[0]
-            rows = np.concatenate(out)
-            order = np.argsort(np.concatenate(places), kind="stable")  # back in batch order
+            # one ubatch (every decode step): its rows as read, not concatenated into a copy
+            rows = out[0] if len(out) == 1 else np.concatenate(out)
+            where = places[0] if len(places) == 1 else np.concatenate(places)
+            order = np.argsort(where, kind="stable")  # back in batch order
             return rows if np.all(order[1:] > order[:-1]) else rows[order]
 
     def _run_ubatch(self, ub: UBatch, observe: Observer | None = None) -> np.ndarray | None:
