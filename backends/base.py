@@ -416,8 +416,9 @@ class Session(ThreadGuard):
         call each (a split of a scheduled graph is bound unfused: a node's readers in other
         splits are not in `nodes`)."""
         groups = self.bind_groups(nodes, fuse)
-        direct = self.backend.executor.direct
-        return [direct(g.call) for g in groups], [g.nodes for g in groups]
+        ex = self.backend.executor
+        ex.prepare([g.call for g in groups])
+        return [ex.direct(g.call) for g in groups], [g.nodes for g in groups]
 
     def bind_groups(self, nodes: list[Tensor], fuse: bool = False,
                     observed: frozenset[Tensor] = frozenset()) -> list[Group]:

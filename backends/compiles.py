@@ -4,6 +4,9 @@ out of their timings. numba signals each compilation with a "numba:compile" even
 loaded from the cache signals nothing. A kernel compiles the helpers it calls inside its own
 compilation (nested events): `count` counts every function, `kernels` and `seconds` only the
 outermost compilations, so the seconds are wall time spent compiling, not counted twice.
+Kernels that helper processes compiled for this one (backends/cpu/compile_ahead.py) are told
+to the open counts by `note_elsewhere`; their seconds are the helpers' and overlap this
+process's.
 """
 from __future__ import annotations
 
@@ -54,5 +57,28 @@ def counting() -> Iterator[Compiles]:
                     seen.seconds += dt
                     seen.each.append((name, dt))
 
-    with event.install_listener("numba:compile", Listener()):
-        yield seen
+    with _OPEN_LOCK:
+        _OPEN.append(seen)
+    try:
+        with event.install_listener("numba:compile", Listener()):
+            yield seen
+    finally:
+        with _OPEN_LOCK:
+            _OPEN.remove(seen)
+
+
+# the counts open now: a kernel compiled by a helper process for this one
+# (backends/cpu/compile_ahead.py) fires no event here, so it is told to each of them
+_OPEN: list[Compiles] = []
+_OPEN_LOCK = threading.Lock()
+
+
+def note_elsewhere(name: str, seconds: float) -> None:
+    """Count a kernel compiled for this process by another (its qualified name, the seconds
+    it took there) in every `counting()` block now open."""
+    with _OPEN_LOCK:
+        for seen in _OPEN:
+            seen.count += 1
+            seen.kernels += 1
+            seen.seconds += seconds
+            seen.each.append((name, seconds))

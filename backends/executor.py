@@ -26,6 +26,10 @@ class Executor:
         for call in calls:
             call()
 
+    def prepare(self, calls: list[Callable[[], None]]) -> None:
+        """Told a newly bound graph's calls before `direct` makes each (nothing here; the
+        CPU's compiles the kernels they lack, partly in helper processes)."""
+
     def direct(self, call: Callable[[], None]) -> Callable[[], None]:
         """A bound call as this backend runs it each time (the call itself here; the CPU's
         skips numba's dispatch)."""

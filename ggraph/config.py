@@ -75,6 +75,12 @@ def direct_calls() -> bool:
     return _flag("GGRAPH_CPU_DIRECT_CALLS", True)
 
 
+def compile_ahead() -> bool:
+    """GGRAPH_COMPILE_AHEAD=0: a graph's missing CPU kernels compile in this process only, not
+    partly in helper processes (backends/cpu/compile_ahead.py)."""
+    return _flag("GGRAPH_COMPILE_AHEAD", True)
+
+
 def fuse() -> bool:
     """GGRAPH_FUSE=0: the backends run every node alone (no fused groups)."""
     return _flag("GGRAPH_FUSE", True)

@@ -14,7 +14,7 @@ import numba
 from ggraph.ir.tensor import Tensor
 from ..base import Session
 from ..executor import Executor
-from . import fusion
+from . import compile_ahead, fusion
 from .compile import compiled_for, compiled_nogil, direct
 from .threads import ThreadGovernor
 
@@ -36,6 +36,9 @@ class CPUExecutor(Executor):
         if not self.fusion:
             return {}
         return fusion.fuse(order, session, compiled_for, compiled_nogil, observed)
+
+    def prepare(self, calls: list[Any]) -> None:
+        compile_ahead.prepare(calls)
 
     def direct(self, call: Any) -> Any:
         return direct(call)
