@@ -15,7 +15,9 @@ kernel it could not compile, costs nothing but the time: `compile` compiles it h
 Nothing runs in a helper but numba's compiler on functions this process pickled. A share is
 handed to a helper only when it is worth a process's start (~0.8 s of imports) and there is
 more than one kernel to compile; where numba's disk cache is off, a helper's work would not
-reach this process, so nothing is handed. GGRAPH_COMPILE_AHEAD=0 turns it off.
+reach this process, so nothing is handed. Whether the disk cache holds a kernel is read from
+numba's own cache index (its internals: any surprise there reads as "unknown", and the kernel
+compiles here). GGRAPH_COMPILE_AHEAD=0 turns it off.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ MIN_SHARE = 12_000
 # the most helpers, whatever the cores (each is a Python process with numba loaded, ~150 MB)
 MAX_HELPERS = 3
 # a helper still compiling after this long is stopped (its kernels then compile here)
-WAIT_S = 1800.0
+WAIT_S = 600.0
 
 
 @dataclass
@@ -139,7 +141,7 @@ def prepare(calls: Iterable[Any]) -> Ahead:
     if not (ENABLED and DIRECT):
         return done
     jobs = missing(calls)
-    helpers = min(MAX_HELPERS, (os.cpu_count() or 1) - 1, len(jobs) - 1)
+    helpers = min(MAX_HELPERS, cores() - 1, len(jobs) - 1)
     if helpers < 1:
         return done
     shares = split(jobs, helpers)
@@ -159,6 +161,14 @@ def prepare(calls: Iterable[Any]) -> Ahead:
                 done.failed.append(f"{getattr(j.f.py_func, '__qualname__', '?')}: {why}")
     done.seconds = time.perf_counter() - t0
     return done
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity where Linux says, else all)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _start(share: list[Job]) -> subprocess.Popen | None:

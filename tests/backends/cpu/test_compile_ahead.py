@@ -16,7 +16,7 @@ from ggraph.backends.cpu import compile as C
 from ggraph.backends.cpu import compile_ahead as CA
 from ggraph.backends.cpu import templates as K
 
-needs_two_cores = pytest.mark.skipif((os.cpu_count() or 1) < 2,
+needs_two_cores = pytest.mark.skipif(CA.cores() < 2,
                                      reason="a helper process needs a second core")
 
 
