@@ -64,29 +64,37 @@ class Ahead:
     seconds: float = 0.0
 
 
-def dispatch_pairs(calls: Iterable[Any]) -> list[tuple[Dispatcher, tuple]]:
-    """(dispatcher, argument types) of every bound call in `calls` that compile.direct would
-    make direct, the calls inside calls marked by compile.calls_in too; each pair once."""
-    out: dict[tuple[int, tuple], tuple[Dispatcher, tuple]] = {}
+def dispatch_calls(calls: Iterable[Any]) -> list[partial]:
+    """Every bound call in `calls` that compile.direct would make direct (a partial of a
+    numba dispatcher), the calls inside calls marked by compile.calls_in too."""
+    out: list[partial] = []
 
     def walk(call: Any) -> None:
         if not isinstance(call, partial) or call.keywords:
             return
-        f = call.func
-        if isinstance(f, Dispatcher):
-            try:
-                sig = tuple(arg_type(f, a) for a in call.args)
-            except Exception:   # noqa: BLE001 - untypable: its call reports it when it runs
-                return
-            out.setdefault((id(f), sig), (f, sig))
+        if isinstance(call.func, Dispatcher):
+            out.append(call)
             return
-        for i in getattr(f, "bound_calls_at", ()):
+        for i in getattr(call.func, "bound_calls_at", ()):
             inner = call.args[i] if i < len(call.args) else None
             for c in inner if isinstance(inner, list) else [inner]:
                 walk(c)
 
     for c in calls:
         walk(c)
+    return out
+
+
+def dispatch_pairs(calls: Iterable[Any]) -> list[tuple[Dispatcher, tuple]]:
+    """(dispatcher, argument types) of each of dispatch_calls(calls), each pair once."""
+    out: dict[tuple[int, tuple], tuple[Dispatcher, tuple]] = {}
+    for call in dispatch_calls(calls):
+        f = call.func
+        try:
+            sig = tuple(arg_type(f, a) for a in call.args)
+        except Exception:   # noqa: BLE001 - untypable: its call reports it when it runs
+            continue
+        out.setdefault((id(f), sig), (f, sig))
     return list(out.values())
 
 
@@ -138,7 +146,11 @@ def prepare(calls: Iterable[Any]) -> Ahead:
     """Compile the kernels `calls` (a bound graph's) are missing, here and in helpers (see
     the module docstring); afterwards compile.direct finds each in memory or on disk."""
     done = Ahead()
-    if not (ENABLED and DIRECT):
+    calls = dispatch_calls(calls) if ENABLED and DIRECT and cores() > 1 else []
+    # typing every argument costs ~6 ms a graph (Qwen2.5 0.5B's decode graph, bound again
+    # each 256 cells): done only where a kernel has never compiled, as on a first run; a new
+    # signature of a compiled kernel compiles here, as it always did
+    if all(c.func.overloads for c in calls):
         return done
     jobs = missing(calls)
     helpers = min(MAX_HELPERS, cores() - 1, len(jobs) - 1)
