@@ -162,8 +162,11 @@ def prepare(calls: Iterable[Any]) -> Ahead:
         return done
     t0 = time.perf_counter()
     for j in shares[0]:
-        j.f.compile(j.sig)
-    done.here = len(shares[0])
+        try:
+            j.f.compile(j.sig)
+            done.here += 1
+        except Exception:   # noqa: BLE001 - as compile.direct: the call reports it when it runs
+            pass
     for proc, share in procs:
         for j, (ok, secs, why) in zip(share, _finish(proc, len(share))):
             if ok:

@@ -101,3 +101,19 @@ def test_off_or_nothing_missing_starts_no_helper(monkeypatch):
     for c in calls:
         C.direct(c)   # compiled here: nothing left to hand out
     assert CA.prepare(calls) == CA.Ahead() and started == []
+
+
+@needs_two_cores
+def test_a_kernel_that_cannot_compile_fails_when_it_runs_not_when_bound(ahead_on, monkeypatch):
+    f = _fresh("untypable")
+    a32 = np.array([[[[0, 1, 5]]]], np.int32)
+    bad, good = partial(f, "not an array", 3), partial(f, a32, 3)
+    # the untypable one in this process's share, the other in the helper's
+    monkeypatch.setattr(CA, "split", lambda jobs, n: [
+        [j for j in jobs if j.sig[0] != C.arg_type(f, a32)],
+        [j for j in jobs if j.sig[0] == C.arg_type(f, a32)]])
+    done = CA.prepare([bad, good])   # nothing raises here, as compile.direct does not
+    assert (done.here, done.helped, done.failed) == (0, 1, [])
+    assert C.direct(good)() == 2
+    with pytest.raises(Exception, match="(?i)typing"):
+        C.direct(bad)()
