@@ -4,7 +4,8 @@ below which a node runs on one thread, and `compiled`, which binds a template to
 its types. The kernel tables (backends/cpu/kernels.py and the training ops' modules beside it)
 all bind through here. Their bound calls are made here too: `direct` calls them without
 numba's dispatch, `in_turn` runs a group's calls one after the other, and `index_checked`
-puts the check of data-borne indices before a kernel that would read out of bounds."""
+puts the check of data-borne indices before a kernel that would read out of bounds;
+`dispatcher_calls` lists the kernel calls `direct` would make direct, composites opened."""
 from __future__ import annotations
 
 from functools import partial
@@ -146,6 +147,27 @@ def direct(call):
     except Exception:   # noqa: BLE001 - the dispatcher's own call says what is wrong
         return call
     return partial(entry, *call.args)
+
+
+def dispatcher_calls(calls) -> list[partial]:
+    """The bound kernel calls among `calls` that `direct` makes direct (partials of a numba
+    dispatcher), the ones inside a function marked by `calls_in` too, in order (what
+    compile_ahead.py compiles before `direct` runs)."""
+    out: list[partial] = []
+
+    def walk(call) -> None:
+        if not isinstance(call, partial) or call.keywords:
+            return
+        if isinstance(call.func, Dispatcher):
+            out.append(call)
+            return
+        for i in getattr(call.func, "bound_calls_at", ()):
+            for c in call.args[i] if isinstance(call.args[i], list) else [call.args[i]]:
+                walk(c)
+
+    for c in calls:
+        walk(c)
+    return out
 
 
 # numba's type of an ndarray argument by what it is made of: numba.typeof builds it in Python

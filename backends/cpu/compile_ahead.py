@@ -27,14 +27,13 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, Iterable
 
 from numba.core.dispatcher import Dispatcher
 
 from ggraph import config
 from ..compiles import note_elsewhere
-from .compile import DIRECT, arg_type
+from .compile import DIRECT, arg_type, dispatcher_calls
 
 ENABLED = config.compile_ahead()
 # a helper's share must pickle to at least this many bytes (~2-5 s of compiling: the packed
@@ -64,31 +63,11 @@ class Ahead:
     seconds: float = 0.0
 
 
-def dispatch_calls(calls: Iterable[Any]) -> list[partial]:
-    """Every bound call in `calls` that compile.direct would make direct (a partial of a
-    numba dispatcher), the calls inside calls marked by compile.calls_in too."""
-    out: list[partial] = []
-
-    def walk(call: Any) -> None:
-        if not isinstance(call, partial) or call.keywords:
-            return
-        if isinstance(call.func, Dispatcher):
-            out.append(call)
-            return
-        for i in getattr(call.func, "bound_calls_at", ()):
-            inner = call.args[i] if i < len(call.args) else None
-            for c in inner if isinstance(inner, list) else [inner]:
-                walk(c)
-
-    for c in calls:
-        walk(c)
-    return out
-
-
 def dispatch_pairs(calls: Iterable[Any]) -> list[tuple[Dispatcher, tuple]]:
-    """(dispatcher, argument types) of each of dispatch_calls(calls), each pair once."""
+    """(dispatcher, argument types) of each of compile.dispatcher_calls(calls), each pair
+    once."""
     out: dict[tuple[int, tuple], tuple[Dispatcher, tuple]] = {}
-    for call in dispatch_calls(calls):
+    for call in dispatcher_calls(calls):
         f = call.func
         try:
             sig = tuple(arg_type(f, a) for a in call.args)
@@ -146,7 +125,7 @@ def prepare(calls: Iterable[Any]) -> Ahead:
     """Compile the kernels `calls` (a bound graph's) are missing, here and in helpers (see
     the module docstring); afterwards compile.direct finds each in memory or on disk."""
     done = Ahead()
-    calls = dispatch_calls(calls) if ENABLED and DIRECT and cores() > 1 else []
+    calls = dispatcher_calls(calls) if ENABLED and DIRECT and cores() > 1 else []
     # typing every argument costs ~6 ms a graph (Qwen2.5 0.5B's decode graph, bound again
     # each 256 cells): done only where a kernel has never compiled, as on a first run; a new
     # signature of a compiled kernel compiles here, as it always did
