@@ -21,7 +21,7 @@ their vector arguments, so one layout width can be compiled and tested on any ho
   (scales * s)), `fmas` (acc + scales * s), `cf32`/`cf16` (each column's float), `fadd`,
   `fload`/`fstore` (R lanes of each column from/to a 2-D float array);
 - memory: `load_u32` (an unaligned word), `prefetch` (a hint of the host's locality:
-  `prefetch_choice`), `fetch_add` (an atomic counter of work the threads share),
+  `prefetch_choice`), `prefetch_l1` (into L1, whatever the host), `fetch_add` (an atomic counter of work the threads share),
   `thread_count` (the threads of the parallel loops now).
 
 Every offset is a byte offset into a 1-D uint8 array (an element offset for `fstore`'s
@@ -656,6 +656,22 @@ def prefetch(typingctx, arr, off):
 
 
 @intrinsic
+def prefetch_l1(typingctx, arr, off):
+    """Ask for the cache line of arr at byte off into L1 (prefetcht0, on every CPU): data
+    read again and again that the weight stream pushes out between its uses (a hint: never
+    faults, so off may run past the array's end)."""
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
+        p = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
+        fnty = ir.FunctionType(ir.VoidType(), [p.type, _I32, _I32, _I32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+
+    return types.none(arr, off), codegen
+
+
+@intrinsic
 def fetch_add(typingctx, arr, i, v):
     """Atomically add v to int64 arr[i] and return the value it had: shared counters from
     which threads take units of work (no bounds check: i must be in range)."""
@@ -690,4 +706,4 @@ def thread_count(typingctx):
 __all__ = ["AVX512", "AVX2", "VNNI512", "VNNI256", "R", "WIDTHS", "flavor", "ldq", "lo4", "hi4",
            "bit5", "hi2", "lut16", "lzero", "dpb", "dpw", "lmul", "lsubm", "ladd", "fzero", "ldh",
            "ffma", "ffms", "fmas", "cf32", "cf16", "fadd", "fload", "fstore", "load_u32",
-           "prefetch", "fetch_add", "thread_count"]
+           "prefetch", "prefetch_l1", "fetch_add", "thread_count"]
