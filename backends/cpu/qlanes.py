@@ -21,8 +21,8 @@ their vector arguments, so one layout width can be compiled and tested on any ho
   (scales * s)), `fmas` (acc + scales * s), `cf32`/`cf16` (each column's float), `fadd`,
   `fload`/`fstore` (R lanes of each column from/to a 2-D float array);
 - memory: `load_u32` (an unaligned word), `prefetch` (a hint of the host's locality:
-  `prefetch_choice`), `prefetch_l1` (into L1, whatever the host), `fetch_add` (an atomic counter of work the threads share),
-  `thread_count` (the threads of the parallel loops now).
+  `prefetch_choice`), `prefetch_l1` (into L1, whatever the host), `fetch_add` (an atomic
+  counter of work the threads share), `thread_count` (the threads of the parallel loops now).
 
 Every offset is a byte offset into a 1-D uint8 array (an element offset for `fstore`'s
 float32 array). Values stay in range: weights of at most 8 bits (unsigned) times int8 quants

@@ -1,27 +1,30 @@
-"""Dot products of packed weight tiles (backends/cpu/qpack.py) with C activation columns, R
-rows at once, and the product of a packed weight with any number of columns built on them.
+"""Dot products of packed weight tiles (backends/cpu/qpack.py) with C activation columns, R rows
+at once, and the product of a packed weight with any number of columns built on them.
 
 Each type has one tile function, `tile_<type>(acc, w, t, q, ysb, ysi, ysf, b)` -> acc plus
-block b of the tile's R rows dotted with each of the C activation rows of q (2-D: the bytes
-of the weights' vec_dot_type, Q8_0 blocks of 34 bytes or Q8_K blocks of 292), lane j R + l
-being row l times column j (backends/cpu/qlanes.py); each is bound for C = 1, 2 and 4
-(backends/cpu/kernels.py). Prefetches run PF bytes ahead of every step (none where PF is 0). The integer sums are
-ggml's (backends/shared/qdot.py computes the same; the tests compare them): unsigned weight
-values times int8 quants summed by vpdpbusd, an offset (Q4_0's 8, Q5_0's 16, Q8_0's 128,
-Q6_K's 32, IQ4_XS's 128) taken off as offset * sum(quants), sub-block scales applied as
-integers, then one float multiply-add per block with the rows' f16 scales. `ysi` holds the
-offset times each activation block's (or sub-block's) sum of quants, `ysb` each 32 elements'
-sum as little-endian int16 (Q4_K and Q5_K read them by pairs against their mins), `ysf` the
-f16-rounded d * sum that Q4_1 and Q5_1 add times their mins (Q8_1's s); `aux_*` fill them.
+block b of the tile's R rows dotted with each of the C activation rows of q (2-D: the bytes of
+the weights' vec_dot_type, Q8_0 blocks of 34 bytes or Q8_K blocks of 292), lane j R + l being
+row l times column j (backends/cpu/qlanes.py); each is bound for C = 1, 2 and 4
+(backends/cpu/kernels.py). Prefetches run PF bytes ahead of every step (none where PF is 0).
+The integer sums are ggml's (backends/shared/qdot.py computes the same; the tests compare
+them): unsigned weight values times int8 quants summed by vpdpbusd, an offset (Q4_0's 8, Q5_0's
+16, Q8_0's 128, Q6_K's 32, IQ4_XS's 128) taken off as offset * sum(quants), sub-block scales
+applied as integers, then one float multiply-add per block with the rows' f16 scales. `ysi`
+holds the offset times each activation block's (or sub-block's) sum of quants, `ysb` each 32
+elements' sum as little-endian int16 (Q4_K and Q5_K read them by pairs against their mins),
+`ysf` the f16-rounded d * sum that Q4_1 and Q5_1 add times their mins (Q8_1's s); `aux_*` fill
+them.
 
-`k_mul_mat_packed` quantizes the columns first (in parallel when there are many), then
-threads take runs of row groups, so each streams its own contiguous part of the weight once,
-dotting each group with the columns 4 at a time while it is in L1/L2 (cache blocks and runs
-of blocks: see the kernel). The helpers `_half_row`, `_f32_row`, `_i16_row`, `_sum_i8`,
-`_f16_round` are the shared codec helpers the CPU target binds (backends/jit.py); `tile` (a
-type's tile function for C columns), `dots1`, `dots2`, `dots4` (`column_dots` bound to them),
-`aux`, `quantize_column`, `group_dot` (`row_group_dot` bound to the dots), R, C, PF, STEAL,
-TILE and the cache sizes are bound per type.
+`k_mul_mat_packed` quantizes the columns first (in parallel when there are many), then threads
+take runs of row groups, so each streams its own contiguous part of the weight once, dotting
+each group with the columns 4 at a time while it is in L1/L2 (cache blocks and runs of blocks:
+see the kernel). A single column (a decode step) loops over its groups in the kernel itself,
+without the helpers, and asks for each next tile's activation bytes ahead. The helpers
+`_half_row`, `_f32_row`, `_i16_row`, `_sum_i8`, `_f16_round` are the shared codec helpers the
+CPU target binds (backends/jit.py); `tile` (a type's tile function for C columns), `dots1`,
+`dots2`, `dots4` (`column_dots` bound to them), `aux`, `quantize_column`, `group_dot`
+(`row_group_dot` bound to the dots), R, C, PF, STEAL, TILE and the cache sizes are bound per
+type.
 """
 from __future__ import annotations
 
