@@ -327,14 +327,13 @@ def packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_
             names[h.__name__] = TARGET.bind(h, _INLINE_FAST, f"C{c}_{tag}", **names)
         fn = TARGET.bind(tile.fn, _INLINE_FAST, f"{a}_C{c}_{tag}", **names)
         if c == 1:
-            dots["tile1"] = fn
+            tile1 = fn   # the one-column loop of k_mul_mat_packed calls it directly
         dots[f"dots{c}"] = TARGET.bind(qtiles.column_dots, _INLINE_FAST, f"{a}_C{c}_{tag}", R=r,
                                        C=c, TILE=PACKS[a].tile(r), tile=fn)
     aux = TARGET.bind(tile.aux, TARGET.device, f"{a}", OFF=tile.off, SUB=tile.sub)
     quantize = TARGET.bind(qtiles.quantize_column, TARGET.device, f"a{a}_b{b}",
                            dec_b=TARGET.codec(b).dec, enc_r=act_encoder(VEC_DOT_TYPE[a]),
                            aux=aux)
-    tile1 = dots.pop("tile1")
     group = TARGET.bind(qtiles.row_group_dot, _INLINE_FAST, f"{a}_{tag}", R=r,
                         TILE=PACKS[a].tile(r), **dots)
     return TARGET.bind(qtiles.k_mul_mat_packed, _SERIAL_FAST if serial else _KERNEL_FAST,

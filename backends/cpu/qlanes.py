@@ -639,20 +639,28 @@ def load_u32(typingctx, arr, off):
     return types.uint32(arr, off), codegen
 
 
-@intrinsic
-def prefetch(typingctx, arr, off):
-    """Ask for the cache line of arr at byte off ahead of its use (a hint: never faults, so
-    off may run past the array's end)."""
+def _prefetch(locality: int | None):
+    """The codegen of a read prefetch of arr's line at byte off with llvm's `locality`
+    (0: non-temporal .. 3: into L1; None: PF_LOCALITY as it is when a kernel compiles, which
+    benchmarks/ab_decode.py switches)."""
     def codegen(context, builder, sig, args):
+        level = PF_LOCALITY if locality is None else locality
         ary = context.make_array(sig.args[0])(context, builder, value=args[0])
         p = builder.bitcast(builder.gep(ary.data, [args[1]]), ir.IntType(8).as_pointer())
         fnty = ir.FunctionType(ir.VoidType(), [p.type, _I32, _I32, _I32])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, PF_LOCALITY),
+        builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, level),
                           ir.Constant(_I32, 1)])
         return context.get_dummy_value()
 
-    return types.none(arr, off), codegen
+    return codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, off):
+    """Ask for the cache line of arr at byte off ahead of its use (a hint: never faults, so
+    off may run past the array's end)."""
+    return types.none(arr, off), _prefetch(None)
 
 
 @intrinsic
@@ -660,15 +668,7 @@ def prefetch_l1(typingctx, arr, off):
     """Ask for the cache line of arr at byte off into L1 (prefetcht0, on every CPU): data
     read again and again that the weight stream pushes out between its uses (a hint: never
     faults, so off may run past the array's end)."""
-    def codegen(context, builder, sig, args):
-        data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
-        p = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
-        fnty = ir.FunctionType(ir.VoidType(), [p.type, _I32, _I32, _I32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
-        return context.get_dummy_value()
-
-    return types.none(arr, off), codegen
+    return types.none(arr, off), _prefetch(3)
 
 
 @intrinsic
