@@ -17,6 +17,7 @@ from numba.extending import intrinsic
 from ..half import f32_to_half_hw as f32_to_half_f16c, fpext_half, fptrunc_half  # noqa: F401
 from ..half import half_to_f32_hw as half_to_f32_f16c  # noqa: F401
 from ..shared.bound import bound
+from .qvec import FEATURES
 
 # names each binding supplies (backends/shared/bound.py)
 f32_to_half = bound("f32_to_half")
@@ -24,16 +25,7 @@ f32_to_half = bound("f32_to_half")
 HALF_TABLE = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 
-def _host_has_f16c() -> bool:
-    try:
-        import llvmlite.binding as llvm
-
-        return "+f16c" in llvm.get_host_cpu_features().flatten().split(",")
-    except (ImportError, AttributeError, RuntimeError, OSError):  # no feature query: the table
-        return False
-
-
-F16C = _host_has_f16c()
+F16C = "+f16c" in FEATURES   # else the table
 
 
 @intrinsic

@@ -28,10 +28,17 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
+from numba.core import config as numba_config
 from numba.extending import intrinsic, models, register_model
 
 
 def _host_features() -> set[str]:
+    """The features numba compiles for: NUMBA_CPU_FEATURES where set (numba then targets
+    those, so the intrinsics chosen here must match; it also lets one host run another
+    CPU's code paths: NUMBA_CPU_NAME=znver3 with the AVX-512 features off runs the AVX2
+    ones), else the host's."""
+    if numba_config.CPU_FEATURES:
+        return {f.strip() for f in numba_config.CPU_FEATURES.split(",") if f.strip()}
     try:
         return set(llvm.get_host_cpu_features().flatten().split(","))
     except (AttributeError, RuntimeError, OSError):  # no feature query: portable IR
