@@ -26,6 +26,13 @@ every block of V rows is summed by the same code, so a token evaluated in a batc
 speculative draft checked at once) gets the logits it gets alone. Rows of other sequences move
 the unit's first cell and its blocks of V rows, so there a row's sums group its terms
 differently: the same value up to float rounding.
+
+Every sum runs in an order the source fixes: the query-key dots in qvec.py's 16 lanes, the
+softmax sums in SL lanes, each V block's products in cell order; the kernel compiles without
+reassociation (compile.KERNEL_ORDERED). So the serial and parallel variants, compiled in this
+process or loaded from numba's cache, give the same bits (tests/backends/cpu/test_fixed_order.py):
+with reassociation allowed, a freshly compiled parallel kernel and a cached one summed in
+different orders, and a greedy text could change between a first run and the next.
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ import numpy as np
 from numba import prange
 
 from .qlanes import prefetch
+from .qvec import f16_fma, f16_fold, f16_zero
 from ..shared.bound import bound
 
 # names each binding supplies (backends/shared/bound.py)
@@ -46,9 +54,10 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
                         max_bias, softcap, h0, n_head, has_mask):
     """q (S, H, T, Dk) float32; d (S, T, H, Dv); sk, hkv, nkv: K's sequences, heads, cells.
     The head sizes Dk and Dv are bound (DK, DV): loops of a known length unroll, which took a
-    decode step's kernel from 40 to 34 us (SmolLM2's 3 K/V heads of 64 over 256 cells)."""
+    decode step's kernel from 40 to 34 us (SmolLM2's 3 K/V heads of 64 over 256 cells). The
+    prange body uses the bound names themselves: numba passes a body the locals it reads as
+    arguments, and a length that arrives as an argument is unknown to LLVM."""
     ns, nh, nt = q.shape[0], q.shape[1], q.shape[2]
-    dk, dv = DK, DV
     rk2, rk3 = nh // hkv, ns // sk
     nr = rk2 * nt                               # the (head, query) rows of one K/V head
     runs = (nkv + CELLS - 1) // CELLS
@@ -72,7 +81,7 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
     mf2 = mf.reshape(m3 * m2 * nt, mf.shape[3])
     pm = np.empty((units, nr), np.float32)      # each unit's running max, sum, weighted sum
     ps = np.empty((units, nr), np.float32)
-    pa = np.empty((units, nr, dv), np.float32)
+    pa = np.empty((units, nr, DV), np.float32)
     for u in prange(units):
         s, g, c = u // (hkv * runs), (u // runs) % hkv, u % runs
         ks = s // rk3
@@ -102,15 +111,15 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
         nc = j1 - j0
         acc = pa[u]
         for r in range(nr):
-            for i in range(dv):
+            for i in range(DV):
                 acc[r, i] = 0.0
-        qs = np.empty((nr, dk), np.float32)
+        qs = np.empty(nr * DK, np.float32)   # row r's query at r * DK (f16_fma's offsets)
         slope = np.empty(nr, np.float32)
         for r in range(nr):
             h = g * rk2 + r // nt
             slope[r] = alibi_slope(h0 + h, n_head, max_bias)
-            for i in range(dk):
-                qs[r, i] = q[s, h, r % nt, i]
+            for i in range(DK):
+                qs[r * DK + i] = q[s, h, r % nt, i]
         sc = np.empty((nr, nc), np.float32)
         mr = np.empty((nr, nc), np.float32)   # each row's mask values over these cells
         live = np.empty(nc, np.bool_)
@@ -121,27 +130,32 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
             for j in range(nc):
                 mr[r, j] = slope[r] * row[j0 + j] if has_mask else np.float32(0.0)
                 live[j] = live[j] or mr[r, j] != -np.inf
-        kr = np.empty(dk, np.float32)
+        kr = np.empty(DK, np.float32)
         for j in range(nc):
             if not live[j]:
                 for r in range(nr):
                     sc[r, j] = -np.inf
                 continue
             o = ks * k3 + g * k2 + (j0 + j) * k1
-            for i in range(0, dk, 32):   # the row PFC cells ahead (a hint: never faults)
+            for i in range(0, DK, 32):   # the row PFC cells ahead (a hint: never faults)
                 prefetch(kf, o + PFC * k1 + i)
-            prefetch(kf, o + PFC * k1 + dk - 1)
-            src = kf[o:o + dk]   # a slice: indices that cannot wrap, so loads that vectorize
-            for i in range(dk):
+            prefetch(kf, o + PFC * k1 + DK - 1)
+            src = kf[o:o + DK]   # a slice: indices that cannot wrap, so loads that vectorize
+            for i in range(DK):
                 kr[i] = half_to_f32(src[i])
             for r in range(nr):
                 if mr[r, j] == -np.inf:   # hidden from this row (another sequence's cell)
                     sc[r, j] = -np.inf
                     continue
-                x = np.float32(0.0)
-                qr = qs[r]
-                for i in range(dk):
-                    x += kr[i] * qr[i]
+                # the dot in one fixed order (qvec.py), not a loop LLVM may sum in any
+                # (DK, not a local: a prange body's locals reach it as arguments, so only the
+                # bound name keeps these loops' lengths known and unrolled)
+                lanes = f16_zero()
+                for i in range(0, DK - DK % 16, 16):
+                    lanes = f16_fma(lanes, kr, i, qs, r * DK + i)
+                x = f16_fold(lanes)
+                for i in range(DK - DK % 16, DK):
+                    x += kr[i] * qs[r * DK + i]
                 x = x * scale
                 if softcap != 0.0:
                     x = softcap * math.tanh(x)
@@ -153,9 +167,20 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
         # batch it came in)
         tl = np.empty(SL, np.float32)
         for r in range(nr):
-            mx = np.float32(-np.inf)
-            for j in range(nc):
-                mx = max(mx, sc[r, j])
+            # the row's max in SL lanes too: a max is exact in any order, but without the
+            # fast-math flags LLVM only vectorizes a loop written lane by lane
+            for ll in range(SL):
+                tl[ll] = -np.inf
+            jb = 0
+            while jb + SL <= nc:
+                for ll in range(SL):
+                    tl[ll] = max(tl[ll], sc[r, jb + ll])
+                jb += SL
+            for ll in range(nc - jb):
+                tl[ll] = max(tl[ll], sc[r, jb + ll])
+            mx = tl[0]
+            for ll in range(1, SL):
+                mx = max(mx, tl[ll])
             pm[u, r] = mx
             for j in range(nc):
                 x = sc[r, j]
@@ -178,7 +203,7 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
         # V rows VB at a time: converted into a block, then each row's weighted sum over the
         # block in one pass over its accumulator (the block loop unrolls, so the sums stay in
         # registers), not one pass per cell
-        vb = np.empty((VB, dv), np.float32)
+        vb = np.empty((VB, DV), np.float32)
         wb = np.empty((nr, VB), np.float32)
         j = 0
         while j < nc:
@@ -186,12 +211,12 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
             while n < VB and j < nc:
                 if live[j]:
                     o = ks * v3 + g * v2 + (j0 + j) * v1
-                    for i in range(0, dv, 32):
+                    for i in range(0, DV, 32):
                         prefetch(vf, o + PFC * v1 + i)
-                    prefetch(vf, o + PFC * v1 + dv - 1)
-                    src = vf[o:o + dv]
+                    prefetch(vf, o + PFC * v1 + DV - 1)
+                    src = vf[o:o + DV]
                     vrow = vb[n]
-                    for i in range(dv):
+                    for i in range(DV):
                         vrow[i] = half_to_f32(src[i])
                     for r in range(nr):
                         wb[r, n] = sc[r, j]
@@ -202,7 +227,7 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
             # cells other rows of the batch see after its own (a token's logits are the same
             # evaluated alone or in a batch: speculative decoding's greedy output relies on it)
             for jj in range(n, VB):
-                for i in range(dv):
+                for i in range(DV):
                     vb[jj, i] = 0.0
                 for r in range(nr):
                     wb[r, jj] = 0.0
@@ -215,7 +240,7 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
                     seen = seen or wr[jj] != 0.0
                 if not seen:
                     continue
-                for i in range(dv):
+                for i in range(DV):
                     a = ar[i]
                     for jj in range(VB):
                         a += wr[jj] * vb[jj, i]
@@ -224,7 +249,7 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
             for r in range(nr):
                 inv = np.float32(1.0) / ps[u, r] if ps[u, r] > 0.0 else np.float32(0.0)
                 h, t = g * rk2 + r // nt, r % nt
-                for i in range(dv):
+                for i in range(DV):
                     d[s, t, h, i] = acc[r, i] * inv
     if runs == 1:
         return
@@ -235,16 +260,16 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
         for c in range(runs):
             if ps[base + c, r] > 0.0:
                 mx = max(mx, pm[base + c, r])
-        out = np.zeros(dv, np.float32)
+        out = np.zeros(DV, np.float32)
         tot = np.float32(0.0)
         if mx != -np.inf:
             for c in range(runs):
                 if ps[base + c, r] > 0.0:
                     f = expf(pm[base + c, r] - mx)
                     tot += f * ps[base + c, r]
-                    for i in range(dv):
+                    for i in range(DV):
                         out[i] += f * pa[base + c, r, i]
         inv = np.float32(1.0) / tot if tot > 0.0 else np.float32(0.0)
         h, t = g * rk2 + r // nt, r % nt
-        for i in range(dv):
+        for i in range(DV):
             d[s, t, h, i] = out[i] * inv

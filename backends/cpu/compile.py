@@ -42,6 +42,12 @@ FAST_FLAGS = {"reassoc", "contract", "nsz", "arcp"}
 SERIAL_NOGIL_FAST = Compiler(numba.njit, cache=True, nogil=True, fastmath=FAST_FLAGS)
 KERNEL_FAST = Compiler(numba.njit, cache=True, parallel=PARALLEL, fastmath=FAST_FLAGS)
 SERIAL_FAST = Compiler(numba.njit, cache=True, fastmath=FAST_FLAGS)
+# Multiply-adds may fuse, nothing may reassociate: a kernel whose result must not depend on how
+# LLVM optimized it (numba runs a parallel kernel's loop body optimized once where it compiled
+# it, twice where it loaded it from its cache: qvec.py's fixed-order dots say more)
+ORDERED_FLAGS = {"contract"}
+KERNEL_ORDERED = Compiler(numba.njit, cache=True, parallel=PARALLEL, fastmath=ORDERED_FLAGS)
+SERIAL_ORDERED = Compiler(numba.njit, cache=True, fastmath=ORDERED_FLAGS)
 INLINE_FAST = Compiler(numba.njit, inline="always", fastmath=FAST_FLAGS)
 PARALLEL_MIN_WORK = 1 << 16  # below this many element-operations threads cost more than they save
 # products (multiply-adds) below this run on one thread: waking the other threads and joining

@@ -32,10 +32,10 @@ from .blas import mul_mat_blas
 from . import templates as K
 
 from .compile import (EXPF as _EXPF, INLINE_FAST as _INLINE_FAST, KERNEL as _KERNEL,
-                      KERNEL_FAST as _KERNEL_FAST, PARALLEL_MIN_WORK, ROUND_HALF as _ROUND_HALF,
-                      SERIAL as _SERIAL, SERIAL_FAST as _SERIAL_FAST,
-                      TARGET, calls_in, compiled, compiled_nogil, index_checked,
-                      is_small, row_decoder)
+                      KERNEL_FAST as _KERNEL_FAST, KERNEL_ORDERED as _KERNEL_ORDERED,
+                      PARALLEL_MIN_WORK, ROUND_HALF as _ROUND_HALF, SERIAL as _SERIAL,
+                      SERIAL_FAST as _SERIAL_FAST, SERIAL_ORDERED as _SERIAL_ORDERED, TARGET,
+                      calls_in, compiled, compiled_nogil, index_checked, is_small, row_decoder)
 
 _compiled = compiled
 _small = is_small
@@ -119,6 +119,18 @@ def _flash_attn(node: Tensor, s: Session):
                    s.arr(node).reshape(node.shape), *args, mask is not None)
 
 
+def decode_attention_kernel(serial: bool, mask_type: T, dk: int, dv: int) -> Any:
+    """attn_decode.k_flash_attn_decode for K/V heads of dk and dv, on one thread or many. It
+    compiles without reassociation (compile.KERNEL_ORDERED) and sums in fixed lanes, so both
+    variants, freshly compiled or loaded from numba's cache, give the same bits: a token's
+    logits must not depend on which one a batch's size picks, nor on the first run."""
+    return TARGET.bind(attn_decode.k_flash_attn_decode,
+                       _SERIAL_ORDERED if serial else _KERNEL_ORDERED,
+                       f"m{mask_type}{'_serial' if serial else ''}_pf{qlanes.PF_LOCALITY}",
+                       dec_m=TARGET.codec(mask_type).dec, expf=_EXPF, CELLS=DECODE_CELLS,
+                       VB=DECODE_VB, PFC=DECODE_PREFETCH, SL=DECODE_SUM_LANES, DK=dk, DV=dv)
+
+
 def _flash_attn_rows(node: Tensor, s: Session, args: tuple):
     """The per-row kernel over an F16 cache (attn_decode.py: a decode step, or queries of
     several sequences that each see their own cells); None for other K/V types or layouts."""
@@ -127,13 +139,8 @@ def _flash_attn_rows(node: Tensor, s: Session, args: tuple):
     if not (k.type == v.type == T.F16 and (fk := _flat_rows(K_)) is not None and (
             fv := _flat_rows(V_)) is not None):
         return None
-    mt = mask.type if mask is not None else T.F32
-    kern = TARGET.bind(attn_decode.k_flash_attn_decode,
-                       _SERIAL_FAST if _small(node) else _KERNEL_FAST,
-                       f"m{mt}{'_serial' if _small(node) else ''}_pf{qlanes.PF_LOCALITY}",
-                       dec_m=TARGET.codec(mt).dec, expf=_EXPF, CELLS=DECODE_CELLS,
-                       VB=DECODE_VB, PFC=DECODE_PREFETCH, SL=DECODE_SUM_LANES, DK=q.ne[0],
-                       DV=v.ne[0])
+    kern = decode_attention_kernel(_small(node), mask.type if mask is not None else T.F32,
+                                   q.ne[0], v.ne[0])
     return partial(kern, s.arr(q), fk[0], *fk[1], fv[0], *fv[1], *K_.shape[:3],
                    s.arr(mask) if mask is not None else _DUMMY,
                    s.arr(node).reshape(node.shape), *args, mask is not None)

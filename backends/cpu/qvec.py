@@ -385,3 +385,55 @@ def f8_sum(typingctx, acc):
         return c
 
     return types.float32(acc), codegen
+
+
+# -- float dot products in a fixed order --------------------------------------------------------
+# A sum written as a loop is vectorized by LLVM only under the fast-math flag reassoc, and then
+# in whatever order its passes choose. numba optimizes a parallel kernel's loop body twice when
+# it caches the kernel (once on its own, again linked into the kernel's module) but runs the
+# once-optimized body in the process that compiled it, so under reassoc one kernel summed in
+# two orders: a decode step's attention differed by an ulp between a first run and a warm one,
+# enough to change a greedy token (tests/backends/cpu/test_fixed_order.py). These sum in one
+# order, fixed here: lane i of the accumulator takes elements i, i + 16, ... by fused
+# multiply-adds (each exactly rounded), then the lanes fold in halves.
+
+F32x16 = Vec(16, "f32")
+_VF16 = ir.VectorType(_F32, 16)
+
+
+@intrinsic
+def f16_zero(typingctx):
+    def codegen(context, builder, sig, args):
+        return vconst(_VF16, [0.0] * 16)
+
+    return F32x16(), codegen
+
+
+@intrinsic
+def f16_fma(typingctx, acc, x, xo, y, yo):
+    """acc + x[xo:xo+16] * y[yo:yo+16], lane by lane, each a fused multiply-add (x, y: 1-D
+    float32 arrays, offsets in elements)."""
+    def codegen(context, builder, sig, args):
+        acc, x, xo, y, yo = args
+        a = builder.load(ptr_at(context, builder, sig.args[1], x, xo, _VF16), align=4)
+        b = builder.load(ptr_at(context, builder, sig.args[3], y, yo, _VF16), align=4)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_VF16, [_VF16] * 3), "llvm.fma.v16f32")
+        return builder.call(fn, [a, b, acc])
+
+    return F32x16(acc, x, xo, y, yo), codegen
+
+
+@intrinsic
+def f16_fold(typingctx, acc):
+    """The 16 lanes' sum: lanes i and i + 8 added, then i and i + 4, i + 2, i + 1."""
+    def codegen(context, builder, sig, args):
+        v, n = args[0], 16
+        while n > 1:
+            n //= 2
+            lo = builder.shuffle_vector(v, v, vconst(ir.VectorType(_I32, n), range(n)))
+            hi = builder.shuffle_vector(v, v, vconst(ir.VectorType(_I32, n), range(n, 2 * n)))
+            v = builder.fadd(lo, hi)
+        return builder.extract_element(v, ir.Constant(_I32, 0))
+
+    return types.float32(acc), codegen
