@@ -76,11 +76,9 @@ def direct_calls() -> bool:
 
 
 def compile_ahead() -> bool:
-    """GGRAPH_COMPILE_AHEAD=1: a graph's missing CPU kernels compile partly in helper
-    processes (backends/cpu/compile_ahead.py). Off by default: with it on and an empty kernel
-    cache, a first run's numbers differed from a warm run's (issue 26's notes: the greedy
-    text of tests/tools/test_run_cli.py's draft-model test changed), a cause not yet found."""
-    return _flag("GGRAPH_COMPILE_AHEAD", False)
+    """GGRAPH_COMPILE_AHEAD=0: a graph's missing CPU kernels compile in this process only, not
+    partly in helper processes (backends/cpu/compile_ahead.py)."""
+    return _flag("GGRAPH_COMPILE_AHEAD", True)
 
 
 def fuse() -> bool:

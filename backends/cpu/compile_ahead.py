@@ -17,8 +17,13 @@ handed to a helper only when it is worth a process's start (~0.8 s of imports) a
 more than one kernel to compile; where numba's disk cache is off, a helper's work would not
 reach this process, so nothing is handed. Whether the disk cache holds a kernel is read from
 numba's own cache index (its internals: any surprise there reads as "unknown", and the kernel
-compiles here). Off unless GGRAPH_COMPILE_AHEAD=1 (ggraph/config.py): with it on and an empty
-kernel cache, a first run's results differed from a warm run's, for a reason not yet found.
+compiles here). GGRAPH_COMPILE_AHEAD=0 turns it off.
+
+A kernel loaded from the cache must compute what the same kernel compiled here computes: numba
+runs a parallel kernel's body optimized once where it compiled it and twice where it loaded it,
+so a sum LLVM may reassociate differed between the two (the decode attention, until it summed
+in a fixed order: tests/backends/cpu/test_fixed_order.py), and with kernels from both origins
+a first run's greedy text differed from a warm run's.
 """
 from __future__ import annotations
 
