@@ -19,12 +19,12 @@ them.
 take runs of row groups, so each streams its own contiguous part of the weight once, dotting
 each group with the columns 4 at a time while it is in L1/L2 (cache blocks and runs of blocks:
 see the kernel). A single column (a decode step) loops over its groups in the kernel itself,
-without the helpers, and asks for each next tile's activation bytes ahead. The helpers
-`_half_row`, `_f32_row`, `_i16_row`, `_sum_i8`, `_f16_round` are the shared codec helpers the
-CPU target binds (backends/jit.py); `tile` (a type's tile function for C columns), `dots1`,
-`dots2`, `dots4` (`column_dots` bound to them), `aux`, `quantize_column`, `group_dot`
-(`row_group_dot` bound to the dots), R, C, PF, STEAL, TILE and the cache sizes are bound per
-type.
+without the helpers, and where a group's tiles outgrow L1 asks for each next tile's activation
+bytes ahead. The helpers `_half_row`, `_f32_row`, `_i16_row`, `_sum_i8`, `_f16_round` are the
+shared codec helpers the CPU target binds (backends/jit.py); `tile` (a type's tile function for
+C columns), `dots1`, `dots2`, `dots4` (`column_dots` bound to them), `aux`, `quantize_column`,
+`group_dot` (`row_group_dot` bound to the dots), R, C, PF, STEAL, TILE and the cache sizes are
+bound per type.
 """
 from __future__ import annotations
 
@@ -311,15 +311,13 @@ def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, kk, nb, ms):
         # a Q4_K 8960 x 1536 product with its weights in cache took 147 us, now 123)
         one = ce - c0 == 1
         # Its activation blocks are read once a group, and between two reads of a block a
-        # long row's weights (a whole group of tiles) stream through L1 and push it out; each
-        # tile asks for the next one's activation bytes (astep) ahead: cold, Q4_K 1536 x
-        # 8960 (35 tiles a group) read 24-25 GB/s without, 26-27 with, where 8960 x 1536
-        # (6) reads 28-29 either way (Zen 4, one thread)
-        astep = q2.shape[1] // nb
-        # only where a group's tiles outgrow the L1 budget (W_BYTES): with fewer, the block is
-        # still in L1 at the next group, and the hint costs ~12% (8960 x 1536 in cache: 123 us
-        # without, 139 with)
-        pfa = astep if nb * TILE > W_BYTES else 0
+        # long row's weights (a whole group of tiles) stream through L1 and push it out. Where
+        # a group's tiles outgrow the L1 budget (W_BYTES), each tile asks for the next one's
+        # activation bytes (pfa a block) ahead: cold, Q4_K 1536 x 8960 (35 tiles a group)
+        # read 24-25 GB/s without, 26-27 with (Zen 4, one thread). A shorter group finds the
+        # block still in L1, and there the hint only costs: 8960 x 1536 (6 tiles) in cache
+        # 127 us without, 139 with; cold 28.2-28.6 GB/s without, 26.2-26.7 with
+        pfa = q2.shape[1] // nb if nb * TILE > W_BYTES else 0
         i3, i2, i1 = c0 // (n2 * nn), (c0 // nn) % n2, c0 % nn
         for wk in prange(workers):
             part = np.empty((ce - c0, R), np.float32)
