@@ -326,8 +326,15 @@ def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, kk, nb, ms):
             for v in range(workers if STEAL else 1):
                 owner = (wk + v) % workers
                 lo, hi = owner * n_runs // workers, (owner + 1) * n_runs // workers
+                claimed = lo
                 while True:
-                    run = lo + fetch_add(taken, 8 * owner, 1)
+                    # alone, a thread takes its runs in turn: a locked add waits for every
+                    # load in flight (the weights streaming) before the next can issue
+                    if workers == 1:
+                        run = claimed
+                        claimed += 1
+                    else:
+                        run = lo + fetch_add(taken, 8 * owner, 1)
                     if run >= hi:
                         break
                     g, g_end = run * per, min(starts[-1], (run + 1) * per)
@@ -346,8 +353,8 @@ def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, kk, nb, ms):
                                     acc = tile1(acc, w, at, qc, bc, ic, fc, blk)
                                 fstore(part, 0, 0, acc if k0 == 0 else
                                        fadd(fload(part, 0, R, 1), acc))
-                            rows = min(R, ms[p] - gg * R)
-                            d[i3, i2, i1, gg * R:gg * R + rows] = part[0, :rows]
+                            for r in range(min(R, ms[p] - gg * R)):   # no views: no NRT calls
+                                d[i3, i2, i1, gg * R + r] = part[0, r]
                         g = g1
                     for g in range(g, g_end):
                         group_dot(ws, starts, q2, yb, yi, yf, ds, nb, ms, part, g, c0, c1, ce,
