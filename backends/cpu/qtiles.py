@@ -51,6 +51,11 @@ from ..shared.bound import bound
 # thread count evenly and to leave a thread held back by the host little to finish, coarse
 # enough that each run's counter step is spread over many groups
 RUNS = 256
+# and the weight bytes a run takes at least, where each thread still gets 4 runs: a run costs
+# ~50 ns to start (its counter's locked add, which waits for the loads in flight, and finding
+# its weight), one per 1-2 groups of a long row before; serial Q4_K 4736 x 3584 in L3 on Zen 4
+# 152.5 -> 149.7 us, against 143.7 for one plain loop over the groups
+RUN_BYTES = 1 << 18
 
 # IQ4_NL's 16 values + 128: unsigned bytes for vpdpbusd (128 * sum(quants) is taken off)
 IQ4_U8 = (np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
@@ -290,16 +295,19 @@ def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, kk, nb, ms):
         c1 = min(cols, c0 + chunk)
         ce = c1 + pad if c1 == cols else c1   # the columns computed, the repeated one too
         full = c0 + (ce - c0) // 4 * 4
-        # the groups cut into at most RUNS runs; a thread's partial sums are allocated once,
+        # the groups cut into at most RUNS runs (of RUN_BYTES or more where there are enough
+        # for 4 a thread); a thread's partial sums are allocated once,
         # not once a group (numba does not hoist the allocation: ~50k of them in a 1.5B decode
         # step at 2 threads, ~1 ms of its ~54). Each thread owns an equal share of the runs
         # and takes them front to back (one contiguous stream); where STEAL, one that has
         # finished its share goes on to take the next runs of the others' shares, so a
         # thread the host holds back keeps the product waiting for its current run, not for
         # the rest of its share (counters 64 bytes apart: no line shared between them)
-        per = max(1, -(-starts[-1] // RUNS))
+        threads = thread_count()
+        per = max(1, -(-starts[-1] // RUNS),
+                  min(-(-RUN_BYTES // (nb * TILE)), starts[-1] // (4 * threads)))  # noqa
         n_runs = -(-starts[-1] // per)
-        workers = max(1, min(n_runs, thread_count()))
+        workers = max(1, min(n_runs, threads))
         # zeroed by a plain loop: under parallel=True np.zeros is a parallel loop of its own,
         # one more fork and join (~1 us) a call
         taken = np.empty(8 * workers, np.int64)
@@ -344,15 +352,18 @@ def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, kk, nb, ms):
                             p += 1
                         w, d, g1 = ws[p], ds[p], min(g_end, starts[p + 1])
                         for gg in range(g - starts[p], g1 - starts[p]):
-                            for k0 in range(0, nb, kc):
-                                acc = fzero(R, 1)
-                                for blk in range(k0, min(nb, k0 + kc)):
-                                    for o in range(pfa * (blk + 1), pfa * (blk + 2), 64):
-                                        prefetch_l1(qrow, o)
-                                    at = (gg * nb + blk) * TILE  # noqa: TILE is bound
-                                    acc = tile1(acc, w, at, qc, bc, ic, fc, blk)
-                                fstore(part, 0, 0, acc if k0 == 0 else
-                                       fadd(fload(part, 0, R, 1), acc))
+                            # runs of KC blocks summed apart, joined in turn: row_group_dot's
+                            # sums, kept in registers (no store and load a run)
+                            acc, tot, at = fzero(R, 1), fzero(R, 1), gg * nb * TILE  # noqa
+                            for blk in range(nb):
+                                if blk % KC == 0 and blk > 0:   # noqa: KC is bound
+                                    tot = acc if blk == KC else fadd(tot, acc)
+                                    acc = fzero(R, 1)
+                                for o in range(pfa * (blk + 1), pfa * (blk + 2), 64):
+                                    prefetch_l1(qrow, o)
+                                acc = tile1(acc, w, at, qc, bc, ic, fc, blk)
+                                at += TILE  # noqa: TILE is bound
+                            fstore(part, 0, 0, fadd(tot, acc) if nb > KC else acc)  # noqa
                             for r in range(min(R, ms[p] - gg * R)):   # no views: no NRT calls
                                 d[i3, i2, i1, gg * R + r] = part[0, r]
                         g = g1
