@@ -352,18 +352,18 @@ def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, kk, nb, ms):
                             p += 1
                         w, d, g1 = ws[p], ds[p], min(g_end, starts[p + 1])
                         for gg in range(g - starts[p], g1 - starts[p]):
-                            # runs of KC blocks summed apart, joined in turn: row_group_dot's
+                            # runs of kc blocks summed apart, joined in turn: row_group_dot's
                             # sums, kept in registers (no store and load a run)
-                            acc, tot, at = fzero(R, 1), fzero(R, 1), gg * nb * TILE  # noqa
+                            acc, tot, at, nxt = fzero(R, 1), fzero(R, 1), gg * nb * TILE, kc
                             for blk in range(nb):
-                                if blk % KC == 0 and blk > 0:   # noqa: KC is bound
-                                    tot = acc if blk == KC else fadd(tot, acc)
-                                    acc = fzero(R, 1)
+                                if blk == nxt:
+                                    tot = acc if blk == kc else fadd(tot, acc)
+                                    acc, nxt = fzero(R, 1), nxt + kc
                                 for o in range(pfa * (blk + 1), pfa * (blk + 2), 64):
                                     prefetch_l1(qrow, o)
                                 acc = tile1(acc, w, at, qc, bc, ic, fc, blk)
                                 at += TILE  # noqa: TILE is bound
-                            fstore(part, 0, 0, fadd(tot, acc) if nb > KC else acc)  # noqa
+                            fstore(part, 0, 0, fadd(tot, acc) if nb > kc else acc)
                             for r in range(min(R, ms[p] - gg * R)):   # no views: no NRT calls
                                 d[i3, i2, i1, gg * R + r] = part[0, r]
                         g = g1

@@ -103,6 +103,19 @@ def test_a_column_gets_the_same_sums_whichever_tile_takes_it(t):
             assert np.array_equal(got[:, :, j], alone[j][:, :, 0]), f"{nn} columns, column {j}"
 
 
+@pytest.mark.parametrize("t", PACKED, ids=str)
+def test_a_lone_last_column_sums_as_its_batch_does(t):
+    """With small cache blocks a batch is cut into chunks of 4 columns and each row into runs
+    of 3 blocks; a 5th column, alone in the last chunk, takes the one-column loop, which must
+    sum in the batch's runs, not a decode step's: its result is column 0's, whose copy it is."""
+    k = 2048
+    A = _weights(t, qlanes.R + 5, k, seed=13)
+    xb = np.random.default_rng(6).standard_normal((1, 1, 5, k)).astype(np.float32)
+    xb[:, :, 4] = xb[:, :, 0]
+    got = _products(t, A, xb, qlanes.R, l1=3 * qpack.PACKS[t].tile(qlanes.R), l2=1)[0]
+    assert np.array_equal(got[:, :, 4], got[:, :, 0])
+
+
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K], ids=str)
 def test_the_other_width(t):
     r = 8 if qlanes.R == 16 else 16
