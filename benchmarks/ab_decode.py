@@ -19,7 +19,7 @@ the code as it is, so keep -n below the first step):
 - hugepages: the packed weights in plain numpy arrays, not on the 2 MiB-page arena
   (backends/cpu/hugepages.py; GGRAPH_HUGEPAGES=0 while its engine's backend is made);
 - weight-prefetch: the packed products ask for no weight line ahead (kernels.PREFETCH set to
-  0), against the host's choice (qlanes.prefetch_choice) or, with --prefetch LOCALITY:BYTES,
+  0), against the host's choice (qmem.prefetch_choice) or, with --prefetch LOCALITY:BYTES,
   against that one (e.g. 0:8192, prefetchnta 8 KiB ahead, where the host's choice is none):
 
     python benchmarks/ab_decode.py --without weight-prefetch --prefetch 0:8192 -t 1
@@ -44,13 +44,13 @@ from benchlib import model_option, out_option, threads_option, write_results
 def set_change(what: str, on: bool, prefetch: tuple[int, int] | None = None) -> None:
     """Turn one change on or off through the switch its module exposes (`prefetch`: the
     weight-prefetch side's (locality, distance), the host's where None)."""
-    from ggraph.backends.cpu import compile as cpu_compile, fusion, kernels, qact, qlanes
+    from ggraph.backends.cpu import compile as cpu_compile, fusion, kernels, qact, qmem
     from ggraph.ir.types import GGMLType
     if what == "work-stealing":
         kernels.PACKED_STEAL = on
     elif what == "weight-prefetch":
         locality, distance = prefetch or HOST_PREFETCH
-        qlanes.PF_LOCALITY = locality if on else HOST_PREFETCH[0]
+        qmem.PF_LOCALITY = locality if on else HOST_PREFETCH[0]
         kernels.PREFETCH = distance if on else 0
     elif what == "direct-calls":
         cpu_compile.DIRECT = on
@@ -67,8 +67,8 @@ def set_change(what: str, on: bool, prefetch: tuple[int, int] | None = None) -> 
 
 
 def _host_prefetch() -> tuple[int, int]:
-    from ggraph.backends.cpu import qlanes
-    return qlanes.PF_LOCALITY, qlanes.PF_DISTANCE
+    from ggraph.backends.cpu import qmem
+    return qmem.PF_LOCALITY, qmem.PF_DISTANCE
 
 
 HOST_PREFETCH = _host_prefetch()
@@ -98,7 +98,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=200, help="decode tokens each engine times")
     args = ap.parse_args()
     if args.without == "weight-prefetch" and (args.prefetch or HOST_PREFETCH)[1] == 0:
-        ap.error("this host's choice is no weight prefetch (qlanes.prefetch_choice): give the "
+        ap.error("this host's choice is no weight prefetch (qmem.prefetch_choice): give the "
                  "other side one with --prefetch LOCALITY:BYTES")
 
     from ggraph.graphs.runtime.engine import Engine, EngineConfig

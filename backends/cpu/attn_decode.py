@@ -41,7 +41,7 @@ import math
 import numpy as np
 from numba import prange
 
-from .qlanes import prefetch
+from .qmem import prefetch
 from .qvec import f16_fma, f16_fold, f16_zero
 from ..shared.bound import bound
 

@@ -126,7 +126,7 @@ def decode_attention_kernel(serial: bool, mask_type: T, dk: int, dv: int) -> Any
     logits must not depend on which one a batch's size picks, nor on the first run."""
     return TARGET.bind(attn_decode.k_flash_attn_decode,
                        _SERIAL_ORDERED if serial else _KERNEL_ORDERED,
-                       f"m{mask_type}{'_serial' if serial else ''}_pf{qlanes.PF_LOCALITY}",
+                       f"m{mask_type}{'_serial' if serial else ''}_pf{qmem.PF_LOCALITY}",
                        dec_m=TARGET.codec(mask_type).dec, expf=_EXPF, CELLS=DECODE_CELLS,
                        VB=DECODE_VB, PFC=DECODE_PREFETCH, SL=DECODE_SUM_LANES, DK=dk, DV=dv)
 
@@ -189,7 +189,7 @@ VEC_DOT_TYPE = {t: r.vec_dot_type for t, r in TYPE_RECORDS.items()
 # sums (qsimd.py) in place of the shared loops; this runs before any codec is compiled.
 # At decode (a few columns) the types of qrows.ROW_DOTS take whole-row dots with vector
 # accumulators instead (qrows.py, qvec.py): the same integer sums, at memory bandwidth.
-from . import qact, qgemm, qlanes, qpack, qrows, qsimd, qtiles  # noqa: E402  (kept with the section that uses them)
+from . import qact, qgemm, qlanes, qmem, qpack, qrows, qsimd, qtiles  # noqa: E402  (kept with the section that uses them)
 from .qpack import PACKS  # noqa: E402
 from .qtiles import TILES  # noqa: E402
 from .qgemm import GEMMS  # noqa: E402
@@ -256,9 +256,9 @@ def _row_dot_kernel(serial: bool, a: T, b: T):
 
 
 # the packed products ask for each weight line this many bytes before they read it, or for
-# none (0), as measured per CPU (qlanes.prefetch_choice): where a prefetch helps, 8-16 KiB
+# none (0), as measured per CPU (qmem.prefetch_choice): where a prefetch helps, 8-16 KiB
 # ahead; closer, the line is not in yet, further, it leaves L1 before its turn
-PREFETCH = qlanes.PF_DISTANCE
+PREFETCH = qmem.PF_DISTANCE
 
 # a packed product's threads take the runs of the others' shares once theirs are done
 # (qtiles.k_mul_mat_packed), so a thread the host holds back delays one run, not its share
@@ -324,7 +324,7 @@ def packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_
     r rows, for one column, 2 and 4 at a time, with its activation sums and the codecs that
     quantize b's columns to a's vec_dot_type; l1 and l2 size its cache blocks."""
     tile = TILES[a]
-    tag = (f"R{r}_{qlanes.flavor()}_pf{PREFETCH}_{qlanes.PF_LOCALITY}"
+    tag = (f"R{r}_{qlanes.flavor()}_pf{PREFETCH}_{qmem.PF_LOCALITY}"
            f"{'' if PACKED_STEAL else '_nosteal'}")
     dots = {}
     ahead = TARGET.bind(qtiles.ahead, _INLINE_FAST, tag, PF=PREFETCH)
@@ -406,7 +406,7 @@ def _mul_mat(node: Tensor, s: Session):
         af, (o3, o2, o1) = flat
         k = TARGET.bind(K.k_mul_mat_half, _SERIAL_FAST if _small(node) else _KERNEL_FAST,
                         "serial" if _small(node) else "",
-                        round_half=_ROUND_HALF, prefetch=qlanes.prefetch, HALF_PF=HALF_PF)
+                        round_half=_ROUND_HALF, prefetch=qmem.prefetch, HALF_PF=HALF_PF)
         return partial(k, af, o3, o2, o1, A.shape[0], A.shape[1], A.shape[2], s.arr(b), D,
                        ROUND_ACTIVATIONS)
     if (packed := packed_weight(a, b, s)) is not None:

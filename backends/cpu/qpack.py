@@ -32,7 +32,8 @@ from numba import njit, prange
 
 from ggraph.ir.types import TYPE_RECORDS
 from ggraph.ir.types import GGMLType
-from .qlanes import AVX2, AVX512, R, VNNI256, VNNI512, load_u32
+from .qlanes import AVX2, AVX512, R, VNNI256, VNNI512
+from .qmem import load_u32
 
 T = GGMLType
 

@@ -35,9 +35,9 @@ import numpy as np
 from numba import njit, prange
 
 from ggraph.ir.types import GGMLType
-from .qlanes import (R, bit5, cf16, cf32, dpb, dpw, fadd, fetch_add, ffma, ffms, fload, fmas,
-                     fstore, fzero, hi2, hi4, ladd, ldh, ldq, lmul, lo4, lsubm, lut16, lzero,
-                     prefetch, prefetch_l1, thread_count)
+from .qlanes import (R, bit5, cf16, cf32, dpb, dpw, fadd, ffma, ffms, fload, fmas, fstore, fzero,
+                     hi2, hi4, ladd, ldh, ldq, lmul, lo4, lsubm, lut16, lzero)
+from .qmem import fetch_add, prefetch, prefetch_l1, thread_count
 from ..shared.bound import bound
 
 # names each binding supplies (backends/shared/bound.py)
@@ -64,7 +64,7 @@ IQ4_U8 = (np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53,
 
 def ahead(w, at):
     """Ask for the weight line PF bytes past byte `at`; where PF is 0 nothing is asked and
-    the host's hardware prefetcher streams the weights alone (qlanes.PF_DISTANCE)."""
+    the host's hardware prefetcher streams the weights alone (qmem.PF_DISTANCE)."""
     if PF > 0:
         prefetch(w, at + PF)
 

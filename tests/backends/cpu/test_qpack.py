@@ -13,7 +13,7 @@ from ggraph.codecs import quants
 from ggraph.ir.types import TYPE_RECORDS
 from ggraph.ir.types import GGMLType as T
 from ggraph.backends.cpu import kernels as KK
-from ggraph.backends.cpu import qlanes, qpack
+from ggraph.backends.cpu import qlanes, qmem, qpack
 
 PACKED = sorted(qpack.PACKS, key=int)
 
@@ -128,7 +128,7 @@ def test_the_other_width(t):
 
 def test_the_weight_prefetch_is_only_a_hint(monkeypatch):
     """With the weight lines asked for 8 KiB ahead and with none asked for (the two choices
-    qlanes.prefetch_choice makes per CPU), a product is the same, bit for bit."""
+    qmem.prefetch_choice makes per CPU), a product is the same, bit for bit."""
     A = _weights(T.Q4_K, qlanes.R + 3, 512, seed=9)
     xb = np.random.default_rng(8).standard_normal((1, 1, 3, 512)).astype(np.float32)
     got = {}
@@ -168,8 +168,8 @@ def test_threads_that_take_each_others_runs_compute_the_same(monkeypatch):
     ("AuthenticAMD", 25, (0, 0)), ("", 0, (0, 0))])
 def test_the_prefetch_choice_per_cpu(vendor, family, choice):
     """Intel: into L1 16 KiB ahead; Zen 5: non-temporal 8 KiB ahead; Zen 4 and CPUs not
-    measured: no weight prefetch (the hardware's alone), as qlanes.prefetch_choice measured."""
-    assert qlanes.prefetch_choice(vendor, family) == choice
+    measured: no weight prefetch (the hardware's alone), as qmem.prefetch_choice measured."""
+    assert qmem.prefetch_choice(vendor, family) == choice
 
 
 @pytest.mark.parametrize("flags", [
