@@ -25,10 +25,13 @@ prefix got. llama-cpp-python is measured the same way.
 
 bw% (generation tests): the weights a token reads (every tensor but the token embeddings,
 unless the output layer reads them too) times tokens/s, over the machine's read bandwidth at
-the test's thread count, measured just before and just after that test (a numba reduction
-over 1 GiB, the median of 3 reads each time; the higher of the two is the denominator, as a
-neighbour's load on a shared host only lowers it; --no-bandwidth skips it): how close
-decoding is to the memory's speed at the time it ran.
+the test's thread count, measured beside every sample: before the first and after each
+engine's turn (a numba reduction over 1 GiB, the median of 3 reads each time); a sample's
+denominator is the higher of the reads on either side of it, as a neighbour's load on a
+shared host only lowers it, and bw% is the median of the samples' shares (--no-bandwidth
+skips it): how close decoding is to the memory's speed at the time it ran. A shared host's
+bandwidth moves within seconds (this project's 2-CPU EPYC: 2-thread reads at 31-37 GB/s with
+spells of 50-60 lasting ~10 s), so a read minutes from a sample can belong to another spell.
 
 -ngl N puts the last N layers on the offload devices of -dev/--devices (ggraph's list: cuda,
 cuda,cuda, cuda:1, or cpu for a second CPU backend standing in for a device), the output
@@ -340,7 +343,8 @@ class Printer:
                 bw = ", ".join(f"{n} threads {_span(g)} GB/s"
                                for n, g in sorted(self.bandwidth.items()) if g)
                 print(f"bw%: a generation test's weights read per second over the machine's "
-                      f"read bandwidth, measured beside each test ({bw})", file=self.out)
+                      f"read bandwidth measured beside each sample, the median of the "
+                      f"samples' shares ({bw})", file=self.out)
         elif self.fmt == "json":
             json.dump(self.records, self.out, indent=1)
             print(file=self.out)
@@ -352,17 +356,15 @@ def _span(values: Sequence[float]) -> str:
     return lo if lo == hi else f"{lo}-{hi}"
 
 
-def beside_bandwidth(measure: bool, n_threads: int, test: Callable[[], Any]
-                     ) -> tuple[Any, float]:
-    """(test(), the machine's read bandwidth at n_threads just before and after it: the
-    higher median of 3 reads; 0.0 when not `measure`)."""
-    if not measure:
-        return test(), 0.0
+def bandwidth_reader(n_threads: int, into: list[float]) -> Callable[[], float]:
+    """The read beside each sample (run_test's `read`): the machine's read bandwidth at
+    n_threads, the median of 3 reads, each figure also kept in `into`."""
     from ggraph.backends.cpu.membw import read_bandwidth
 
-    before = read_bandwidth(n_threads, 3)
-    out = test()
-    return out, max(before, read_bandwidth(n_threads, 3))
+    def read() -> float:
+        into.append(read_bandwidth(n_threads, 3))
+        return into[-1]
+    return read
 
 
 def run(args: argparse.Namespace) -> int:
@@ -404,14 +406,11 @@ def run(args: argparse.Namespace) -> int:
         if args.progress:
             say(f"{infos[t.model].model_type} {t.name} t={t.n_threads} fa={int(t.flash_attn)}"
                 + (f" ngl={t.n_gpu_layers}" if s.devices else ""))
-        rs, read = beside_bandwidth(
-            s.bandwidth and t.n_gen > 0 and not t.n_prompt, t.n_threads,
-            lambda: run_test(t, reps=args.repetitions, peers=peers, warmup=not args.no_warmup,
-                             model=infos[t.model], progress=say if args.progress else None))
-        if read:
-            bandwidth[t.n_threads].append(read)
-            for r in rs:
-                r.read_gbs = read
+        measure = s.bandwidth and t.n_gen > 0 and not t.n_prompt
+        rs = run_test(t, reps=args.repetitions, peers=peers, warmup=not args.no_warmup,
+                      model=infos[t.model], progress=say if args.progress else None,
+                      read=bandwidth_reader(t.n_threads, bandwidth[t.n_threads])
+                      if measure else None)
         each(lambda pr: pr.test(rs))
     end = load_average()
     each(lambda pr: pr.footer(end))

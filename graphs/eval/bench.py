@@ -36,6 +36,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
@@ -243,12 +244,22 @@ class BenchResult:
     test_time: str = ""          # when the test started (ISO 8601, UTC)
     load_avg: tuple[float, float, float] = (0.0, 0.0, 0.0)   # when it ended
     read_gbs: float = 0.0        # the machine's read bandwidth at the test's threads (0: none)
+    # per sample, the read bandwidth beside it (the higher of the reads just before and just
+    # after its run: run_test's `read`); read_gbs is then their median
+    sample_reads_gbs: list[float] = field(default_factory=list)
 
     @property
     def bw_share(self) -> float | None:
         """A generation test's weights read per second over the read bandwidth (None for
-        tests with a prompt, or without a bandwidth)."""
-        if self.test.n_prompt or not self.read_gbs or not self.samples_ns:
+        tests with a prompt, or without a bandwidth): with a read beside every sample, the
+        median of the samples' own shares, else the mean speed over read_gbs."""
+        if self.test.n_prompt or not self.samples_ns:
+            return None
+        reads = self.sample_reads_gbs
+        if reads and len(reads) == len(self.samples_ns) and all(reads):
+            return median(self.model.token_bytes * ts / (g * 1e9)
+                          for ts, g in zip(self.samples_ts, reads))
+        if not self.read_gbs:
             return None
         return self.model.token_bytes * self.avg_ts / (self.read_gbs * 1e9)
 
@@ -288,7 +299,9 @@ class BenchResult:
                     stddev_ns=round(self.stddev_ns), avg_ts=self.avg_ts,
                     stddev_ts=self.stddev_ts, samples_ns=list(self.samples_ns),
                     samples_ts=self.samples_ts, weights_per_token=self.model.token_bytes,
-                    read_gbs=self.read_gbs or None, bw_share=self.bw_share)
+                    read_gbs=self.read_gbs or None,
+                    sample_reads_gbs=list(self.sample_reads_gbs) or None,
+                    bw_share=self.bw_share)
 
 
 class Bencher(Protocol):
@@ -472,10 +485,15 @@ class Depth:
 
 def run_test(test: BenchTest, reps: int = 5, peers: Sequence[str] = (), warmup: bool = True,
              seed: int = 0, model: ModelInfo | None = None,
-             progress: Callable[[str], None] | None = None) -> list[BenchResult]:
+             progress: Callable[[str], None] | None = None,
+             read: Callable[[], float] | None = None) -> list[BenchResult]:
     """Measure `test` on ggraph and on each peer: the depth prefix and a warmup run each,
     then `reps` samples, the engines taking turns within each repetition. Results in engine
-    order (ggraph first). `progress` gets a line now and then while a depth prefix runs."""
+    order (ggraph first). `progress` gets a line now and then while a depth prefix runs.
+    `read` (the machine's read bandwidth, GB/s) runs before the first sample and after every
+    sample; each sample keeps the higher of the reads on either side of it
+    (BenchResult.sample_reads_gbs): a shared host's bandwidth moves within seconds, so a
+    figure taken minutes from a sample may belong to another state of the machine."""
     if reps < 1:
         raise ValueError(f"repetitions must be >= 1, got {reps}")
     unknown = [p for p in peers if p not in PEERS]
@@ -504,12 +522,20 @@ def run_test(test: BenchTest, reps: int = 5, peers: Sequence[str] = (), warmup: 
         results = [BenchResult(test=test, engine=b.engine, version=b.version, model=model,
                                backend=b.backend, devices=b.devices, test_time=started)
                    for b in benchers]
+        last = read() if read else 0.0
         for r in range(reps):
             prompt = bench_tokens(rng, test.n_prompt, n_vocab, bos)
             gen = bench_tokens(rng, test.n_gen, n_vocab, None if test.n_prompt else bos)
             order = range(len(benchers)) if r % 2 == 0 else reversed(range(len(benchers)))
             for i in order:
                 results[i].samples_ns.append(run_once(benchers[i], test, prompt, gen, start))
+                if read:
+                    now = read()
+                    results[i].sample_reads_gbs.append(max(last, now))
+                    last = now
+        for res in results:
+            if res.sample_reads_gbs:
+                res.read_gbs = median(res.sample_reads_gbs)
         for res in results:
             res.load_avg = load_average()
         return results

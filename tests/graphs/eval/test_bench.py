@@ -315,7 +315,7 @@ def test_no_bandwidth_footer_without_a_reading(capsys, tiny):
 
 def test_bandwidth_share_of_generation(capsys, tiny, monkeypatch):
     """bw%: the weights a token reads times tokens/s over the read bandwidth measured just
-    before and just after that test (here stand-in figures: the higher one is taken), for
+    before and just after the sample (here stand-in figures: the higher one is taken), for
     generation tests only; prompt tests read none."""
     from ggraph.backends.cpu import membw
 
@@ -340,3 +340,29 @@ def test_bandwidth_share_of_generation(capsys, tiny, monkeypatch):
             assert r["read_gbs"] == 10.0 * r["n_threads"] + 2.0
             assert r["bw_share"] == pytest.approx(
                 r["weights_per_token"] * r["avg_ts"] / (r["read_gbs"] * 1e9))
+
+
+def test_each_sample_is_set_beside_its_own_reads(capsys, tiny, monkeypatch):
+    """With several repetitions the bandwidth is read before the first sample and after each
+    one; a sample's share is over the higher of the two reads beside it, bw% is the median
+    of the samples' shares, and read_gbs the median of the samples' reads (a shared host's
+    bandwidth moves between spells within seconds)."""
+    from ggraph.backends.cpu import membw
+
+    figures = iter([30.0, 60.0, 20.0, 25.0, 40.0])   # before sample 1, after 1, 2, 3, 4
+    reads: list[int] = []
+
+    def fake(n: int, runs: int = 5) -> float:
+        reads.append(n)
+        return next(figures)
+
+    monkeypatch.setattr(membw, "read_bandwidth", fake)
+    rc, out, _ = cli(capsys, "-m", tiny, "-p", "0", "-n", "3", "-r", "4", "-t", "1",
+                     "--bandwidth", "-o", "json")
+    assert rc == 0 and reads == [1] * 5
+    (r,) = json.loads(out)
+    assert r["sample_reads_gbs"] == [60.0, 60.0, 25.0, 40.0]
+    assert r["read_gbs"] == 50.0
+    shares = sorted(r["weights_per_token"] * ts / (g * 1e9)
+                    for ts, g in zip(r["samples_ts"], r["sample_reads_gbs"]))
+    assert r["bw_share"] == pytest.approx((shares[1] + shares[2]) / 2)
