@@ -10,7 +10,8 @@ the host has AVX-512 (BW, VL: 512-bit vectors), else 8 (256-bit, AVX2 or portabl
 intrinsics that make a vector take the lane count as a literal (`r`), the others take it from
 their vector arguments, so one layout width can be compiled and tested on any host.
 
-- quants: `ldq` (4r bytes), `lo4`/`hi4` (nibbles), `bit5` (a fifth bit from a bit mask:
+- quants: `ldq` (4r bytes), `lo4`/`hi4` (nibbles; `hi4x` + `lnib`: high nibbles dotted where
+  they lie, as 16 times their value, where the dot allows: `hi_in_place`), `bit5` (a fifth bit from a bit mask:
   Q5_0/Q5_1/Q5_K), `hi2` (2 high bits from a 2-bit plane: Q6_K), `lut16` (a 16-entry table
   lookup of nibbles: IQ4_XS);
 - integer products: `dpb` (acc + 4-byte dot with a broadcast activation dword, vpdpbusd with
@@ -260,6 +261,44 @@ def hi4(typingctx, v):
         return builder.lshr(args[0], _bytes_splat(4, n))
 
     return v(v), codegen
+
+
+def hi_in_place(r: int) -> bool:
+    """Whether `dpb` over r-row lanes sums bytes up to 240 times int8 quants exactly (vpdpbusd's
+    i32 sums, or the portable IR's), so a high nibble can be dotted where it lies, as 16
+    times its value: one vpand instead of a byte shift (no x86 byte shift: vgf2p8affineqb with
+    GFNI, vpsrlw + vpand without), on the same ports as vpdpbusd. Not vpmaddubsw's i16 pairs,
+    which saturate above 2 * 127 * 127. Read when a kernel compiles, as the flags are."""
+    return (VNNI512 if r == 16 else VNNI256) or not (AVX512 if r == 16 else AVX2)
+
+
+@intrinsic
+def hi4x(typingctx, v):
+    """v's high nibbles for `dpb`: in place (v & 0xF0, 16 times their value) where
+    `hi_in_place`, else shifted down (hi4); `lnib` takes the sums of their products back to
+    the nibbles' scale."""
+    n = _rows(v)
+
+    def codegen(context, builder, sig, args):
+        if hi_in_place(n):
+            return builder.and_(args[0], _bytes_splat(-16, n))
+        return builder.lshr(args[0], _bytes_splat(4, n))
+
+    return v(v), codegen
+
+
+@intrinsic
+def lnib(typingctx, acc):
+    """Sums of `hi4x` nibbles times quants at the nibbles' own scale: acc >> 4 where they
+    were dotted in place (exact: each sum is 16 times an integer), else acc itself."""
+    n, k = acc.r, acc.c
+
+    def codegen(context, builder, sig, args):
+        if hi_in_place(n):
+            return builder.ashr(args[0], vconst(_vi(n * k), [4] * (n * k)))
+        return args[0]
+
+    return acc(acc), codegen
 
 
 @intrinsic
@@ -576,5 +615,6 @@ def fstore(typingctx, d, c0, off, v):
 
 
 __all__ = ["AVX512", "AVX2", "VNNI512", "VNNI256", "R", "WIDTHS", "flavor", "ldq", "lo4", "hi4",
+           "hi4x", "lnib", "hi_in_place",
            "bit5", "hi2", "lut16", "lzero", "dpb", "dpw", "lmul", "lsubm", "ladd", "fzero", "ldh",
            "ffma", "ffms", "fmas", "cf32", "cf16", "fadd", "fload", "fstore"]

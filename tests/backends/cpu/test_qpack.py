@@ -172,6 +172,23 @@ def test_the_prefetch_choice_per_cpu(vendor, family, choice):
     assert qmem.prefetch_choice(vendor, family) == choice
 
 
+@pytest.mark.parametrize("r", qlanes.WIDTHS)
+def test_q4_k_high_nibbles_at_their_extremes(r):
+    """Q4_K's high nibbles are dotted where they lie, as 16 times their value, where the dot
+    allows it (qlanes.hi_in_place): every quant 15 and every 6-bit scale and min 63, against
+    activations whose quants reach -128 and 127, still give the row dots' exact sums."""
+    if r == 16 and not qlanes.AVX512:
+        pytest.skip("16-row lanes need AVX-512 on this host")
+    m, nb = r + 2, 2
+    block = np.full(144, 0xFF, np.uint8)
+    block[:4] = np.array([1.0, 0.5], np.float16).view(np.uint8)   # d, dmin
+    A = np.tile(block, (m, nb))
+    xb = np.empty((1, 1, 3, 256 * nb), np.float32)
+    xb[0, 0, 0], xb[0, 0, 1] = 1.0, -1.0              # quants -128, then 127 (Q8_K's sign)
+    xb[0, 0, 2] = np.where(np.arange(256 * nb) % 3 == 0, 1.0, -0.5)
+    _close(*_products(T.Q4_K, A, xb, r))
+
+
 @pytest.mark.parametrize("flags", [
     {"VNNI512": False, "VNNI256": False},                                   # vpmaddubsw
     {"VNNI512": False, "VNNI256": False, "AVX512": False, "AVX2": False},    # portable IR
