@@ -32,6 +32,7 @@ shared host only lowers it, and bw% is the median of the samples' shares (--no-b
 skips it): how close decoding is to the memory's speed at the time it ran. A shared host's
 bandwidth moves within seconds (this project's 2-CPU EPYC: 2-thread reads at 31-37 GB/s with
 spells of 50-60 lasting ~10 s), so a read minutes from a sample can belong to another spell.
+The reads take ~0.1-0.2 s each and leave the caches cold before every sample, of either engine.
 
 -ngl N puts the last N layers on the offload devices of -dev/--devices (ggraph's list: cuda,
 cuda,cuda, cuda:1, or cpu for a second CPU backend standing in for a device), the output
