@@ -11,9 +11,9 @@ intrinsics that make a vector take the lane count as a literal (`r`), the others
 their vector arguments, so one layout width can be compiled and tested on any host.
 
 - quants: `ldq` (4r bytes), `lo4`/`hi4` (nibbles; `hi4x` + `lnib`: high nibbles dotted where
-  they lie, as 16 times their value, where the dot allows: `hi_in_place`), `bit5` (a fifth bit from a bit mask:
-  Q5_0/Q5_1/Q5_K), `hi2` (2 high bits from a 2-bit plane: Q6_K), `lut16` (a 16-entry table
-  lookup of nibbles: IQ4_XS);
+  they lie, as 16 times their value, where the dot allows: `hi_in_place`), `bit5` (a fifth
+  bit from a bit mask: Q5_0/Q5_1/Q5_K), `hi2` (2 high bits from a 2-bit plane: Q6_K), `lut16`
+  (a 16-entry table lookup of nibbles: IQ4_XS);
 - integer products: `dpb` (acc + 4-byte dot with a broadcast activation dword, vpdpbusd with
   VNNI, vpmaddubsw + vpmaddwd without), `dpw` (acc + 2 widened bytes per lane times a broadcast
   pair of i16 activation sums, vpdpwssd with VNNI), `lmul` (acc times R per-row bytes), `lsub`,
@@ -266,9 +266,9 @@ def hi4(typingctx, v):
 def hi_in_place(r: int) -> bool:
     """Whether `dpb` over r-row lanes sums bytes up to 240 times int8 quants exactly (vpdpbusd's
     i32 sums, or the portable IR's), so a high nibble can be dotted where it lies, as 16
-    times its value: one vpand instead of a byte shift (no x86 byte shift: vgf2p8affineqb with
-    GFNI, vpsrlw + vpand without), on the same ports as vpdpbusd. Not vpmaddubsw's i16 pairs,
-    which saturate above 2 * 127 * 127. Read when a kernel compiles, as the flags are."""
+    times its value: one vpand instead of a byte shift, which x86 lacks (LLVM emits
+    vgf2p8affineqb with GFNI, vpsrlw + vpand without). Not vpmaddubsw's i16 pairs, which
+    saturate above 2 * 127 * 127. Read when a kernel compiles, as the flags are."""
     return (VNNI512 if r == 16 else VNNI256) or not (AVX512 if r == 16 else AVX2)
 
 

@@ -139,7 +139,7 @@ def k4_sums(w, o, q, p, t, five):
                 lo = bit5(lo4(v), w, at + 4 * R)
                 hi = bit5(hi4(v), w, at + 4 * R + R // 2)
             else:   # Q4_K: the high nibbles dotted where they lie (qlanes.hi_in_place):
-                # hot, one column 5-6% faster on Zen 4, 8 columns 7-9%; not kept for the
+                # hot, one column 3.5-6% faster on Zen 4, 8 columns 7-9%; not kept for the
                 # 32-element types, where one column ran 1.5-3% slower (a shift per block)
                 lo, hi = lo4(v), hi4x(v)
             y = p + 64 * jp + 4 * k
