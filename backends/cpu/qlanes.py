@@ -11,7 +11,7 @@ intrinsics that make a vector take the lane count as a literal (`r`), the others
 their vector arguments, so one layout width can be compiled and tested on any host.
 
 - quants: `ldq` (4r bytes), `lo4`/`hi4` (nibbles; `hi4x` + `lnib`: high nibbles dotted where
-  they lie, as 16 times their value, where the dot allows: `hi_in_place`), `bit5` (a fifth
+  they lie, as 16 times their value, where the dot allows: `bytes_exact`), `bit5` (a fifth
   bit from a bit mask: Q5_0/Q5_1/Q5_K), `hi2` (2 high bits from a 2-bit plane: Q6_K), `lut16`
   (a 16-entry table lookup of nibbles: IQ4_XS);
 - integer products: `dpb` (acc + 4-byte dot with a broadcast activation dword, vpdpbusd with
@@ -183,16 +183,33 @@ def _col_loads(context, builder, sig, args, a, o, t, c):
                          align=1) for j in range(c)]
 
 
+def byte_dot(r: int) -> str:
+    """How `dpb` sums r-row lanes on this host: "vnni" (vpdpbusd, i32 sums), "pmadd"
+    (vpmaddubsw + vpmaddwd: i16 pairs, which saturate above 2 * 127 * 127) or "ir" (portable,
+    i32 products). Read when a kernel compiles, as the flags are."""
+    if VNNI512 if r == 16 else VNNI256:
+        return "vnni"
+    return "pmadd" if (AVX512 if r == 16 else AVX2) else "ir"
+
+
+def bytes_exact(r: int) -> bool:
+    """Whether `dpb` over r-row lanes sums unsigned bytes up to 255 times int8 quants exactly:
+    quants that reach 128..255 may be packed (qpack.packable), and a high nibble can be
+    dotted where it lies, as 16 times its value (`hi4x`): one vpand instead of a byte shift,
+    which x86 lacks (LLVM emits vgf2p8affineqb with GFNI, vpsrlw + vpand without)."""
+    return byte_dot(r) != "pmadd"
+
+
 def _dp_bytes(builder, acc, x, y, r):
     """acc + sums of 4 adjacent products of x (unsigned bytes) and y (signed bytes), both
     <4r x i8>, per i32 lane."""
     vb, vw, vi = _vb(r), _vw(r), _vi(r)
     xi, yi = builder.bitcast(x, vi), builder.bitcast(y, vi)
-    if r == 16 and VNNI512:
-        return x86_call(builder, "llvm.x86.avx512.vpdpbusd.512", vi, [vi] * 3, [acc, xi, yi])
-    if r == 8 and VNNI256:
-        return x86_call(builder, "llvm.x86.avx512.vpdpbusd.256", vi, [vi] * 3, [acc, xi, yi])
-    if (r == 16 and AVX512) or (r == 8 and AVX2):
+    kind = byte_dot(r)
+    if kind == "vnni":
+        name = "llvm.x86.avx512.vpdpbusd." + ("512" if r == 16 else "256")
+        return x86_call(builder, name, vi, [vi] * 3, [acc, xi, yi])
+    if kind == "pmadd":
         ub, wd = (("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512") if r == 16
                   else ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"))
         p = x86_call(builder, ub, vw, [vb, vb], [x, y])
@@ -263,24 +280,15 @@ def hi4(typingctx, v):
     return v(v), codegen
 
 
-def hi_in_place(r: int) -> bool:
-    """Whether `dpb` over r-row lanes sums bytes up to 240 times int8 quants exactly (vpdpbusd's
-    i32 sums, or the portable IR's), so a high nibble can be dotted where it lies, as 16
-    times its value: one vpand instead of a byte shift, which x86 lacks (LLVM emits
-    vgf2p8affineqb with GFNI, vpsrlw + vpand without). Not vpmaddubsw's i16 pairs, which
-    saturate above 2 * 127 * 127. Read when a kernel compiles, as the flags are."""
-    return (VNNI512 if r == 16 else VNNI256) or not (AVX512 if r == 16 else AVX2)
-
-
 @intrinsic
 def hi4x(typingctx, v):
     """v's high nibbles for `dpb`: in place (v & 0xF0, 16 times their value) where
-    `hi_in_place`, else shifted down (hi4); `lnib` takes the sums of their products back to
+    `bytes_exact`, else shifted down (hi4); `lnib` takes the sums of their products back to
     the nibbles' scale."""
     n = _rows(v)
 
     def codegen(context, builder, sig, args):
-        if hi_in_place(n):
+        if bytes_exact(n):
             return builder.and_(args[0], _bytes_splat(-16, n))
         return builder.lshr(args[0], _bytes_splat(4, n))
 
@@ -294,7 +302,7 @@ def lnib(typingctx, acc):
     n, k = acc.r, acc.c
 
     def codegen(context, builder, sig, args):
-        if hi_in_place(n):
+        if bytes_exact(n):
             return builder.ashr(args[0], vconst(_vi(n * k), [4] * (n * k)))
         return args[0]
 
@@ -615,6 +623,6 @@ def fstore(typingctx, d, c0, off, v):
 
 
 __all__ = ["AVX512", "AVX2", "VNNI512", "VNNI256", "R", "WIDTHS", "flavor", "ldq", "lo4", "hi4",
-           "hi4x", "lnib", "hi_in_place",
+           "hi4x", "lnib", "byte_dot", "bytes_exact",
            "bit5", "hi2", "lut16", "lzero", "dpb", "dpw", "lmul", "lsubm", "ladd", "fzero", "ldh",
            "ffma", "ffms", "fmas", "cf32", "cf16", "fadd", "fload", "fstore"]

@@ -32,7 +32,7 @@ from numba import njit, prange
 
 from ggraph.ir.types import TYPE_RECORDS
 from ggraph.ir.types import GGMLType
-from .qlanes import AVX2, AVX512, R, VNNI256, VNNI512
+from .qlanes import R, bytes_exact
 from .qmem import load_u32
 
 T = GGMLType
@@ -61,8 +61,7 @@ def packable(t: GGMLType, ne: tuple[int, ...], r: int = R) -> bool:
     """Whether a weight of type t and shape ne (2-D, whole blocks) takes the packed layout
     of r rows on this host (types whose quants reach 128 need VNNI's products)."""
     p = PACKS.get(t)
-    exact = (VNNI512 if r == 16 else VNNI256) or not (AVX512 if r == 16 else AVX2)
-    return p is not None and (exact or not p.full_u8) and \
+    return p is not None and (bytes_exact(r) or not p.full_u8) and \
         all(n == 1 for n in ne[2:]) and ne[0] % TYPE_RECORDS[t].block_size == 0
 
 

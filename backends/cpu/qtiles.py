@@ -138,7 +138,7 @@ def k4_sums(w, o, q, p, t, five):
             if five:
                 lo = bit5(lo4(v), w, at + 4 * R)
                 hi = bit5(hi4(v), w, at + 4 * R + R // 2)
-            else:   # Q4_K: the high nibbles dotted where they lie (qlanes.hi_in_place):
+            else:   # Q4_K: the high nibbles dotted where they lie (qlanes.bytes_exact):
                 # hot, one column 3.5-6% faster on Zen 4, 8 columns 7-9%; not kept for the
                 # 32-element types, where one column ran 1.5-3% slower (a shift per block)
                 lo, hi = lo4(v), hi4x(v)

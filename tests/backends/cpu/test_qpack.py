@@ -175,7 +175,7 @@ def test_the_prefetch_choice_per_cpu(vendor, family, choice):
 @pytest.mark.parametrize("r", qlanes.WIDTHS)
 def test_q4_k_high_nibbles_at_their_extremes(r):
     """Q4_K's high nibbles are dotted where they lie, as 16 times their value, where the dot
-    allows it (qlanes.hi_in_place): every quant 15 and every 6-bit scale and min 63, against
+    allows it (qlanes.bytes_exact): every quant 15 and every 6-bit scale and min 63, against
     activations whose quants reach -128 and 127, still give the row dots' exact sums."""
     if r == 16 and not qlanes.AVX512:
         pytest.skip("16-row lanes need AVX-512 on this host")
@@ -207,9 +207,9 @@ def test_instruction_choices_agree(monkeypatch, flags):
 def test_full_byte_types_need_vnni(monkeypatch):
     """Q8_0 and IQ4_XS quants reach 255 once packed: without VNNI they keep the row dots."""
     assert qpack.packable(T.Q4_K, (256, 32))
-    monkeypatch.setattr(qpack, "VNNI512", False)
-    monkeypatch.setattr(qpack, "VNNI256", False)
-    if qpack.AVX512 or qpack.AVX2:
+    monkeypatch.setattr(qlanes, "VNNI512", False)
+    monkeypatch.setattr(qlanes, "VNNI256", False)
+    if qlanes.AVX512 or qlanes.AVX2:
         assert not qpack.packable(T.Q8_0, (256, 32)) and not qpack.packable(T.IQ4_XS, (256, 32))
     assert qpack.packable(T.Q4_K, (256, 32))
     assert not qpack.packable(T.Q4_K, (256, 32, 2))   # 3-D weights are not packed
