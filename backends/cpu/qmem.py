@@ -27,6 +27,7 @@ from .threads import configure_openmp
 
 _I32 = ir.IntType(32)
 
+
 def _cpu_id() -> tuple[str, int]:
     """/proc/cpuinfo's vendor_id ("GenuineIntel", "AuthenticAMD") and cpu family ("", 0
     where unreadable)."""
@@ -78,6 +79,7 @@ def prefetch_choice(vendor: str, family: int) -> tuple[int, int]:
 
 
 PF_LOCALITY, PF_DISTANCE = prefetch_choice(*_cpu_id())
+
 
 @intrinsic
 def load_u32(typingctx, arr, off):

@@ -243,25 +243,26 @@ class BenchResult:
     samples_ns: list[int] = field(default_factory=list)
     test_time: str = ""          # when the test started (ISO 8601, UTC)
     load_avg: tuple[float, float, float] = (0.0, 0.0, 0.0)   # when it ended
-    read_gbs: float = 0.0        # the machine's read bandwidth at the test's threads (0: none)
-    # per sample, the read bandwidth beside it (the higher of the reads just before and just
-    # after its run: run_test's `read`); read_gbs is then their median
+    # per sample, the machine's read bandwidth at the test's threads beside it (the higher of
+    # the reads just before and just after its run: run_test's `read`); empty: none read
     sample_reads_gbs: list[float] = field(default_factory=list)
 
     @property
+    def read_gbs(self) -> float:
+        """The median of the samples' reads (0.0: none read)."""
+        return median(self.sample_reads_gbs) if self.sample_reads_gbs else 0.0
+
+    @property
     def bw_share(self) -> float | None:
-        """A generation test's weights read per second over the read bandwidth (None for
-        tests with a prompt, or without a bandwidth): with a read beside every sample, the
-        median of the samples' own shares, else the mean speed over read_gbs."""
-        if self.test.n_prompt or not self.samples_ns:
-            return None
+        """A generation test's weights read per second over the read bandwidth: the median of
+        the samples' own shares (None for tests with a prompt, or without a read beside
+        every sample)."""
         reads = self.sample_reads_gbs
-        if reads and len(reads) == len(self.samples_ns) and all(reads):
-            return median(self.model.token_bytes * ts / (g * 1e9)
-                          for ts, g in zip(self.samples_ts, reads))
-        if not self.read_gbs:
+        if self.test.n_prompt or not reads or len(reads) != len(self.samples_ns) \
+                or not all(reads):
             return None
-        return self.model.token_bytes * self.avg_ts / (self.read_gbs * 1e9)
+        return median(self.model.token_bytes * ts / (g * 1e9)
+                      for ts, g in zip(self.samples_ts, reads))
 
     @property
     def samples_ts(self) -> list[float]:
@@ -533,9 +534,6 @@ def run_test(test: BenchTest, reps: int = 5, peers: Sequence[str] = (), warmup: 
                     now = read()
                     results[i].sample_reads_gbs.append(max(last, now))
                     last = now
-        for res in results:
-            if res.sample_reads_gbs:
-                res.read_gbs = median(res.sample_reads_gbs)
         for res in results:
             res.load_avg = load_average()
         return results
