@@ -12,6 +12,8 @@ the code as it is, so keep -n below the first step):
 - fused-products: products of one input run apart (backends/cpu/fusion.py's PRODUCTS);
 - products-across: only consecutive products of one input run as one call, not Q, K and V
   with a bias add, a rope or a cache write between them (fusion.BETWEEN set to 0);
+- product-bias: a product's bias add (Qwen2's Q, K and V) runs by its own call, not folded
+  into the product's (fusion.PRODUCT_BIAS set to False);
 - q8k-encoder: the K-quants' activations through the shared Q8_K encoder, not qact.py's
   (its entry taken out of qact.ENCODERS);
 - direct-calls: the bound calls go through numba's dispatcher, not straight to the compiled
@@ -60,6 +62,8 @@ def set_change(what: str, on: bool, prefetch: tuple[int, int] | None = None) -> 
         fusion.PRODUCTS = on
     elif what == "products-across":
         fusion.BETWEEN = 4 if on else 0
+    elif what == "product-bias":
+        fusion.PRODUCT_BIAS = on
     elif on:
         qact.ENCODERS[GGMLType.Q8_K] = qact.enc_q8_k
     else:   # kernels.act_encoder falls back to the shared codec's encoder
@@ -88,7 +92,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, parents=[
         model_option("qwen2.5-coder-1.5b"), threads_option(2), out_option("")])
     ap.add_argument("--without", required=True, choices=("direct-calls", "fused-products",
-                                                           "hugepages", "products-across",
+                                                           "hugepages", "product-bias",
+                                                           "products-across",
                                                            "q8k-encoder", "weight-prefetch",
                                                            "work-stealing"))
     ap.add_argument("--prefetch", type=_prefetch_arg, default=None, metavar="LOCALITY:BYTES",

@@ -41,6 +41,7 @@ from ggraph.ir.opkind import OpKind
 from ggraph import config
 from ggraph.ir.tensor import Tensor
 from ..fusion_rules import PRE_OPS, Group, dead, match, scan
+from ggraph.ir.types import GGMLType
 from ..shared.elementwise import BINARY_CODE
 from . import attn_fusion, fused_templates as F, kernels
 from .compile import in_turn, is_small
@@ -53,6 +54,9 @@ PRODUCTS = True
 # a cache write); 0 fuses consecutive products only (benchmarks/ab_decode.py --without
 # products-across)
 BETWEEN = 4
+# a product's bias add folded into its call (_bias_add); benchmarks/ab_decode.py turns it off
+# for one engine to measure what it saves
+PRODUCT_BIAS = True
 _DUMMY = np.zeros((1, 1, 1, 1), np.float32)
 
 
@@ -102,11 +106,34 @@ def fuse(order: Sequence[Tensor], session: Any, kernel_for: Callable[[Callable, 
         if (c := match(seq, i)) else None,
         lambda seq, i, rb: _bind_attention(c, session, rb, nogil_for, observed)
         if (c := attn_fusion.match(seq, i)) else None,
-        lambda seq, i, rb: _bind_products(seq, i, session, observed)])
+        lambda seq, i, rb: _bind_products(seq, i, session, rb, observed)])
 
 
-def _bind_products(seq: list[Tensor], i: int, s: Any, observed: frozenset[Tensor]
-                   ) -> Group | None:
+def _bias_add(seq: list[Tensor], j: int, s: Any, read_by: dict[Tensor, set[Tensor]],
+              observed: frozenset[Tensor]) -> tuple[Tensor, np.ndarray] | None:
+    """(the add, its bias row) where seq[j + 1] adds a row of weights to product seq[j] and
+    nothing else reads the product (Qwen2's Q, K and V biases): the product's call writes
+    product + bias where the add's result lives, and the add needs no call of its own. The
+    bias is a leaf, not a view (no node writes it, as a cache write writes a view of its
+    cache: the call runs ahead of the nodes between), float32, one value per row of the
+    product."""
+    if not PRODUCT_BIAS or j + 1 >= len(seq):
+        return None
+    prod, add = seq[j], seq[j + 1]
+    if add.op != OpKind.ADD or prod not in add.src or add.src[0] is add.src[1]:
+        return None
+    bias = add.src[1] if add.src[0] is prod else add.src[0]
+    if (bias.op is not None or bias.is_view or bias.type != GGMLType.F32
+            or add.type != GGMLType.F32
+            or tuple(bias.ne) != (prod.ne[0], 1, 1, 1) or tuple(add.ne) != tuple(prod.ne)
+            or not dead(prod, {prod, add}, read_by, s.plan, observed)):
+        return None
+    row = s.arr(bias)
+    return (add, row) if row.flags.c_contiguous else None
+
+
+def _bind_products(seq: list[Tensor], i: int, s: Any, read_by: dict[Tensor, set[Tensor]],
+                   observed: frozenset[Tensor]) -> Group | None:
     """seq[i] and the next products that read the same activations, from packed weights of
     the same type (kernels.packed_weight), as one call (at most kernels.PACKED_MAX of them);
     None for fewer than 2. Every product's result is written as it would be alone.
@@ -123,45 +150,68 @@ def _bind_products(seq: list[Tensor], i: int, s: Any, observed: frozenset[Tensor
         return None
     b, a = first.src[1], first.src[0]
     chain: list[tuple[Tensor, Any]] = []
+    fold: dict[Tensor, tuple[Tensor, np.ndarray]] = {}   # product: (its bias add, the row)
     end = i
     for j in range(i, len(seq)):
         node = seq[j]
-        if node.op == OpKind.MUL_MAT and node.src[1] is b and node.src[0].type == a.type:
+        if j == end + 1 and seq[end] in fold and fold[seq[end]][0] is node:
+            end = j   # a folded bias add: part of its product
+        elif node.op == OpKind.MUL_MAT and node.src[1] is b and node.src[0].type == a.type:
             packed = kernels.packed_weight(node.src[0], b, s)
             if packed is None:
                 break
             chain.append((node, packed))
             end = j
+            if (biased := _bias_add(seq, j, s, read_by, observed)) is not None:
+                fold[node] = biased
             if len(chain) == kernels.PACKED_MAX:
+                if node in fold:
+                    end = j + 1
                 break
         elif node.op in (OpKind.MUL_MAT, OpKind.MUL_MAT_ID) or observed or j - end > BETWEEN:
             break   # an observed run hands values after their group: none moves there
-    if len(chain) < 2:
+    if len(chain) < 2 and not fold:
         return None
     nodes = seq[i:end + 1]
     B = s.arr(b)
     later: dict[Tensor, tuple[np.ndarray, np.ndarray]] = {}   # product: (its memory, buffer)
     direct: list[np.ndarray] = []
     products = {node for node, _ in chain}
-    for k, n in enumerate(nodes):
+    folded = {add: node for node, (add, _) in fold.items()}
+    lead = True   # nothing but products (and their folded adds) so far: written in place
+    for n in nodes:
         if n in products:
-            out = s.arr(n)
-            if k == len(direct):    # nothing but products before it: written in place
+            out = s.arr(fold[n][0] if n in fold else n)
+            if lead:
                 direct.append(out)
             else:
                 later[n] = (out, np.empty(out.shape, out.dtype))
-        elif _meets(s.arr(n), B):
+            continue
+        if n not in folded:
+            lead = False
+        if _meets(s.arr(n), B):
             return None
-    if not overlap_safe([B], direct):
+    if not overlap_safe([B] + [row for _, row in fold.values()], direct):
         return None
     kern = kernels.packed_kernel(all(is_small(node) for node, _ in chain), a.type, b.type)
     call = kernels.packed_call(kern, a.type, B, [
-        (packed, later[node][1] if node in later else s.arr(node), node.src[0].ne[1])
+        (packed, later[node][1] if node in later else s.arr(fold[node][0] if node in fold
+                                                               else node),
+         node.src[0].ne[1], fold[node][1] if node in fold else None)
         for node, packed in chain])
     if not later:
         return Group(tuple(nodes), call)
-    rest = [partial(np.copyto, *later[n]) if n in later else s.bind_node(n) for n in nodes[1:]]
-    return Group(tuple(nodes), partial(in_turn, call, [c for c in rest if c is not None]))
+    rest = []
+    for n in nodes[1:]:
+        if n in products or n in folded:
+            # a product computed into a buffer lands where its result (or its folded add's)
+            # would have been written: at the add's turn where it has one
+            p = folded.get(n, n)
+            if p in later and (n in folded or p not in fold):
+                rest.append(partial(np.copyto, *later[p]))
+        elif (c := s.bind_node(n)) is not None:
+            rest.append(c)
+    return Group(tuple(nodes), partial(in_turn, call, rest))
 
 
 def _bind_attention(chain: list[Tensor], s: Any, read_by: dict[Tensor, set[Tensor]],

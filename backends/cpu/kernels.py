@@ -292,13 +292,13 @@ PACKED_RUN = 16
 PACKED_MAX = 3
 
 
-def packed_call(kernel: Any, a: T, B: np.ndarray,
-                products: Sequence[tuple[np.ndarray, np.ndarray, int]], r: int = qlanes.R
+def packed_call(kernel: Any, a: T, B: np.ndarray, products: Sequence[tuple], r: int = qlanes.R
                 ) -> Callable[[], None]:
-    """`kernel` (packed_kernel's, for groups of r rows) bound to products D = W B that read
-    the same columns B, one to PACKED_MAX of them (backends/cpu/fusion.py), each (packed
-    weight W of m rows of type a, D, m), and to the work buffers the columns are quantized
-    into once for all of them (a's vec_dot_type bytes and their sums, per column)."""
+    """`kernel` (packed_kernel's, for groups of r rows) bound to products D = W B (+ bias)
+    that read the same columns B, one to PACKED_MAX of them (backends/cpu/fusion.py), each
+    (packed weight W of m rows of type a, D, m) or (W, D, m, bias: m float32 values added to
+    every column's result, an add node folded in), and to the work buffers the columns are
+    quantized into once for all of them (a's vec_dot_type bytes and their sums, per column)."""
     if not 1 <= len(products) <= PACKED_MAX:
         raise ValueError(f"packed_call: {len(products)} products; one call takes 1 to "
                          f"{PACKED_MAX}")
@@ -309,13 +309,34 @@ def packed_call(kernel: Any, a: T, B: np.ndarray,
     ysi = np.empty(cols + (k // 16,), np.int32)
     ysf = np.empty(cols + (k // 32,), np.float32)
     # each weight's row groups numbered after the ones before it; the padding has none
-    groups = [-(-m // r) for _, _, m in products]
+    groups = [-(-p[2] // r) for p in products]
     pad = PACKED_MAX - len(products)
     starts = np.cumsum([0] + groups + [0] * pad, dtype=np.int64)
-    full = list(products) + [products[-1]] * pad
-    return partial(kernel, tuple(w for w, _, _ in full), starts, B, Q, ysb, ysi, ysf,
-                   tuple(d for _, d, _ in full), k, k // TYPE_RECORDS[a].block_size,
-                   np.array([m for _, _, m in full], np.int64))
+    full = list(products) + [products[-1][:3]] * pad
+    return partial(kernel, tuple(p[0] for p in full), starts, B, Q, ysb, ysi, ysf,
+                   tuple(p[1] for p in full), tuple(_bias_row(p[3] if len(p) > 3 else None,
+                                                              p[2]) for p in full),
+                   k, k // TYPE_RECORDS[a].block_size,
+                   np.array([p[2] for p in full], np.int64))
+
+
+# a product without a bias: every entry of the kernel's bias tuple is a read-only float32 row
+# (one numba type for the tuple, so one compiled specialization, indexed at run time)
+_NO_BIAS = np.empty(0, np.float32)
+_NO_BIAS.flags.writeable = False
+
+
+def _bias_row(bias: np.ndarray | None, m: int) -> np.ndarray:
+    """The read-only 1-D float32 view of a product's bias (m values), or the empty row."""
+    if bias is None:
+        return _NO_BIAS
+    row = bias.reshape(-1)
+    if row.dtype != np.float32 or row.shape != (m,) or not row.flags.c_contiguous:
+        raise ValueError(f"packed_call: a bias must be {m} contiguous float32 values, got "
+                         f"{row.dtype} of shape {bias.shape}")
+    row = row.view()
+    row.flags.writeable = False
+    return row
 
 
 def packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_L1,

@@ -279,3 +279,62 @@ def test_a_product_moved_before_a_reader_of_its_memory_keeps_that_memory_intact(
         got = sess.read(out)
     np.testing.assert_array_equal(got, want["out"])
     assert "mul_mat+add+mul_mat" in prof.by_op and "mul_mat" not in prof.by_op
+
+
+def _biased(cols: int, read_product: bool = False):
+    """Qwen2's Q, K and V: three Q4_K products of x, each plus a bias row (the second one's
+    bias the add's first operand for one column), a node between the first two; y0 read after its add where
+    `read_product` (then its add cannot stand in for it)."""
+    ctx = Context()
+    rng = np.random.default_rng(cols)
+    x = ctx.new_tensor("f32", (256, cols), name="x").set_input()
+    zs, ys = [], []
+    for j, m in enumerate((48, 40, 35)):
+        w = ctx.new_tensor("q4_k", (256, m), name=f"w{j}")
+        w.set_data(rng.standard_normal((m, 256)).astype(np.float32))
+        b = ctx.from_numpy(rng.standard_normal(m).astype(np.float32), name=f"b{j}")
+        y = ops.mul_mat(w, x).set_name(f"y{j}")
+        # ggml's add broadcasts its second operand only: the bias first where it is as big
+        z = (ops.add(b, y) if j == 1 and cols == 1 else ops.add(y, b)).set_name(f"z{j}")
+        ys.append(y)
+        zs.append(ops.scale(z, 0.5).set_name("z0s") if j == 0 else z)
+    out = ops.concat(ops.concat(zs[0], zs[1], 0), zs[2], 0).set_name("out")
+    if read_product:
+        out = ops.concat(out, ys[0], 0).set_name("out_y")
+    out.set_output()
+    return build_graph(out), {x: rng.standard_normal((cols, 256)).astype(np.float32)}, \
+        {"out": out}
+
+
+@pytest.mark.parametrize("cols", [1, 3, 40])
+@pytest.mark.parametrize("read_product", [False, True], ids=["folded", "product_read"])
+def test_bias_adds_run_in_their_products_call_bit_for_bit(cols, read_product):
+    """Each product's bias add is folded into the products' call (product + bias written
+    where the add's result lives; the one with a node before it through a buffer, copied at
+    its add's turn), bit for bit the unfused nodes; a product read after its add is still
+    written (the add then runs by its own call)."""
+    g, inputs, read = _biased(cols, read_product)
+    want, p0 = _run(False, g, inputs, read)
+    got, p1 = _run(True, g, inputs, read)
+    for k in read:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    fused = [k for k in p1.by_op if k.count("mul_mat") == 3]   # in the plan's order
+    assert len(fused) == 1 and p1.by_op[fused[0]].calls == 1
+    assert not any(k.count("mul_mat") > 1 for k in p0.by_op)
+    alone = p1.by_op["add"].calls if "add" in p1.by_op else 0
+    assert fused[0].split("+").count("add") + alone == 3 and (read_product or alone == 0)
+
+
+def test_a_product_with_a_bias_alone_runs_as_one_call():
+    ctx = Context()
+    rng = np.random.default_rng(7)
+    x = ctx.new_tensor("f32", (256, 1), name="x").set_input()
+    w = ctx.new_tensor("q6_k", (256, 48), name="w")
+    w.set_data(rng.standard_normal((48, 256)).astype(np.float32))
+    b = ctx.from_numpy(rng.standard_normal(48).astype(np.float32), name="b")
+    z = ops.add(ops.mul_mat(w, x), b).set_name("z").set_output()
+    g, inputs = build_graph(z), {x: rng.standard_normal((1, 256)).astype(np.float32)}
+    want, _ = _run(False, g, inputs, {"z": z})
+    got, prof = _run(True, g, inputs, {"z": z})
+    np.testing.assert_array_equal(got["z"], want["z"])
+    assert prof.by_op["mul_mat+add"].calls == 1 and "mul_mat" not in prof.by_op
