@@ -137,3 +137,23 @@ def test_results_do_not_depend_on_the_governor():
                 sess.run(g, {x: v})
             outs.append(sess.read(y))
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_blas_keeps_to_its_own_threads_while_a_graph_runs():
+    """Inside a run BLAS has the executor's blas_threads; after it, what it had before."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from ggraph.backends.cpu.executor import CPUExecutor
+
+    def blas() -> list[int]:
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    if not blas():
+        pytest.skip("numpy has no BLAS library that threadpoolctl can set")
+    ex = CPUExecutor(n_threads=1, governor=None, blas_threads=1, fusion=False)
+    with threadpool_limits(limits=2, user_api="blas"):
+        outside = blas()
+        with ex.run_context():
+            inside = blas()
+        assert blas() == outside
+    assert inside == [1] * len(outside) and outside != inside
