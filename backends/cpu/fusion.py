@@ -18,7 +18,11 @@ region (qtiles.k_mul_mat_packed), which saves each product after the first its s
 dispatch, a quantization, a fork) and its threads' uneven ends: Qwen2.5 1.5B decode at 2
 threads, 0.2-0.4 ms a token for gate and up, 0.84 more for Q, K and V (median paired
 differences; benchmarks/ab_decode.py --without fused-products | products-across, Intel
-Xeon Ice Lake). The tests compare the fused results with the unfused bit for bit.
+Xeon Ice Lake). A product's bias add (Qwen2's Q, K and V) folds into the call, which adds the
+bias row as it stores the product (_bias_add; a product with a bias alone is such a group
+too): 0.16-0.27 ms of a Qwen2.5 1.5B token, 0.19 of the 0.5B's 13.9 at 2 threads (Zen 4,
+benchmarks/ab_decode.py --without product-bias). The tests compare the fused results with the
+unfused bit for bit.
 A group's intermediate is left unwritten only when nothing outside the group reads it, it is
 no output, no observer reads it (an observed run: backends/observe.py), and the plan freed its
 memory at the group (exactly when Session.read would refuse it); otherwise the fused kernel
@@ -136,7 +140,8 @@ def _bind_products(seq: list[Tensor], i: int, s: Any, read_by: dict[Tensor, set[
                    observed: frozenset[Tensor]) -> Group | None:
     """seq[i] and the next products that read the same activations, from packed weights of
     the same type (kernels.packed_weight), as one call (at most kernels.PACKED_MAX of them);
-    None for fewer than 2. Every product's result is written as it would be alone.
+    None for fewer than 2 unless one has a bias add to fold (_bias_add). Every product's
+    result is written as it would be alone, or, folded, its add's.
     Up to BETWEEN other nodes may lie between two of them (a bias add, a rope, a KV cache
     write: Q, K and V in the builders here) unless one is a product, one writes the
     activations, or the run is observed (its values are handed after their group): the call

@@ -17,32 +17,28 @@ import numpy as np
 
 from ggraph.ir.opkind import OpKind
 from ggraph import config
-from ggraph.ops.attention import alibi_slopes
 from ggraph.ir.tensor import Tensor
 from ggraph.ir.types import TYPE_RECORDS
 from ggraph.ir.types import GGMLType as T
 from ..accepts import BINARY_OPS, UNARY_OPS, VIEW_OPS, rule
 from ..base import Kernel, Session
-from ..shared.kernel_args import (argsort_args, binary_args, flash_attn_args, norm_args,
-                                  raw_copy, rope_args, soft_max_args, unary_args)
-from . import attn_decode, fastmath
-from .attention import (BlockMath, SharedMask, decode_heads, flash_attn_blocks, k_round_half,
-                        k_soft_max_rows)
+from ..shared.kernel_args import (argsort_args, binary_args, norm_args, raw_copy, rope_args,
+                                  soft_max_args, unary_args)
+from . import fastmath
+from .attn_bind import flash_attn, flat_rows
 from .blas import mul_mat_blas
 from . import templates as K
 
-from .compile import (EXPF as _EXPF, INLINE_FAST as _INLINE_FAST, KERNEL as _KERNEL,
-                      KERNEL_FAST as _KERNEL_FAST, KERNEL_ORDERED as _KERNEL_ORDERED,
-                      PARALLEL_MIN_WORK, ROUND_HALF as _ROUND_HALF, SERIAL as _SERIAL,
-                      SERIAL_FAST as _SERIAL_FAST, SERIAL_ORDERED as _SERIAL_ORDERED, TARGET,
-                      calls_in, compiled, compiled_nogil, index_checked, is_small, row_decoder)
+from .compile import (INLINE_FAST as _INLINE_FAST, KERNEL as _KERNEL,
+                      KERNEL_FAST as _KERNEL_FAST, PARALLEL_MIN_WORK, ROUND_HALF as _ROUND_HALF,
+                      SERIAL as _SERIAL, SERIAL_FAST as _SERIAL_FAST, TARGET, calls_in,
+                      compiled, index_checked, is_small, row_decoder)
 
 _compiled = compiled
 _small = is_small
 # GGRAPH_EXACT_ACTIVATIONS=1 multiplies by the float32 activations (closer to the reference,
 # further from llama.cpp)
 ROUND_ACTIVATIONS = not config.exact_activations()
-BLOCK_MIN_QUERIES = 8  # flash attention: from this many queries the BLAS blockwise path wins
 BLAS_MIN_N = 16  # columns of b from which dequantize + BLAS beats the dot kernels
 
 
@@ -95,84 +91,6 @@ def _rope(node: Tensor, s: Session) -> None:
     return partial(_both, partial(kt, s.arr(pos), s.arr(ff).reshape(1, 1, 1, -1) if ff is not None
                                   else _DUMMY, *table, n_dims, *angles, ff is not None),
                    partial(k, s.arr(a), *table, s.arr(node), n_dims, neox))
-
-
-# a decode step's flash attention: cells per unit, V rows per block, K/V rows prefetched ahead
-# (attn_decode.py; 4-32 ahead all took a 64 MiB cache at 2 threads from 14.5 to 6.2-6.9 ms)
-DECODE_CELLS = 256
-DECODE_VB = 8
-DECODE_PREFETCH = 8
-DECODE_SUM_LANES = 16   # a softmax sum's lanes (attn_decode.py): one AVX-512 vector
-
-
-def _flash_attn(node: Tensor, s: Session):
-    q, k, v, mask = node.src
-    args = flash_attn_args(node)
-    rows = _flash_attn_rows(node, s, args)
-    if q.ne[1] >= BLOCK_MIN_QUERIES:
-        return _flash_attn_blocks(node, s, rows, *args)
-    if rows is not None:
-        return rows
-    mt = mask.type if mask is not None else T.F32
-    kern = _compiled(K.k_flash_attn, _small(node), k=k.type, v=v.type, m=mt)
-    return partial(kern, s.arr(q), s.arr(k), s.arr(v), s.arr(mask) if mask is not None else _DUMMY,
-                   s.arr(node).reshape(node.shape), *args, mask is not None)
-
-
-def decode_attention_kernel(serial: bool, mask_type: T, dk: int, dv: int) -> Any:
-    """attn_decode.k_flash_attn_decode for K/V heads of dk and dv, on one thread or many. It
-    compiles without reassociation (compile.KERNEL_ORDERED) and sums in fixed lanes, so both
-    variants, freshly compiled or loaded from numba's cache, give the same bits: a token's
-    logits must not depend on which one a batch's size picks, nor on the first run."""
-    return TARGET.bind(attn_decode.k_flash_attn_decode,
-                       _SERIAL_ORDERED if serial else _KERNEL_ORDERED,
-                       f"m{mask_type}{'_serial' if serial else ''}_pf{qmem.PF_LOCALITY}",
-                       dec_m=TARGET.codec(mask_type).dec, expf=_EXPF, CELLS=DECODE_CELLS,
-                       VB=DECODE_VB, PFC=DECODE_PREFETCH, SL=DECODE_SUM_LANES, DK=dk, DV=dv)
-
-
-def _flash_attn_rows(node: Tensor, s: Session, args: tuple):
-    """The per-row kernel over an F16 cache (attn_decode.py: a decode step, or queries of
-    several sequences that each see their own cells); None for other K/V types or layouts."""
-    q, k, v, mask = node.src
-    K_, V_ = s.arr(k), s.arr(v)
-    if not (k.type == v.type == T.F16 and (fk := _flat_rows(K_)) is not None and (
-            fv := _flat_rows(V_)) is not None):
-        return None
-    kern = decode_attention_kernel(_small(node), mask.type if mask is not None else T.F32,
-                                   q.ne[0], v.ne[0])
-    return partial(kern, s.arr(q), fk[0], *fk[1], fv[0], *fv[1], *K_.shape[:3],
-                   s.arr(mask) if mask is not None else _DUMMY,
-                   s.arr(node).reshape(node.shape), *args, mask is not None)
-
-
-def _flash_attn_blocks(node: Tensor, s: Session, rows, scale, max_bias, softcap, h0, n_head):
-    """A prompt's flash attention by query blocks (backends/cpu/attention.py): K and V decoded
-    to float32 each run, the mask's visible ranges computed by the first layer of a run. A
-    run whose blocks see little of their ranges (several sequences' tokens, SharedMask.sparse)
-    takes the per-row kernel `rows` instead, where there is one."""
-    q, k, v, mask = node.src
-    Kr, Vr, Q, D = s.arr(k), s.arr(v), s.arr(q), s.arr(node).reshape(node.shape)
-    shared = first = None
-    Mr = s.arr(mask) if mask is not None else None
-    if mask is not None:  # the layers share their mask: the first node of a run reads it
-        key = ("attn mask", mask, q.ne[1], k.ne[1])
-        first = key not in s.bind_memo
-        shared = s.bind_memo.setdefault(key, SharedMask())
-    math = BlockMath(np.float32(scale), softcap, alibi_slopes(q.ne[2], max_bias, h0, n_head)
-                     .astype(np.float32), k.type == T.F16, v.type == T.F16,
-                     compiled_nogil(k_round_half), compiled_nogil(k_soft_max_rows))
-    dk, dv = TARGET.codec(k.type).dec, TARGET.codec(v.type).dec
-
-    def call() -> None:
-        if first:
-            shared.update(Mr, mask, Q.shape[2], Kr.shape[2])
-        if rows is not None and shared is not None and shared.sparse:
-            rows()
-        else:
-            flash_attn_blocks(Q, decode_heads(Kr, k, dk), decode_heads(Vr, v, dv), shared, D,
-                              math)
-    return call
 
 
 # -- matrix products ------------------------------------------------------------------------
@@ -420,7 +338,7 @@ def _mul_mat(node: Tensor, s: Session):
     A, D = s.arr(a), s.arr(node)
     n = b.ne[1]
     if a.type == T.F16 and b.type == T.F32 and n < BLAS_MIN_N and (
-            flat := _flat_rows(A)) is not None:
+            flat := flat_rows(A)) is not None:
         # F16 mat-vec (K*Q and V*softmax on the KV cache at decode): each row a contiguous
         # slice of the memory the view spans, dotted with every column and broadcast head;
         # b is rounded to F16 inside the kernel (no separate pass)
@@ -462,16 +380,6 @@ def _mul_mat(node: Tensor, s: Session):
 HALF_PF = 8
 
 
-def _flat_rows(A: np.ndarray):
-    """(the 1-D contiguous array of the memory from A's first element to its last, A's
-    (i3, i2, i1) strides in elements) for a 4-D view whose rows are contiguous; else None."""
-    it = A.itemsize
-    if A.size == 0 or (A.shape[3] > 1 and A.strides[3] != it) or any(
-            st < 0 or st % it for st in A.strides[:3]):
-        return None
-    st = [x // it for x in A.strides[:3]]
-    span = A.shape[3] + sum((n - 1) * x for n, x in zip(A.shape[:3], st))
-    return np.lib.stride_tricks.as_strided(A, shape=(span,), strides=(it,)), tuple(st)
 
 
 @calls_in(0, 1)
@@ -609,7 +517,7 @@ KERNELS: dict[OpKind, Kernel] = {
     **{op: _k(_binary, *rule(op)) for op in BINARY_OPS},
     **{op: _k(fn, *rule(op)) for op, fn in (
         (OpKind.RMS_NORM, _norm), (OpKind.NORM, _norm), (OpKind.SOFT_MAX, _soft_max),
-        (OpKind.ROPE, _rope), (OpKind.FLASH_ATTN_EXT, _flash_attn), (OpKind.MUL_MAT, _mul_mat),
+        (OpKind.ROPE, _rope), (OpKind.FLASH_ATTN_EXT, flash_attn), (OpKind.MUL_MAT, _mul_mat),
         (OpKind.MUL_MAT_ID, _mul_mat_id), (OpKind.GET_ROWS, _get_rows),
         (OpKind.SET_ROWS, _set_rows), (OpKind.CPY, _cpy), (OpKind.CONT, _cont),
         (OpKind.CONCAT, _concat), (OpKind.REPEAT, _repeat), (OpKind.SUM_ROWS, _sum_rows),

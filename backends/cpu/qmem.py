@@ -68,7 +68,7 @@ def prefetch_choice(vendor: str, family: int) -> tuple[int, int]:
       held the Qwen2.5 1.5B decode to 14.8 tok/s at 1 thread and 23.1 at 2 against 21.4 and
       29.1 without (ggraph bench tg64), prefetcht0 16 KiB ahead and prefetcht1 8 KiB to
       18.3-20.0 GB/s of Q4_K mat-vec at 1 thread against 21-24. ggml asks for none either.
-      The decode attention keeps its prefetch of K/V rows ahead (kernels.DECODE_PREFETCH),
+      The decode attention keeps its prefetch of K/V rows ahead (attn_bind.DECODE_PREFETCH),
       non-temporal, as on Zen 5.
     """
     if vendor == "GenuineIntel":

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from ggraph.backends.cpu import CPUBackend, fastmath
 from ggraph.backends.cpu import kernels as CK
+from ggraph.backends.cpu.attn_bind import flat_rows
+from ggraph.backends.cpu.compile import EXPF
 
 from ggraph import Context, build_graph
 from ggraph import ops as O
@@ -102,7 +104,7 @@ def test_non_unit_row_stride_falls_back():
     inputs = {x: rng.standard_normal(x.shape), b: rng.standard_normal(b.shape)}
     s = CPUBackend().session()
     got = s.run(g, inputs).read(out)
-    assert CK._flat_rows(s.arr(a)) is None
+    assert flat_rows(s.arr(a)) is None
     assert "k_mul_mat_half" not in CK.KERNELS[OpKind.MUL_MAT].fn(out, s).func.__qualname__
     assert nmse(run_reference(g, inputs).read(out), got) < 5e-4
 
@@ -110,7 +112,7 @@ def test_non_unit_row_stride_falls_back():
 def test_flat_rows_spans_the_view():
     base = np.arange(4 * 6 * 10, dtype=np.uint16).reshape(4, 6, 10)
     view = base[1:3, ::2, 2:7].transpose(1, 0, 2)[None]     # (1, 3, 2, 5), rows contiguous
-    flat, (_, o2, o1) = CK._flat_rows(view)
+    flat, (_, o2, o1) = flat_rows(view)
     assert flat.flags.c_contiguous and flat.ndim == 1
     for j2 in range(3):
         for m in range(2):
@@ -191,12 +193,12 @@ def test_expf_within_two_ulp_of_exp():
                             np.array([88.72, 88.7228, -87.336, 0.0, -0.0, 1e-30], np.float32)])
         want = np.exp(x.astype(np.float64)).astype(np.float32)
     got = np.empty_like(x)
-    _map(CK._EXPF)(x, got)
+    _map(EXPF)(x, got)
     normal = np.isfinite(want) & (want >= np.finfo(np.float32).tiny)
     ulp = np.abs(got[normal].view(np.int32).astype(np.int64) - want[normal].view(np.int32))
     assert ulp.max() <= 2
     assert (got[~normal & (x < 0)] == 0).all() and np.isinf(got[~normal & (x > 0)]).all()
     special = np.array([-np.inf, np.inf, np.nan], np.float32)
     out = np.empty_like(special)
-    _map(CK._EXPF)(special, out)
+    _map(EXPF)(special, out)
     assert out[0] == 0 and out[1] == np.inf and np.isnan(out[2])

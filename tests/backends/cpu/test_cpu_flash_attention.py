@@ -10,7 +10,7 @@ import pytest
 
 from ggraph import Context, build_graph, ops
 from ggraph.backends import get_backend
-from ggraph.backends.cpu import kernels
+from ggraph.backends.cpu import attn_bind
 from ggraph.check.reference import run_reference
 
 
@@ -39,15 +39,15 @@ def _case(nt: int, n_kv: int, nh: int, nkv_h: int, mask_heads: int, visible, dk:
 
 @pytest.mark.parametrize("nh,nkv_h", [(6, 1), (4, 4), (4, 2)])
 def test_decode_runs_of_cells(nh, nkv_h):
-    n_kv = 3 * kernels.DECODE_CELLS + 37
+    n_kv = 3 * attn_bind.DECODE_CELLS + 37
     # query 0 sees a middle stretch (the first run wholly masked), query 1 everything but the
     # last cells, query 2 nothing (its output is zeros)
-    spans = [slice(kernels.DECODE_CELLS + 5, n_kv - 9), slice(0, n_kv - 3), slice(0, 0)]
+    spans = [slice(attn_bind.DECODE_CELLS + 5, n_kv - 9), slice(0, n_kv - 3), slice(0, 0)]
     got = _case(3, n_kv, nh, nkv_h, 1, lambda h, t: spans[t])
     assert np.all(got.reshape(3, nh, 64)[2] == 0.0)   # (T, H, Dv): query 2 sees nothing
 
 
-@pytest.mark.parametrize("n_kv", [kernels.DECODE_CELLS - 21, 2 * kernels.DECODE_CELLS + 3])
+@pytest.mark.parametrize("n_kv", [attn_bind.DECODE_CELLS - 21, 2 * attn_bind.DECODE_CELLS + 3])
 def test_decode_cells_hidden_inside(n_kv):
     """Cells hidden from some rows, from every row (skipped: one in three), and at both ends
     (dropped), as sequences interleaved in one cache leave them; one run of cells, whose rows
@@ -58,7 +58,7 @@ def test_decode_cells_hidden_inside(n_kv):
 
 
 def test_decode_per_head_masks_alibi_softcap():
-    n_kv = 2 * kernels.DECODE_CELLS + 11
+    n_kv = 2 * attn_bind.DECODE_CELLS + 11
     _case(1, n_kv, 4, 2, 4, lambda h, t: slice(17 * h, n_kv - h), max_bias=8.0, softcap=30.0)
 
 
@@ -92,13 +92,13 @@ def _causal_rows(nt: int, start: int, n_kv: int, q_all: np.ndarray, kv: np.ndarr
     return got.reshape(nt, nh, dk)
 
 
-@pytest.mark.parametrize("start", [6, 11, 40, kernels.DECODE_CELLS - 3])
+@pytest.mark.parametrize("start", [6, 11, 40, attn_bind.DECODE_CELLS - 3])
 def test_decode_rows_do_not_depend_on_their_batch(start):
     """A query's output is the same, bit for bit, alone or with the queries after it (whose
     rows keep more cells in the unit): speculative decoding checks a draft in one batch and
     its greedy output must be the model's own. Before the softmax sum ran in fixed lanes it
     differed by ~1e-7 from 5 queries on, and a greedy text changed."""
-    n_kv = 2 * kernels.DECODE_CELLS
+    n_kv = 2 * attn_bind.DECODE_CELLS
     rng = np.random.default_rng(start)
     q_all = rng.uniform(-1, 1, (9, start + 8, 64)).astype(np.float32)
     kv = rng.uniform(-1, 1, (2, 3, n_kv, 64)).astype(np.float32)
@@ -117,7 +117,7 @@ def test_sequences_decoding_together_take_the_per_row_kernel(monkeypatch):
     that share their first cells, one sequence's tokens: test above; here the unit's cells
     start at the first sequence's, so the sums group another row's cells differently)."""
     n_seq, n_prompt, n_gen, nh, nkvh, dk = 12, 40, 9, 6, 2, 64
-    assert n_seq >= kernels.BLOCK_MIN_QUERIES
+    assert n_seq >= attn_bind.BLOCK_MIN_QUERIES
     n_kv = n_seq * (n_prompt + n_gen)
 
     def own(s: int) -> np.ndarray:
@@ -125,7 +125,7 @@ def test_sequences_decoding_together_take_the_per_row_kernel(monkeypatch):
         return np.concatenate((np.arange(s * n_prompt, (s + 1) * n_prompt), gen))
 
     seen = []
-    monkeypatch.setattr(kernels, "flash_attn_blocks", lambda *a: seen.append("blocks"))
+    monkeypatch.setattr(attn_bind, "flash_attn_blocks", lambda *a: seen.append("blocks"))
     got = _case(n_seq, n_kv, nh, nkvh, 1, lambda h, t: own(t))
     assert not seen                       # the query blocks never ran
     rng = np.random.default_rng(0)        # _case's inputs, to run each query alone

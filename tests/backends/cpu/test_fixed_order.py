@@ -22,7 +22,7 @@ from ggraph.backends.cpu.qvec import f16_fma, f16_fold, f16_zero
 SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
-    from ggraph.backends.cpu.kernels import decode_attention_kernel
+    from ggraph.backends.cpu.attn_bind import decode_attention_kernel
     from ggraph.ir.types import GGMLType as T
 
     H, HKV, DK, NKV = 6, 2, 80, 300   # two runs of cells; 80 = 5 x 16 lanes
