@@ -152,7 +152,9 @@ def direct(call):
         entry = done.entry_point if done is not None else f.compile(sig)
     except Exception:   # noqa: BLE001 - the dispatcher's own call says what is wrong
         return call
-    return partial(entry, *call.args)
+    out = partial(entry, *call.args)
+    out.__dict__.update(call.__dict__)   # what the call keeps alive (kernels.packed_call's)
+    return out
 
 
 def dispatcher_calls(calls) -> list[partial]:

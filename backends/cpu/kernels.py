@@ -231,29 +231,25 @@ def packed_call(kernel: Any, a: T, B: np.ndarray, products: Sequence[tuple], r: 
     pad = PACKED_MAX - len(products)
     starts = np.cumsum([0] + groups + [0] * pad, dtype=np.int64)
     full = list(products) + [products[-1][:3]] * pad
-    return partial(kernel, tuple(p[0] for p in full), starts, B, Q, ysb, ysi, ysf,
-                   tuple(p[1] for p in full), tuple(_bias_row(p[3] if len(p) > 3 else None,
-                                                              p[2]) for p in full),
-                   k, k // TYPE_RECORDS[a].block_size,
-                   np.array([p[2] for p in full], np.int64))
+    # each weight's rows, and the address of its bias row (0: none), which the call keeps
+    # alive: an address costs the call nothing to pass, an array its unboxing
+    ms = np.zeros((2, PACKED_MAX), np.int64)
+    ms[0] = [p[2] for p in full]
+    rows = tuple(_bias_row(p[3], p[2]) if len(p) > 3 and p[3] is not None else None
+                 for p in products)
+    ms[1, :len(rows)] = [0 if row is None else row.ctypes.data for row in rows]
+    call = partial(kernel, tuple(p[0] for p in full), starts, B, Q, ysb, ysi, ysf,
+                   tuple(p[1] for p in full), k, k // TYPE_RECORDS[a].block_size, ms)
+    call.keep = tuple(row for row in rows if row is not None)   # compile.direct carries it
+    return call
 
 
-# a product without a bias: every entry of the kernel's bias tuple is a read-only float32 row
-# (one numba type for the tuple, so one compiled specialization, indexed at run time)
-_NO_BIAS = np.empty(0, np.float32)
-_NO_BIAS.flags.writeable = False
-
-
-def _bias_row(bias: np.ndarray | None, m: int) -> np.ndarray:
-    """The read-only 1-D float32 view of a product's bias (m values), or the empty row."""
-    if bias is None:
-        return _NO_BIAS
+def _bias_row(bias: np.ndarray, m: int) -> np.ndarray:
+    """A product's bias as a 1-D float32 view of m contiguous values."""
     row = bias.reshape(-1)
     if row.dtype != np.float32 or row.shape != (m,) or not row.flags.c_contiguous:
         raise ValueError(f"packed_call: a bias must be {m} contiguous float32 values, got "
                          f"{row.dtype} of shape {bias.shape}")
-    row = row.view()
-    row.flags.writeable = False
     return row
 
 

@@ -8,8 +8,9 @@ The vector arithmetic over row lanes is qlanes.py's.
   and this host's PF_LOCALITY, PF_DISTANCE (benchmarks/ab_decode.py switches PF_LOCALITY
   before kernels compile, to measure the other choices);
 - `prefetch` (a hint of the host's locality), `prefetch_l1` (into L1, whatever the host);
-- `load_u32` (an unaligned little-endian word), `fetch_add` (an atomic counter),
-  `thread_count` (numba's threads now, callable from cached code).
+- `load_u32` (an unaligned little-endian word), `load_f32` (a float32 by address),
+  `fetch_add` (an atomic counter), `thread_count` (numba's threads now, callable from cached
+  code).
 
 Offsets are byte offsets into 1-D uint8 arrays; a prefetch never faults, so its offset may
 run past the array's end.
@@ -26,6 +27,7 @@ from .qvec import ptr_at
 from .threads import configure_openmp
 
 _I32 = ir.IntType(32)
+_F32 = ir.FloatType()
 
 
 def _cpu_id() -> tuple[str, int]:
@@ -79,6 +81,18 @@ def prefetch_choice(vendor: str, family: int) -> tuple[int, int]:
 
 
 PF_LOCALITY, PF_DISTANCE = prefetch_choice(*_cpu_id())
+
+
+@intrinsic
+def load_f32(typingctx, addr, i):
+    """float32 element i of the row at address addr (an int64 from the array's ctypes.data;
+    the caller keeps that array alive and i within it: nothing is checked)."""
+    def codegen(context, builder, sig, args):
+        base = builder.inttoptr(args[0], _F32.as_pointer())
+        idx = context.cast(builder, args[1], sig.args[1], types.intp)
+        return builder.load(builder.gep(base, [idx]))
+
+    return types.float32(addr, i), codegen
 
 
 @intrinsic
@@ -155,5 +169,5 @@ def thread_count(typingctx):
     return types.intp(), codegen
 
 
-__all__ = ["PF_DISTANCE", "PF_LOCALITY", "fetch_add", "load_u32", "prefetch", "prefetch_choice",
-           "prefetch_l1", "thread_count"]
+__all__ = ["PF_DISTANCE", "PF_LOCALITY", "fetch_add", "load_f32", "load_u32", "prefetch",
+           "prefetch_choice", "prefetch_l1", "thread_count"]

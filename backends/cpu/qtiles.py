@@ -37,7 +37,7 @@ from numba import njit, prange
 from ggraph.ir.types import GGMLType
 from .qlanes import (R, bit5, cf16, cf32, dpb, dpw, fadd, ffma, ffms, fload, fmas, fstore, fzero,
                      hi2, hi4, hi4x, ladd, ldh, ldq, lmul, lnib, lo4, lsubm, lut16, lzero)
-from .qmem import fetch_add, prefetch, prefetch_l1, thread_count
+from .qmem import fetch_add, load_f32, prefetch, prefetch_l1, thread_count
 from ..shared.bound import bound
 
 # names each binding supplies (backends/shared/bound.py)
@@ -253,13 +253,15 @@ def aux_q8_k(q, ysb, ysi, ysf, kk):
 
 # ---- the product ---------------------------------------------------------------------------
 
-def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, bs, kk, nb, ms):
-    """ds[p][i3, i2, n, :ms[p]] = packed weight ws[p] (ms[p] rows, nb blocks of kk / nb
-    elements) times column b[i3, i2, n], plus bias row bs[p] where it is not empty, for each
-    weight p of the tuple ws: one product, or several that read the same columns (a layer's
-    FFN gate and up: backends/cpu/fusion.py), their row groups numbered one weight after the
-    other from starts[p] (starts[-1]: all). The bias is added to the rounded product, as the
-    add node it stands for adds it (the same float32 sum).
+def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, kk, nb, ms):
+    """ds[p][i3, i2, n, :ms[0, p]] = packed weight ws[p] (ms[0, p] rows, nb blocks of kk / nb
+    elements) times column b[i3, i2, n], plus the float32 bias row at address ms[1, p] where it
+    is not 0, for each weight p of the tuple ws: one product, or several that read the same
+    columns (a layer's FFN gate and up: backends/cpu/fusion.py), their row groups numbered one
+    weight after the other from starts[p] (starts[-1]: all). The bias is added to the rounded
+    product, as the add node it stands for adds it (the same float32 sum); it comes by address
+    (kernels.packed_call keeps its array alive) since every array argument costs each call its
+    unboxing, ~70 ns hot, and most products have no bias.
     The columns are quantized first (in parallel when there are many), then threads take
     runs of row groups, each streaming its own share of the weights (then, where STEAL, the
     runs left in the others' shares) and dotting every group
@@ -357,7 +359,7 @@ def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, bs, kk, nb, ms):
                         while g >= starts[p + 1]:
                             p += 1
                         w, d, g1 = ws[p], ds[p], min(g_end, starts[p + 1])
-                        bias = bs[p]
+                        bias = ms[1, p]
                         for gg in range(g - starts[p], g1 - starts[p]):
                             # runs of kc blocks summed apart, joined in turn: row_group_dot's
                             # sums, kept in registers (no store and load a run)
@@ -371,23 +373,23 @@ def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, bs, kk, nb, ms):
                                 acc = tile1(acc, w, at, qc, bc, ic, fc, blk)
                                 at += TILE  # noqa: TILE is bound
                             fstore(part, 0, 0, fadd(tot, acc) if nb > kc else acc)
-                            for r in range(min(R, ms[p] - gg * R)):   # no views: no NRT calls
-                                if bias.size:
-                                    d[i3, i2, i1, gg * R + r] = part[0, r] + bias[gg * R + r]
+                            for r in range(min(R, ms[0, p] - gg * R)):  # no views: no NRT calls
+                                if bias:
+                                    d[i3, i2, i1, gg * R + r] = part[0, r] + load_f32(bias,
+                                                                                      gg * R + r)
                                 else:
                                     d[i3, i2, i1, gg * R + r] = part[0, r]
                         g = g1
                     for g in range(g, g_end):
-                        group_dot(ws, starts, q2, yb, yi, yf, ds, bs, nb, ms, part, g, c0, c1,
-                                  ce, full, kc, n2, nn)
+                        group_dot(ws, starts, q2, yb, yi, yf, ds, nb, ms, part, g, c0, c1, ce,
+                                  full, kc, n2, nn)
 
 
-def row_group_dot(ws, starts, q2, yb, yi, yf, ds, bs, nb, ms, part, g, c0, c1, ce, full, kc, n2,
-                  nn):
+def row_group_dot(ws, starts, q2, yb, yi, yf, ds, nb, ms, part, g, c0, c1, ce, full, kc, n2, nn):
     """Row group g (of the weights numbered one after the other from starts) times the
     quantized columns c0..ce (4, then 2, then 1 at a time; kc blocks at a time, summed in
-    part) into ds, plus the weight's bias row in bs where it is not empty, for the columns up
-    to c1 (ce - c1: the repeated padding column)."""
+    part) into ds, plus the weight's bias row (at address ms[1, p]) where it has one, for the
+    columns up to c1 (ce - c1: the repeated padding column)."""
     p = 0
     while g >= starts[p + 1]:
         p += 1
@@ -399,13 +401,14 @@ def row_group_dot(ws, starts, q2, yb, yi, yf, ds, bs, nb, ms, part, g, c0, c1, c
         dots4(w, base, q2, yb, yi, yf, part, c0, full, c0, k0, k1)
         dots2(w, base, q2, yb, yi, yf, part, full, pair, c0, k0, k1)
         dots1(w, base, q2, yb, yi, yf, part, pair, ce, c0, k0, k1)
-    rows = min(R, ms[p] - r0)
-    dp, bias = ds[p], bs[p]
+    rows = min(R, ms[0, p] - r0)
+    dp, bias = ds[p], ms[1, p]
     for j in range(c1 - c0):
         c = c0 + j
-        if bias.size:
+        if bias:
             for r in range(rows):
-                dp[c // (n2 * nn), (c // nn) % n2, c % nn, r0 + r] = part[j, r] + bias[r0 + r]
+                dp[c // (n2 * nn), (c // nn) % n2, c % nn, r0 + r] = part[j, r] + load_f32(
+                    bias, r0 + r)
         else:
             dp[c // (n2 * nn), (c // nn) % n2, c % nn, r0:r0 + rows] = part[j, :rows]
 

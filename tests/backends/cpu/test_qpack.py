@@ -163,6 +163,32 @@ def test_threads_that_take_each_others_runs_compute_the_same(monkeypatch):
     assert np.array_equal(got[True], _products(t, A, xb, qlanes.R)[0])
 
 
+@pytest.mark.parametrize("cols", [1, 5])
+def test_a_bias_row_is_added_and_lives_as_long_as_its_call(cols):
+    """A product with a bias (a folded add: backends/cpu/fusion.py) gives the product plus
+    the bias, bit for bit, through the call made direct (compile.direct), whose bias row
+    comes by address: the call keeps that row alive when nothing else does."""
+    import gc
+
+    from ggraph.backends.cpu.compile import direct
+    t, m, k = T.Q4_K, 2 * qlanes.R + 3, 256
+    P = qpack.pack(t, _weights(t, m, k, seed=21), qlanes.R)
+    rng = np.random.default_rng(22)
+    xb = rng.standard_normal((1, 1, cols, k)).astype(np.float32)
+    bias = rng.standard_normal(m).astype(np.float32)
+    kern = KK.packed_kernel(True, t, T.F32)
+    plain, biased = (np.full((1, 1, cols, m), np.nan, np.float32) for _ in range(2))
+    direct(KK.packed_call(kern, t, xb, [(P, plain, m)]))()
+    call = direct(KK.packed_call(kern, t, xb, [(P, biased, m, bias.copy())]))
+    gc.collect()
+    # numpy hands a freed small buffer to the next array of its size: a row not kept alive
+    # would now hold these values
+    junk = [np.full(m, 1e30, np.float32) for _ in range(8)]
+    call()
+    del junk
+    assert np.array_equal(biased, plain + bias)
+
+
 @pytest.mark.parametrize(("vendor", "family", "choice"), [
     ("GenuineIntel", 6, (3, 16384)), ("AuthenticAMD", 26, (0, 8192)),
     ("AuthenticAMD", 25, (0, 0)), ("", 0, (0, 0))])
