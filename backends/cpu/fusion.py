@@ -20,9 +20,9 @@ threads, 0.2-0.4 ms a token for gate and up, 0.84 more for Q, K and V (median pa
 differences; benchmarks/ab_decode.py --without fused-products | products-across, Intel
 Xeon Ice Lake). A product's bias add (Qwen2's Q, K and V) folds into the call, which adds the
 bias row as it stores the product (_bias_add; a product with a bias alone is such a group
-too): 0.16-0.27 ms of a Qwen2.5 1.5B token, 0.19 of the 0.5B's 13.9 at 2 threads (Zen 4,
-benchmarks/ab_decode.py --without product-bias). The tests compare the fused results with the
-unfused bit for bit.
+too): 0.16-0.27 ms of a Qwen2.5 1.5B token, 0.19-0.22 of the 0.5B's ~13.5 at 2 threads
+(Zen 4, benchmarks/ab_decode.py --without product-bias). The tests compare the fused results
+with the unfused bit for bit.
 A group's intermediate is left unwritten only when nothing outside the group reads it, it is
 no output, no observer reads it (an observed run: backends/observe.py), and the plan freed its
 memory at the group (exactly when Session.read would refuse it); otherwise the fused kernel
@@ -44,8 +44,8 @@ import numpy as np
 from ggraph.ir.opkind import OpKind
 from ggraph import config
 from ggraph.ir.tensor import Tensor
-from ..fusion_rules import PRE_OPS, Group, dead, match, scan
 from ggraph.ir.types import GGMLType
+from ..fusion_rules import PRE_OPS, Group, dead, match, scan
 from ..shared.elementwise import BINARY_CODE
 from . import attn_fusion, fused_templates as F, kernels
 from .compile import in_turn, is_small
