@@ -208,7 +208,10 @@ def feed_inputs(graph: Any, inputs: Mapping[Tensor | str, Any],
             raise ValueError(f"input keys must be tensors or names, got {type(k).__name__} "
                              f"{k!r}")
     values: list[tuple[Tensor, np.ndarray]] = []
-    for leaf in leafs:
+    # keyed by tensors only (a decode step), a Graph's leafs without data are the only ones
+    # to ask whether an input went unfed: not every weight of the model, every token
+    scan = graph.leafs_without_data() if isinstance(graph, Graph) and not by_name else leafs
+    for leaf in scan:
         if leaf in by_tensor:
             v = by_tensor[leaf]
         elif leaf.name in by_name:
@@ -218,6 +221,10 @@ def feed_inputs(graph: Any, inputs: Mapping[Tensor | str, Any],
                 raise ValueError(f"graph input {leaf.describe()} was given no value")
             continue
         values.append((leaf, check_input(leaf, v)))
+    if scan is not leafs:   # the other tensor keys: leafs with data (checked as leafs above)
+        seen = {leaf for leaf, _ in values}
+        values += [(leaf, check_input(leaf, v)) for leaf, v in by_tensor.items()
+                   if leaf not in seen]
     for leaf, v in values:  # nothing is written unless every value is good
         write(leaf, v.reshape(leaf.shape))
 

@@ -30,6 +30,7 @@ class Graph:
         self.leafs: list[Tensor] = []
         self._visited: set[Tensor] = set()   # nodes and leafs already in the graph
         self._by_name: dict[str, Tensor] = {}
+        self._no_data: tuple[int, tuple[Tensor, ...]] | None = None   # leafs_without_data's
 
     @classmethod
     def from_lists(cls, nodes: Sequence[Tensor], leafs: Sequence[Tensor]) -> "Graph":
@@ -42,6 +43,15 @@ class Graph:
 
     def __len__(self) -> int:
         return len(self.nodes)
+
+    def leafs_without_data(self) -> tuple[Tensor, ...]:
+        """The leafs that had no host data when this was last worked out (again each time a
+        leaf is added), in order: the only ones a run can find unfed. Data is set on a leaf,
+        never taken away, so a caller asks `data is None` again of these; feeding a decode
+        step walked all of a model's ~300 leafs, weights included, every token."""
+        if self._no_data is None or self._no_data[0] != len(self.leafs):
+            self._no_data = (len(self.leafs), tuple(t for t in self.leafs if t.data is None))
+        return self._no_data[1]
 
     @property
     def n_nodes(self) -> int:
