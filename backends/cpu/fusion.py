@@ -206,15 +206,14 @@ def _bind_products(seq: list[Tensor], i: int, s: Any, read_by: dict[Tensor, set[
         for node, packed in chain])
     if not later:
         return Group(tuple(nodes), call)
+    # a product computed into a buffer lands where its result (or its folded add's) would
+    # have been written, at that node's turn
+    lands = {fold[p][0] if p in fold else p: later[p] for p in later}
     rest = []
     for n in nodes[1:]:
-        if n in products or n in folded:
-            # a product computed into a buffer lands where its result (or its folded add's)
-            # would have been written: at the add's turn where it has one
-            p = folded.get(n, n)
-            if p in later and (n in folded or p not in fold):
-                rest.append(partial(np.copyto, *later[p]))
-        elif (c := s.bind_node(n)) is not None:
+        if n in lands:
+            rest.append(partial(np.copyto, *lands[n]))
+        elif n not in products and n not in folded and (c := s.bind_node(n)) is not None:
             rest.append(c)
     return Group(tuple(nodes), partial(in_turn, call, rest))
 
