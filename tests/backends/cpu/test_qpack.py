@@ -13,7 +13,7 @@ from ggraph.codecs import quants
 from ggraph.ir.types import TYPE_RECORDS
 from ggraph.ir.types import GGMLType as T
 from ggraph.backends.cpu import kernels as KK
-from ggraph.backends.cpu import qlanes, qmem, qpack
+from ggraph.backends.cpu import lane_ir, qlanes, qmem, qpack
 
 PACKED = sorted(qpack.PACKS, key=int)
 
@@ -222,8 +222,10 @@ def test_q4_k_high_nibbles_at_their_extremes(r):
 def test_instruction_choices_agree(monkeypatch, flags):
     """Without VNNI the bytes are multiplied by vpmaddubsw + vpmaddwd, without x86 vectors in
     portable IR: the same integers (types whose quants stay below 128 only: qpack.Pack)."""
-    for name, v in flags.items():
+    for name, v in flags.items():   # read where the dots are built and by the intrinsics
+        monkeypatch.setattr(lane_ir, name, v)
         monkeypatch.setattr(qlanes, name, v)
+    assert qlanes.byte_dot(qlanes.R) != "vnni"   # the patch reached the dots
     for t in (T.Q4_K, T.Q6_K, T.Q5_0):
         A = _weights(t, qlanes.R + 2, 256, seed=5)
         xb = np.random.default_rng(6).standard_normal((1, 1, 2, 256)).astype(np.float32)
@@ -233,8 +235,8 @@ def test_instruction_choices_agree(monkeypatch, flags):
 def test_full_byte_types_need_vnni(monkeypatch):
     """Q8_0 and IQ4_XS quants reach 255 once packed: without VNNI they keep the row dots."""
     assert qpack.packable(T.Q4_K, (256, 32))
-    monkeypatch.setattr(qlanes, "VNNI512", False)
-    monkeypatch.setattr(qlanes, "VNNI256", False)
+    monkeypatch.setattr(lane_ir, "VNNI512", False)   # where bytes_exact reads them
+    monkeypatch.setattr(lane_ir, "VNNI256", False)
     if qlanes.AVX512 or qlanes.AVX2:
         assert not qpack.packable(T.Q8_0, (256, 32)) and not qpack.packable(T.IQ4_XS, (256, 32))
     assert qpack.packable(T.Q4_K, (256, 32))
