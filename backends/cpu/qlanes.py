@@ -17,7 +17,10 @@ their vector arguments, so one layout width can be compiled and tested on any ho
 - integer products: `dpb` (acc + 4-byte dot with a broadcast activation dword, vpdpbusd with
   VNNI, vpmaddubsw + vpmaddwd without), `dpw` (acc + 2 widened bytes per lane times a
   broadcast pair of i16 activation sums, vpdpwssd with VNNI), `lmul` (acc times R per-row
-  bytes), `lsubm`, `ladd`, `lzero`;
+  bytes), `lmul6` (acc times R per-row 6-bit K-quant scales, decoded from the 12 stored scale
+  bytes as planes of R),
+  `dpw6` (acc + two sub-blocks' decoded mins per lane times a broadcast pair of i16 activation
+  sums, vpdpwssd with VNNI), `lsubm`, `ladd`, `lzero`;
 - floats: `fzero`, `ldh` (R f16 row scales), `ffma`/`ffms` (acc +/- float(ints) *
   (scales * s)), `fmas` (acc + scales * s), `cf32`/`cf16` (each column's float), `fadd`,
   `fload`/`fstore` (R lanes of each column from/to a 2-D float array).
@@ -235,6 +238,63 @@ def lmul(typingctx, acc, arr, off, signed):
     return acc(acc, arr, off, signed), codegen
 
 
+def _k6(context, builder, sig, args, a, b, mode, n):
+    """The r 6-bit K-quant scales or mins of one sub-block, from the 12 scale bytes stored
+    as planes of r (plane i: byte i of every row; ggml's get_scale_min_k4): mode 0 the low 6
+    bits of the plane at a (sub-blocks 0-3), 1 its low nibble and 2 its high nibble under
+    the top 2 bits of the plane at b (sub-blocks 4-7: scales, mins)."""
+    x = builder.load(ptr_at(context, builder, sig.args[1], args[1], args[a],
+                            ir.VectorType(I8, n)), align=1)
+    v8 = ir.VectorType(I8, n)
+    if mode == 0:
+        return builder.and_(x, vconst(v8, [63] * n))
+    y = builder.load(ptr_at(context, builder, sig.args[1], args[1], args[b], v8), align=1)
+    top = builder.lshr(builder.and_(y, vconst(v8, [-64] * n)), vconst(v8, [2] * n))
+    low = (builder.and_(x, vconst(v8, [15] * n)) if mode == 1 else
+           builder.lshr(x, vconst(v8, [4] * n)))
+    return builder.or_(low, top)
+
+
+@intrinsic
+def lmul6(typingctx, acc, arr, a, b, mode):
+    """acc times the r 6-bit scales (or mins) `_k6` decodes (mode: a literal 0, 1 or 2)
+    lane by lane, the same for every column."""
+    m, n, k = literal_int(mode), acc.r, acc.c
+    if m is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        e = builder.zext(_k6(context, builder, sig, args, 2, 3, m, n), int_vec(n))
+        return builder.mul(args[0], repeat_columns(builder, e, k))
+
+    return acc(acc, arr, a, b, mode), codegen
+
+
+@intrinsic
+def dpw6(typingctx, acc, arr, a, b, mode, y, yo):
+    """`dpw` over the 6-bit mins of two sub-blocks that `_k6` decodes (mode: a literal 0 or
+    2), the second's planes r bytes after the first's (a + r, b + r): acc + m0 * s0 + m1 * s1
+    in lane l of column j, s0, s1 the two i16 at y[j, yo]."""
+    m, n, k = literal_int(mode), acc.r, acc.c
+    if m is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        lo = builder.zext(_k6(context, builder, sig, args, 2, 3, m, n), int_vec(n))
+        nxt = [args[0], args[1], builder.add(args[2], ir.Constant(args[2].type, n)),
+               builder.add(args[3], ir.Constant(args[3].type, n))]
+        hi = builder.zext(_k6(context, builder, sig, nxt, 2, 3, m, n), int_vec(n))
+        pair = builder.or_(lo, builder.shl(hi, vconst(int_vec(n), [16] * n)))
+        w = builder.bitcast(pair, word_vec(n))
+        ys = column_loads(context, builder, sig, args, 5, 6, I32, k)
+        parts = split_columns(builder, args[0], n, k)
+        return concat(builder, [
+            dot_words(builder, p, w, builder.bitcast(splat_lanes(builder, yj, n), word_vec(n)), n)
+            for p, yj in zip(parts, ys)])
+
+    return acc(acc, arr, a, b, mode, y, yo), codegen
+
+
 @intrinsic
 def lsubm(typingctx, acc, arr, i):
     """acc - arr[j, i] in the lanes of column j (arr a 2-D int32 array)."""
@@ -420,5 +480,5 @@ def fstore(typingctx, d, c0, off, v):
 
 __all__ = ["AVX512", "AVX2", "VNNI512", "VNNI256", "R", "WIDTHS", "flavor", "ldq", "lo4", "hi4",
            "hi4x", "lnib", "byte_dot", "bytes_exact", "bit5", "hi2", "lut16", "lzero", "dpb",
-           "dpw", "lmul", "lsubm", "ladd", "fzero", "ldh", "ffma", "ffms", "fmas",
+           "dpw", "dpw6", "lmul", "lmul6", "lsubm", "ladd", "fzero", "ldh", "ffma", "ffms", "fmas",
            "cf32", "cf16", "fadd", "fload", "fstore"]

@@ -10,7 +10,8 @@ The vector arithmetic over row lanes is qlanes.py's.
 - `prefetch` (a hint of the host's locality), `prefetch_l1` (into L1, whatever the host);
 - `load_u32` (an unaligned little-endian word), `load_f32` (a float32 by address),
   `fetch_add` (an atomic counter), `thread_count` (numba's threads now, callable from cached
-  code).
+  code), `in_order` (a compiler barrier: the loads after it are not hoisted among those
+  before, so a cold stream asks for its lines in order: qtiles.k4_pair).
 
 Offsets are byte offsets into 1-D uint8 arrays; a prefetch never faults, so its offset may
 run past the array's end.
@@ -154,6 +155,17 @@ def fetch_add(typingctx, arr, i, v):
 
 
 @intrinsic
+def in_order(typingctx):
+    """A compiler barrier (an empty asm that clobbers memory): no load or store is moved
+    across it, so the loads of the steps after it issue after those before it."""
+    def codegen(context, builder, sig, args):
+        builder.asm(ir.FunctionType(ir.VoidType(), []), "", "~{memory}", [], True)
+        return context.get_dummy_value()
+
+    return types.none(), codegen
+
+
+@intrinsic
 def thread_count(typingctx):
     """The threads numba's parallel loops run on now (numba.set_num_threads), read from the
     threading layer's symbol as those loops read it: numba.get_num_threads() in compiled
@@ -169,5 +181,5 @@ def thread_count(typingctx):
     return types.intp(), codegen
 
 
-__all__ = ["PF_DISTANCE", "PF_LOCALITY", "fetch_add", "load_f32", "load_u32", "prefetch",
-           "prefetch_choice", "prefetch_l1", "thread_count"]
+__all__ = ["PF_DISTANCE", "PF_LOCALITY", "fetch_add", "in_order", "load_f32", "load_u32",
+           "prefetch", "prefetch_choice", "prefetch_l1", "thread_count"]

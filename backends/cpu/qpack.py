@@ -10,14 +10,19 @@ A tile holds the same block of R rows, field by field:
   g + 1, ...: one 4R-byte load holds bytes 4g..4g+3 of each row (backends/cpu/qlanes.py);
 - a fifth bit (Q5_0, Q5_1, Q5_K) as byte masks: for quant group g, the mask of its low
   nibbles then of its high nibbles, 4R bits each, bit 4 l + i for byte i of row l;
-- per-row scales as R consecutive values of their type (f16 d, dmin, m; K-quant sub-block
-  scales and mins as decoded bytes, R per sub-block; Q4_K/Q5_K mins by pairs of sub-blocks,
-  2 bytes per row, for vpdpwssd against pairs of activation sums);
+- per-row scales as R consecutive values of their type (f16 d, dmin, m; Q5_K's and Q6_K's
+  sub-block scales and Q5_K's mins as decoded bytes, R per sub-block, Q5_K's mins by pairs of
+  sub-blocks, 2 bytes per row, for vpdpwssd against pairs of activation sums; Q4_K's 12 bytes
+  of 6-bit scales and mins as stored, as 12 planes of R, which the product decodes as it
+  applies them: backends/cpu/qlanes.py's lmul6 and dpw6);
 - Q8_0's int8 quants are stored + 128 (unsigned: vpdpbusd's left side), IQ4_XS's scales as
   their signed value ls - 32.
 
-Tiles are as large as the original blocks, a few bytes more for the decoded K-quant scales
-(Q4_K 148 / 144, Q5_K 180 / 176, IQ4_XS 138 / 136 bytes per row and block). `pack(t, data)`
+Tiles are as large as the original blocks, a few bytes more for decoded scales (Q5_K 180 /
+176, IQ4_XS 138 / 136 bytes per row and block). Q4_K's tile once held decoded scales too (148
+/ 144): read cold, its 2.8% more bytes cost more than decoding them costs the product
+(backends/cpu/qtiles.py's k4_tile has the figures); Q5_K's product ran slower with them
+stored. `pack(t, data)`
 builds the layout (numpy, vectorized per field), `unpack` restores the original bytes (the
 tests check that the two are inverse); `PACKS` says which types have a layout and where each
 field sits in a tile (the tile functions of backends/cpu/qtiles.py read them).
@@ -49,10 +54,11 @@ class Pack:
         return self.row_bytes * r
 
 
-# bytes per row of one tile, per type (the original block size plus decoded scales)
+# bytes per row of one tile, per type (the original block size, plus decoded scales for Q5_K
+# and IQ4_XS)
 PACKS: dict[GGMLType, Pack] = {
     T.Q4_0: Pack(18), T.Q4_1: Pack(20), T.Q5_0: Pack(22), T.Q5_1: Pack(24),
-    T.Q8_0: Pack(34, full_u8=True), T.Q4_K: Pack(148), T.Q5_K: Pack(180), T.Q6_K: Pack(210),
+    T.Q8_0: Pack(34, full_u8=True), T.Q4_K: Pack(144), T.Q5_K: Pack(180), T.Q6_K: Pack(210),
     T.IQ4_XS: Pack(138, full_u8=True),
 }
 
@@ -235,7 +241,7 @@ def _layout(t: GGMLType, r: int) -> tuple[list[int], list[tuple[int, np.ndarray]
     q5 = [(4 * r, _NAT4), (r, _NAT4)]
     return {T.Q4_0: ([2], q4), T.Q4_1: ([4], q4), T.Q5_0: ([2], q5),
             T.Q5_1: ([4], q5), T.Q8_0: ([2], [(4 * r, _NAT8)]),
-            T.Q4_K: ([8, 8, 4], [(4 * r, _NAT32)]),
+            T.Q4_K: ([12, 4], [(4 * r, _NAT32)]),
             T.Q5_K: ([8, 8, 4], [(4 * r, _NAT32), (r, _NAT32)]),
             T.Q6_K: ([16, 2], [(4 * r, _Q6_A), (4 * r, _Q6_B), (4 * r, _Q6_H)]),
             T.IQ4_XS: ([8, 2], [(4 * r, _NAT32)])}[t]
@@ -325,7 +331,6 @@ def _k4_fields(x, mins):
 _FIELDS = {
     T.Q5_0: ((lambda x: _q5_masks(x, 2), 4),),
     T.Q5_1: ((lambda x: _q5_masks(x, 4), 4),),
-    T.Q4_K: ((lambda x: _k4_fields(x, False), 8), (lambda x: _k4_fields(x, True), 8)),
     T.Q5_K: ((lambda x: _k4_fields(x, False), 8), (lambda x: _k4_fields(x, True), 8),
              (_q5k_masks, 32)),
     T.IQ4_XS: ((lambda x: _per_row(_iq4_ls(x)), 8),),
@@ -355,12 +360,12 @@ def _pack_blocks(t: GGMLType, x: np.ndarray, mark: bool = False) -> np.ndarray:
         body = [_dwords(q)]
         if t in (T.Q5_0, T.Q5_1):
             body.append(field(0))
-    elif t in (T.Q4_K, T.Q5_K):
+    elif t == T.Q4_K:
+        head = [_per_row(x[..., 4:16]), _halves(x[..., 0:4], 2)]
+        body = [_dwords(x[..., 16:144])]
+    elif t == T.Q5_K:
         head = [field(0), field(1), _halves(x[..., 0:4], 2)]
-        q0 = 16 if t == T.Q4_K else 48
-        body = [_dwords(x[..., q0:q0 + 128])]
-        if t == T.Q5_K:
-            body.append(field(2))
+        body = [_dwords(x[..., 48:176]), field(2)]
     elif t == T.Q6_K:
         head = [_per_row(x[..., 192:208]), _halves(x[..., 208:210], 1)]
         ql = _dwords(x[..., 0:128])
@@ -391,13 +396,15 @@ def _unpack_blocks(t: GGMLType, p: np.ndarray, r: int) -> np.ndarray:
         x[..., q0:] = q ^ np.uint8(128) if t == T.Q8_0 else q
         if t in (T.Q5_0, T.Q5_1):
             x[..., 2 * nh:2 * nh + 4] = _q5_unbits(_unmasks(body[1], 32, r))
-    elif t in (T.Q4_K, T.Q5_K):
+    elif t == T.Q4_K:
+        x[..., 4:16] = _unper_row(head[0], 12, r)
+        x[..., 0:4] = _unhalves(head[1], 2, r)
+        x[..., 16:144] = _undwords(body[0], 128, r)
+    elif t == T.Q5_K:
         x[..., 4:16] = _k4_unscales(_unper_row(head[0], 8, r), _unpairs(head[1], r))
         x[..., 0:4] = _unhalves(head[2], 2, r)
-        q0 = 16 if t == T.Q4_K else 48
-        x[..., q0:q0 + 128] = _undwords(body[0], 128, r)
-        if t == T.Q5_K:
-            x[..., 16:48] = _q5k_unbits(_unmasks(body[1], 256, r))
+        x[..., 48:176] = _undwords(body[0], 128, r)
+        x[..., 16:48] = _q5k_unbits(_unmasks(body[1], 256, r))
     elif t == T.Q6_K:
         x[..., 192:208] = _unper_row(head[0], 16, r)
         x[..., 208:210] = _unhalves(head[1], 1, r)

@@ -35,9 +35,10 @@ import numpy as np
 from numba import njit, prange
 
 from ggraph.ir.types import GGMLType
-from .qlanes import (R, bit5, cf16, cf32, dpb, dpw, fadd, ffma, ffms, fload, fmas, fstore, fzero,
-                     hi2, hi4, hi4x, ladd, ldh, ldq, lmul, lnib, lo4, lsubm, lut16, lzero)
-from .qmem import fetch_add, load_f32, prefetch, prefetch_l1, thread_count
+from .qlanes import (R, bit5, cf16, cf32, dpb, dpw, dpw6, fadd, ffma, ffms, fload, fmas,
+                     fstore, fzero, hi2, hi4, hi4x, ladd, ldh, ldq, lmul, lmul6, lnib, lo4, lsubm,
+                     lut16, lzero)
+from .qmem import fetch_add, in_order, load_f32, prefetch, prefetch_l1, thread_count
 from ..shared.bound import bound
 
 # names each binding supplies (backends/shared/bound.py)
@@ -122,38 +123,84 @@ def tile_q8_0(acc, w, t, q, ysb, ysi, ysf, b):
 
 
 # ---- 256-element super-blocks (activations: Q8_K, 292 bytes: f32 d, 256 int8, 16 int16) ---
-# header: 8 scale bytes per row (sub-block j at t + j R), the mins by pairs (pair p at
-# t + 8 R + 2 R p), R f16 d, R f16 dmin; then 32 steps of 4R quant bytes (and a mask each)
+# Q4_K's header: its 12 scale bytes as planes of R (plane i at t + i R), R f16 d, R f16 dmin;
+# then 32 steps of 4R quant bytes. Q5_K's: 8 scale bytes per row (sub-block j at t + j R), the
+# mins by pairs (pair p at t + 8 R + 2 R p), R f16 d, R f16 dmin; then 32 steps of 4R quant
+# bytes and a mask each (qpack.py)
 
-def k4_sums(w, o, q, p, t, five):
-    """Q4_K/Q5_K: sum_j scale_j * dot_j over the 8 sub-blocks: steps from byte o, scales in
-    the header at t."""
+def k4_pair(w, o, q, p, jp):
+    """Q4_K: the dots of sub-blocks 2 jp and 2 jp + 1, 8 steps from byte o + 8 jp steps.
+    The barrier keeps the pair's loads after the previous pair's: without it LLVM hoists
+    later pairs' loads among the first pair's, and the cold stream asks for lines out of
+    order. Paired cold rounds of 400 MB (Zen 4), against the tile with decoded scales and no
+    barrier: 1536 x 8960 1.06x at 1 thread, 1.03-1.06x at 2; the planes without the barrier
+    0.98-0.99x at 1 thread, 0.90-0.97x at 2; a barrier a step 1.01-1.03x; the decoded tile with
+    the barrier 1.00x."""
+    s0, s1 = lzero(R, C), lzero(R, C)
+    in_order()
+    for k in range(8):
+        at = o + 4 * R * (8 * jp + k)
+        ahead(w, at)
+        v = ldq(w, at, R)
+        # the high nibbles dotted where they lie (qlanes.bytes_exact): hot, one column 3.5-6%
+        # faster on Zen 4, 8 columns 7-9%; not kept for the 32-element types, where one
+        # column ran 1.5-3% slower (a shift per block)
+        y = p + 64 * jp + 4 * k
+        s0, s1 = dpb(s0, lo4(v), q, y), dpb(s1, hi4x(v), q, y + 32)
+    return s0, lnib(s1)
+
+
+def k4_tile(acc, w, t, q, ysb, b):
+    """Q4_K: d * sum_j scale_j dot_j - dmin * sum_j min_j sum_j(quants), the 6-bit scales and
+    mins decoded from their planes as each pair of sub-blocks is summed (qlanes.lmul6,
+    dpw6: those of sub-blocks 0-3 in planes 0-3 (scales) and 4-7 (mins); of 4-7, 4 bits in
+    planes 8-11 and 2 in the top of 0-3 and 4-7)."""
+    for o in range(0, 16 * R, 64):   # the header of the tile PF ahead (the steps cover bodies)
+        ahead(w, t + o)
+    o = t + 16 * R
+    isum = lzero(R, C)
+    for jp in range(2):
+        s0, s1 = k4_pair(w, o, q, 292 * b + 4, jp)
+        isum = ladd(isum, ladd(lmul6(s0, w, t + 2 * jp * R, 0, 0),
+                               lmul6(s1, w, t + (2 * jp + 1) * R, 0, 0)))
+    for jp in range(2, 4):
+        s0, s1 = k4_pair(w, o, q, 292 * b + 4, jp)
+        isum = ladd(isum, ladd(lmul6(s0, w, t + (2 * jp + 4) * R, t + (2 * jp - 4) * R, 1),
+                               lmul6(s1, w, t + (2 * jp + 5) * R, t + (2 * jp - 3) * R, 1)))
+    msum = lzero(R, C)
+    for pr in range(2):   # mins by pairs of sub-blocks against pairs of activation sums
+        msum = dpw6(msum, w, t + (4 + 2 * pr) * R, 0, 0, ysb, 16 * b + 4 * pr)
+    for pr in range(2, 4):
+        msum = dpw6(msum, w, t + (4 + 2 * pr) * R, t + 2 * pr * R, 2, ysb, 16 * b + 4 * pr)
+    dq = cf32(q, 292 * b, C)
+    acc = ffma(acc, isum, ldh(w, t + 12 * R, R), dq)
+    return ffms(acc, msum, ldh(w, t + 14 * R, R), dq)
+
+
+def k5_sums(w, o, q, p, t):
+    """Q5_K: sum_j scale_j * dot_j over the 8 sub-blocks: steps from byte o, scales in the
+    header at t. (Q5_K's 12 scale bytes stored as Q4_K's are, decoded by the product, ran
+    0.93-0.96x cold at 1 thread, with or without barriers.)"""
     isum = lzero(R, C)
     for jp in range(4):
         s0, s1 = lzero(R, C), lzero(R, C)
         for k in range(8):
-            at = o + (4 + five) * R * (8 * jp + k)
+            at = o + 5 * R * (8 * jp + k)
             ahead(w, at)
             v = ldq(w, at, R)
-            if five:
-                lo = bit5(lo4(v), w, at + 4 * R)
-                hi = bit5(hi4(v), w, at + 4 * R + R // 2)
-            else:   # Q4_K: the high nibbles dotted where they lie (qlanes.bytes_exact):
-                # hot, one column 3.5-6% faster on Zen 4, 8 columns 7-9%; not kept for the
-                # 32-element types, where one column ran 1.5-3% slower (a shift per block)
-                lo, hi = lo4(v), hi4x(v)
             y = p + 64 * jp + 4 * k
-            s0, s1 = dpb(s0, lo, q, y), dpb(s1, hi, q, y + 32)
+            s0 = dpb(s0, bit5(lo4(v), w, at + 4 * R), q, y)
+            s1 = dpb(s1, bit5(hi4(v), w, at + 4 * R + R // 2), q, y + 32)
         isum = ladd(isum, ladd(lmul(s0, w, t + 2 * jp * R, False),
-                               lmul(s1 if five else lnib(s1), w, t + (2 * jp + 1) * R, False)))
+                               lmul(s1, w, t + (2 * jp + 1) * R, False)))
     return isum
 
 
-def k4_tile(acc, w, t, q, ysb, b, five):
-    """Q4_K/Q5_K: d * sum_j scale_j dot_j - dmin * sum_j min_j sum_j(quants)."""
+def k5_tile(acc, w, t, q, ysb, b):
+    """Q5_K: d * sum_j scale_j dot_j - dmin * sum_j min_j sum_j(quants)."""
     for o in range(0, 20 * R, 64):   # the header of the tile PF ahead (the steps cover bodies)
         ahead(w, t + o)
-    isum = k4_sums(w, t + 20 * R, q, 292 * b + 4, t, five)
+    isum = k5_sums(w, t + 20 * R, q, 292 * b + 4, t)
     msum = lzero(R, C)
     for pr in range(4):  # mins by pairs of sub-blocks against pairs of activation sums
         msum = dpw(msum, w, t + 8 * R + 2 * R * pr, ysb, 16 * b + 4 * pr, False)
@@ -163,11 +210,11 @@ def k4_tile(acc, w, t, q, ysb, b, five):
 
 
 def tile_q4_k(acc, w, t, q, ysb, ysi, ysf, b):
-    return k4_tile(acc, w, t, q, ysb, b, 0)
+    return k4_tile(acc, w, t, q, ysb, b)
 
 
 def tile_q5_k(acc, w, t, q, ysb, ysi, ysf, b):
-    return k4_tile(acc, w, t, q, ysb, b, 1)
+    return k5_tile(acc, w, t, q, ysb, b)
 
 
 def tile_q6_k(acc, w, t, q, ysb, ysi, ysf, b):
@@ -451,8 +498,8 @@ TILES: dict[GGMLType, Tile] = {
     T.Q5_0: Tile(tile_q5_0, aux_q8_0, (nib_sum,), off=16),
     T.Q5_1: Tile(tile_q5_1, aux_q8_0, (nib_sum,)),
     T.Q8_0: Tile(tile_q8_0, aux_q8_0, off=128),
-    T.Q4_K: Tile(tile_q4_k, aux_q8_k, (k4_sums, k4_tile)),
-    T.Q5_K: Tile(tile_q5_k, aux_q8_k, (k4_sums, k4_tile)),
+    T.Q4_K: Tile(tile_q4_k, aux_q8_k, (k4_pair, k4_tile)),
+    T.Q5_K: Tile(tile_q5_k, aux_q8_k, (k5_sums, k5_tile)),
     T.Q6_K: Tile(tile_q6_k, aux_q8_k, off=32, sub=16),
     T.IQ4_XS: Tile(tile_iq4_xs, aux_q8_k, off=128),
 }
