@@ -29,6 +29,8 @@ the code as it is, so keep -n below the first step):
 - work-stealing: a packed product's threads take only their own share of its row groups,
   not the others' once theirs are done (kernels.PACKED_STEAL set to False).
 Whole-benchmark speed is `ggraph bench`; this is for telling a 1-3% change from the noise.
+A change no switch turns off (a packed layout, the code LLVM is given) is measured against
+an earlier revision by benchmarks/ab_revision.py, the same way.
 """
 from __future__ import annotations
 

@@ -1,0 +1,206 @@
+"""A paired A/B of the working tree against another revision, in one process: the other
+revision's ggraph is extracted (git archive) and imported under the name `ggraph_base`, and
+both take turns on the same work, the order alternating, so a stretch when the host's memory
+is slow falls on both. For kernel changes that a switch cannot turn off (a packed layout, the
+code LLVM is given): benchmarks/ab_decode.py is the one for switches.
+
+    python benchmarks/ab_revision.py mv --base HEAD~1 --type Q4_K --shape 1536x8960 -t 1
+    python benchmarks/ab_revision.py decode --base HEAD~1 -m qwen2.5-coder-1.5b -t 2 -n 150
+
+- mv: a cold mat-vec, one graph of copies of one weight (--mib of them, past the L3) times one
+  column; random blocks with small finite f16 scales; each side packs its own copies as at
+  model load. Checks that both sides give the same floats, prints each side's GB/s of stored
+  bytes (median, best) and the paired speedup (base time / working-tree time).
+- decode: two engines of one model, decode tokens in turn, the paired difference a token.
+
+The extracted revision is kept under ~/.cache/ggraph/ab/<commit> (its numba cache with it),
+so a second run against the same base compiles nothing again.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
+from benchlib import model_option, out_option, threads_option, write_results
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# setup.py's mapping: the top-level folders that install as ggraph.*
+ROOTS = {"ggraph": "", "ops": "ops", "backends": "backends", "graphs": "graphs", "tools": "tools"}
+NAME = "ggraph_base"
+# where each type's f16 scales sit in a block (set to a small finite value; the rest random)
+F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+              "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,)}
+_IMPORT = re.compile(r"\bggraph(?=[.\s])")
+
+
+def extract(base: str) -> str:
+    """The folder holding `ggraph_base`, the revision `base` with its imports renamed."""
+    sha = subprocess.run(["git", "-C", REPO, "rev-parse", base], check=True, text=True,
+                         capture_output=True).stdout.strip()
+    root = os.path.join(os.path.expanduser("~/.cache/ggraph/ab"), sha)
+    pkg = os.path.join(root, NAME)
+    if os.path.isfile(os.path.join(pkg, "__init__.py")):
+        return root
+    tmp = tempfile.mkdtemp(prefix="ab_")
+    try:
+        tar = os.path.join(tmp, "src.tar")
+        subprocess.run(["git", "-C", REPO, "archive", "-o", tar, sha], check=True)
+        with tarfile.open(tar) as t:
+            t.extractall(os.path.join(tmp, "src"), filter="data")
+        out = os.path.join(tmp, NAME)
+        shutil.copytree(os.path.join(tmp, "src", "ggraph"), out)
+        for sub, folder in ROOTS.items():
+            if folder:
+                shutil.copytree(os.path.join(tmp, "src", folder), os.path.join(out, sub))
+        for d, _, files in os.walk(out):
+            for f in files:
+                if f.endswith(".py"):
+                    p = os.path.join(d, f)
+                    with open(p, encoding="utf-8") as fh:
+                        text = fh.read()
+                    with open(p, "w", encoding="utf-8") as fh:
+                        fh.write(_IMPORT.sub(NAME, text))
+        os.makedirs(root, exist_ok=True)
+        shutil.rmtree(pkg, ignore_errors=True)
+        os.replace(out, pkg)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
+class _OwnBytes:
+    """A WeightSource over the leaves' own bytes (bench_kquant's): packed as at load."""
+
+    def read_rows(self, t: Any, row0: int, out: np.ndarray) -> None:
+        out[...] = np.asarray(t.data).reshape(-1, out.shape[1])[row0:row0 + out.shape[0]]
+
+    def release(self, t: Any) -> None:
+        pass
+
+
+def _mv_side(pkg: Any, type_name: str, wbytes: np.ndarray, k: int, m: int, copies: int,
+             threads: int) -> dict[str, Any]:
+    import importlib
+
+    T = importlib.import_module(pkg.__name__ + ".ir.types").GGMLType
+    backends = importlib.import_module(pkg.__name__ + ".backends")
+    ctx = pkg.Context()
+    x = ctx.new_tensor(T.F32, (k, 1), "x").set_input()
+    outs = []
+    for i in range(copies):
+        w = ctx.new_tensor(T[type_name], (k, m), f"w{i}")
+        w.data = np.array(wbytes, copy=True)   # its own memory
+        outs.append(pkg.ops.mul_mat(w, x))
+    be = backends.get_backend("cpu", n_threads=threads, adaptive=False, weights=_OwnBytes())
+    return {"x": x, "outs": outs, "graph": pkg.build_graph(*outs), "session": be.session()}
+
+
+def run_mv(args: argparse.Namespace, base: Any, head: Any) -> dict[str, Any]:
+    import numba
+    from ggraph.ir.types import TYPE_RECORDS, GGMLType
+
+    rec = TYPE_RECORDS[GGMLType[args.type]]
+    k, m = (int(v) for v in args.shape.lower().split("x"))
+    if k % rec.block_size:
+        raise SystemExit(f"ab_revision: --shape {args.shape}: K must be a multiple of "
+                         f"{args.type}'s {rec.block_size}")
+    rng = np.random.default_rng(0)
+    blocks = rng.integers(0, 256, (m * (k // rec.block_size), rec.type_size), dtype=np.uint8)
+    for at in F16_FIELDS[args.type]:
+        blocks[:, at:at + 2] = np.array([0.001], np.float16).view(np.uint8)
+    wbytes = blocks.reshape(m, -1)
+    copies = max(1, (args.mib << 20) // wbytes.nbytes)
+    numba.set_num_threads(args.threads)
+    sides = {"base": _mv_side(base, args.type, wbytes, k, m, copies, args.threads),
+             "head": _mv_side(head, args.type, wbytes, k, m, copies, args.threads)}
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    for s in sides.values():   # packs, then one warm run
+        for _ in range(2):
+            s["session"].run(s["graph"], {s["x"]: x})
+    a, b = (np.array(s["session"].read(s["outs"][0])) for s in sides.values())
+    if not np.array_equal(a, b):
+        print(f"ab_revision: the two sides differ (max |diff| {float(np.max(np.abs(a - b)))})")
+    times: dict[str, list[float]] = {k_: [] for k_ in sides}
+    for r in range(args.rounds):
+        for name in (("base", "head") if r % 2 == 0 else ("head", "base")):
+            s = sides[name]
+            t0 = time.perf_counter()
+            s["session"].run(s["graph"], {s["x"]: x})
+            times[name].append(time.perf_counter() - t0)
+    gbs = {n: [copies * wbytes.nbytes / t / 1e9 for t in v] for n, v in times.items()}
+    ratios = [tb / th for tb, th in zip(times["base"], times["head"])]
+    print(f"{args.type} {k}x{m}, {args.threads} thread(s), {copies} copies "
+          f"({copies * wbytes.nbytes / 2**20:.0f} MiB), {args.rounds} rounds: base "
+          f"{statistics.median(gbs['base']):.2f} GB/s (best {max(gbs['base']):.2f}), working "
+          f"tree {statistics.median(gbs['head']):.2f} (best {max(gbs['head']):.2f}); paired "
+          f"speedup {statistics.median(ratios):.3f}, faster in "
+          f"{sum(r_ > 1 for r_ in ratios)}/{len(ratios)}")
+    return {"same_result": bool(np.array_equal(a, b)), "copies": copies,
+            "gbs": gbs, "paired_speedup_median": statistics.median(ratios)}
+
+
+def run_decode(args: argparse.Namespace, base: Any, head: Any) -> dict[str, Any]:
+    import importlib
+
+    engines = {}
+    for name, pkg in (("base", base), ("head", head)):
+        eng = importlib.import_module(pkg.__name__ + ".graphs.runtime.engine")
+        e = eng.Engine(str(args.model), eng.EngineConfig(
+            n_ctx=1024, n_threads=args.threads, adaptive_threads=False,
+            reserve_outputs="last", flash_attn=True))
+        e.eval([1, 2, 3, 4])
+        e.eval([5])
+        engines[name] = e
+    ms: dict[str, list[float]] = {k: [] for k in engines}
+    for i in range(args.n):
+        for name in (("base", "head") if i % 2 == 0 else ("head", "base")):
+            t0 = time.perf_counter()
+            engines[name].eval([6 + i % 64])
+            ms[name].append((time.perf_counter() - t0) * 1e3)
+    d = np.array(ms["base"]) - np.array(ms["head"])
+    print(f"{os.path.basename(str(args.model))}, {args.threads} thread(s), {args.n} tokens: base "
+          f"median {np.median(ms['base']):.2f} ms, working tree {np.median(ms['head']):.2f}; "
+          f"paired (base - working tree) median {np.median(d):+.3f} ms a token, mean "
+          f"{d.mean():+.3f}; working tree faster on {np.mean(d > 0):.0%} of tokens")
+    return {"ms": ms, "paired_median_ms": float(np.median(d)), "paired_mean_ms": float(d.mean())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False, parents=[threads_option(1), out_option("")])
+    common.add_argument("--base", default="HEAD",
+                        help="the revision to compare with (default HEAD)")
+    sub = ap.add_subparsers(dest="what", required=True)
+    mv = sub.add_parser("mv", help="a cold mat-vec of one weight type", parents=[common])
+    mv.add_argument("--type", default="Q4_K", choices=sorted(F16_FIELDS))
+    mv.add_argument("--shape", default="1536x8960", help="K x M (default 1536x8960)")
+    mv.add_argument("--mib", type=int, default=400, help="MiB of weight copies (default 400)")
+    mv.add_argument("--rounds", type=int, default=30)
+    dec = sub.add_parser("decode", help="decode tokens of a model",
+                         parents=[common, model_option("qwen2.5-coder-1.5b")])
+    dec.add_argument("-n", type=int, default=150, help="decode tokens each side times")
+    args = ap.parse_args()
+
+    sys.path.insert(0, extract(args.base))
+    import ggraph
+    base = __import__(NAME)
+    result = (run_mv if args.what == "mv" else run_decode)(args, base, ggraph)
+    if args.out:
+        write_results(args.out, None, args=args, extra={"base": args.base, **result})
+
+
+if __name__ == "__main__":
+    main()
