@@ -7,10 +7,11 @@ code LLVM is given): benchmarks/ab_decode.py is the one for switches.
     python benchmarks/ab_revision.py mv --base HEAD~1 --type Q4_K --shape 1536x8960 -t 1
     python benchmarks/ab_revision.py decode --base HEAD~1 -m qwen2.5-coder-1.5b -t 2 -n 150
 
-- mv: a cold mat-vec, one graph of copies of one weight (--mib of them, past the L3) times one
-  column; random blocks with small finite f16 scales; each side packs its own copies as at
-  model load. Checks that both sides give the same floats, prints each side's GB/s of stored
-  bytes (median, best) and the paired speedup (base time / working-tree time).
+- mv: a cold product, one graph of copies of one weight (--mib of them, past the L3) times
+  one column (a decode step; --cols N: N columns, a prompt's product); random blocks with
+  small finite f16 scales; each side packs its own copies as at model load. Checks that both
+  sides give the same floats, prints each side's GB/s of stored bytes (median, best) and the
+  paired speedup (base time / working-tree time).
 - decode: two engines of one model, decode tokens in turn, the paired difference a token.
 
 The extracted revision is kept under ~/.cache/ggraph/ab/<commit> (its numba cache with it),
@@ -90,14 +91,14 @@ class _OwnBytes:
         pass
 
 
-def _mv_side(pkg: Any, type_name: str, wbytes: np.ndarray, k: int, m: int, copies: int,
-             threads: int) -> dict[str, Any]:
+def _mv_side(pkg: Any, type_name: str, wbytes: np.ndarray, k: int, m: int, n: int,
+             copies: int, threads: int) -> dict[str, Any]:
     import importlib
 
     T = importlib.import_module(pkg.__name__ + ".ir.types").GGMLType
     backends = importlib.import_module(pkg.__name__ + ".backends")
     ctx = pkg.Context()
-    x = ctx.new_tensor(T.F32, (k, 1), "x").set_input()
+    x = ctx.new_tensor(T.F32, (k, n), "x").set_input()
     outs = []
     for i in range(copies):
         w = ctx.new_tensor(T[type_name], (k, m), f"w{i}")
@@ -123,9 +124,9 @@ def run_mv(args: argparse.Namespace, base: Any, head: Any) -> dict[str, Any]:
     wbytes = blocks.reshape(m, -1)
     copies = max(1, (args.mib << 20) // wbytes.nbytes)
     numba.set_num_threads(args.threads)
-    sides = {"base": _mv_side(base, args.type, wbytes, k, m, copies, args.threads),
-             "head": _mv_side(head, args.type, wbytes, k, m, copies, args.threads)}
-    x = rng.standard_normal((1, k)).astype(np.float32)
+    sides = {"base": _mv_side(base, args.type, wbytes, k, m, args.cols, copies, args.threads),
+             "head": _mv_side(head, args.type, wbytes, k, m, args.cols, copies, args.threads)}
+    x = rng.standard_normal((args.cols, k)).astype(np.float32)
     for s in sides.values():   # packs, then one warm run
         for _ in range(2):
             s["session"].run(s["graph"], {s["x"]: x})
@@ -141,7 +142,7 @@ def run_mv(args: argparse.Namespace, base: Any, head: Any) -> dict[str, Any]:
             times[name].append(time.perf_counter() - t0)
     gbs = {n: [copies * wbytes.nbytes / t / 1e9 for t in v] for n, v in times.items()}
     ratios = [tb / th for tb, th in zip(times["base"], times["head"])]
-    print(f"{args.type} {k}x{m}, {args.threads} thread(s), {copies} copies "
+    print(f"{args.type} {k}x{m} x {args.cols} column(s), {args.threads} thread(s), {copies} copies "
           f"({copies * wbytes.nbytes / 2**20:.0f} MiB), {args.rounds} rounds: base "
           f"{statistics.median(gbs['base']):.2f} GB/s (best {max(gbs['base']):.2f}), working "
           f"tree {statistics.median(gbs['head']):.2f} (best {max(gbs['head']):.2f}); paired "
@@ -187,6 +188,8 @@ def main() -> None:
     mv = sub.add_parser("mv", help="a cold mat-vec of one weight type", parents=[common])
     mv.add_argument("--type", default="Q4_K", choices=sorted(F16_FIELDS))
     mv.add_argument("--shape", default="1536x8960", help="K x M (default 1536x8960)")
+    mv.add_argument("--cols", type=int, default=1,
+                    help="activation columns (default 1, a decode step; 512: a prompt's product)")
     mv.add_argument("--mib", type=int, default=400, help="MiB of weight copies (default 400)")
     mv.add_argument("--rounds", type=int, default=30)
     dec = sub.add_parser("decode", help="decode tokens of a model",
