@@ -20,10 +20,10 @@ A tile holds the same block of R rows, field by field:
 
 Tiles are as large as the original blocks, a few bytes more for decoded scales (Q5_K 180 /
 176, IQ4_XS 138 / 136 bytes per row and block). Q4_K's tile once held decoded scales too (148
-/ 144): read cold, its 2.8% more bytes cost more than decoding them costs the product
-(backends/cpu/qtiles.py's k4_tile has the figures); Q5_K's product ran slower with them
-stored. `pack(t, data)`
-builds the layout (numpy, vectorized per field), `unpack` restores the original bytes (the
+/ 144); as stored, with the product's loads kept in order, it streams 1.04-1.07x faster cold
+(backends/cpu/qtiles.py's k4_pair has the figures), while 512-column products decode them
+again every 4 columns (0.95-0.975x). Q5_K's product ran 0.93-0.96x with them stored.
+`pack(t, data)` builds the layout (numpy, vectorized per field), `unpack` restores the original bytes (the
 tests check that the two are inverse); `PACKS` says which types have a layout and where each
 field sits in a tile (the tile functions of backends/cpu/qtiles.py read them).
 """
