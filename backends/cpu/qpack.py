@@ -23,9 +23,10 @@ Tiles are as large as the original blocks, a few bytes more for decoded scales (
 / 144); as stored, with the product's loads kept in order, it streams 1.04-1.07x faster cold
 (backends/cpu/qtiles.py's k4_pair has the figures), while 512-column products decode them
 again every 4 columns (0.95-0.975x). Q5_K's product ran 0.93-0.96x with them stored.
-`pack(t, data)` builds the layout (numpy, vectorized per field), `unpack` restores the original bytes (the
-tests check that the two are inverse); `PACKS` says which types have a layout and where each
-field sits in a tile (the tile functions of backends/cpu/qtiles.py read them).
+`pack(t, data)` builds the layout (numpy, vectorized per field), `unpack` restores the
+original bytes (the tests check that the two are inverse); `PACKS` says which types have a
+layout and where each field sits in a tile (the tile functions of backends/cpu/qtiles.py read
+them).
 """
 from __future__ import annotations
 
