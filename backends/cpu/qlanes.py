@@ -18,9 +18,8 @@ their vector arguments, so one layout width can be compiled and tested on any ho
   VNNI, vpmaddubsw + vpmaddwd without), `dpw` (acc + 2 widened bytes per lane times a
   broadcast pair of i16 activation sums, vpdpwssd with VNNI), `lmul` (acc times R per-row
   bytes), `lmul6` (acc times R per-row 6-bit K-quant scales, decoded from the 12 stored scale
-  bytes as planes of R),
-  `dpw6` (acc + two sub-blocks' decoded mins per lane times a broadcast pair of i16 activation
-  sums, vpdpwssd with VNNI), `lsubm`, `ladd`, `lzero`;
+  bytes as planes of R), `dpw6` (acc + two sub-blocks' decoded mins per lane times a
+  broadcast pair of i16 activation sums, vpdpwssd with VNNI), `lsubm`, `ladd`, `lzero`;
 - floats: `fzero`, `ldh` (R f16 row scales), `ffma`/`ffms` (acc +/- float(ints) *
   (scales * s)), `fmas` (acc + scales * s), `cf32`/`cf16` (each column's float), `fadd`,
   `fload`/`fstore` (R lanes of each column from/to a 2-D float array).
@@ -200,6 +199,15 @@ def dpb(typingctx, acc, v, y, yo):
     return acc(acc, v, y, yo), codegen
 
 
+def _word_pair_dots(context, builder, sig, args, w, y, n, k):
+    """acc (args[0]) + w's i16 pairs times each column's pair of i16 activation sums: the two
+    at args[y][j, args[y + 1]], broadcast to column j's r lanes (`dpw`, `dpw6`)."""
+    ys = column_loads(context, builder, sig, args, y, y + 1, I32, k)
+    return concat(builder, [
+        dot_words(builder, a, w, builder.bitcast(splat_lanes(builder, yj, n), word_vec(n)), n)
+        for a, yj in zip(split_columns(builder, args[0], n, k), ys)])
+
+
 @intrinsic
 def dpw(typingctx, acc, arr, off, y, yo, signed):
     """acc + w[2 l] * s0 + w[2 l + 1] * s1 in lane l of column j: w the 2r bytes at arr[off]
@@ -212,11 +220,7 @@ def dpw(typingctx, acc, arr, off, y, yo, signed):
         b = builder.load(ptr_at(context, builder, sig.args[1], args[1], args[2],
                                 ir.VectorType(I8, 2 * n)), align=1)
         w = builder.sext(b, word_vec(n)) if sgn else builder.zext(b, word_vec(n))
-        ys = column_loads(context, builder, sig, args, 3, 4, I32, k)
-        parts = split_columns(builder, args[0], n, k)
-        return concat(builder, [
-            dot_words(builder, a, w, builder.bitcast(splat_lanes(builder, yj, n), word_vec(n)), n)
-            for a, yj in zip(parts, ys)])
+        return _word_pair_dots(context, builder, sig, args, w, 3, n, k)
 
     return acc(acc, arr, off, y, yo, signed), codegen
 
@@ -243,9 +247,8 @@ def _k6(context, builder, sig, args, a, b, mode, n):
     as planes of r (plane i: byte i of every row; ggml's get_scale_min_k4): mode 0 the low 6
     bits of the plane at a (sub-blocks 0-3), 1 its low nibble and 2 its high nibble under
     the top 2 bits of the plane at b (sub-blocks 4-7: scales, mins)."""
-    x = builder.load(ptr_at(context, builder, sig.args[1], args[1], args[a],
-                            ir.VectorType(I8, n)), align=1)
     v8 = ir.VectorType(I8, n)
+    x = builder.load(ptr_at(context, builder, sig.args[1], args[1], args[a], v8), align=1)
     if mode == 0:
         return builder.and_(x, vconst(v8, [63] * n))
     y = builder.load(ptr_at(context, builder, sig.args[1], args[1], args[b], v8), align=1)
@@ -285,12 +288,8 @@ def dpw6(typingctx, acc, arr, a, b, mode, y, yo):
                builder.add(args[3], ir.Constant(args[3].type, n))]
         hi = builder.zext(_k6(context, builder, sig, nxt, 2, 3, m, n), int_vec(n))
         pair = builder.or_(lo, builder.shl(hi, vconst(int_vec(n), [16] * n)))
-        w = builder.bitcast(pair, word_vec(n))
-        ys = column_loads(context, builder, sig, args, 5, 6, I32, k)
-        parts = split_columns(builder, args[0], n, k)
-        return concat(builder, [
-            dot_words(builder, p, w, builder.bitcast(splat_lanes(builder, yj, n), word_vec(n)), n)
-            for p, yj in zip(parts, ys)])
+        return _word_pair_dots(context, builder, sig, args, builder.bitcast(pair, word_vec(n)),
+                               5, n, k)
 
     return acc(acc, arr, a, b, mode, y, yo), codegen
 
