@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
-from benchlib import model_option, out_option, threads_option, write_results
+from benchlib import OwnBytes, model_option, out_option, threads_option, write_results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # setup.py's mapping: the top-level folders that install as ggraph.*
@@ -81,16 +81,6 @@ def extract(base: str) -> str:
     return root
 
 
-class _OwnBytes:
-    """A WeightSource over the leaves' own bytes (bench_kquant's): packed as at load."""
-
-    def read_rows(self, t: Any, row0: int, out: np.ndarray) -> None:
-        out[...] = np.asarray(t.data).reshape(-1, out.shape[1])[row0:row0 + out.shape[0]]
-
-    def release(self, t: Any) -> None:
-        pass
-
-
 def _mv_side(pkg: Any, type_name: str, wbytes: np.ndarray, k: int, m: int, n: int,
              copies: int, threads: int) -> dict[str, Any]:
     import importlib
@@ -104,7 +94,7 @@ def _mv_side(pkg: Any, type_name: str, wbytes: np.ndarray, k: int, m: int, n: in
         w = ctx.new_tensor(T[type_name], (k, m), f"w{i}")
         w.data = np.array(wbytes, copy=True)   # its own memory
         outs.append(pkg.ops.mul_mat(w, x))
-    be = backends.get_backend("cpu", n_threads=threads, adaptive=False, weights=_OwnBytes())
+    be = backends.get_backend("cpu", n_threads=threads, adaptive=False, weights=OwnBytes())
     return {"x": x, "outs": outs, "graph": pkg.build_graph(*outs), "session": be.session()}
 
 
@@ -113,9 +103,9 @@ def run_mv(args: argparse.Namespace, base: Any, head: Any) -> dict[str, Any]:
     from ggraph.ir.types import TYPE_RECORDS, GGMLType
 
     rec = TYPE_RECORDS[GGMLType[args.type]]
-    k, m = (int(v) for v in args.shape.lower().split("x"))
+    k, m = args.shape
     if k % rec.block_size:
-        raise SystemExit(f"ab_revision: --shape {args.shape}: K must be a multiple of "
+        raise SystemExit(f"ab_revision: --shape {k}x{m}: K must be a multiple of "
                          f"{args.type}'s {rec.block_size}")
     rng = np.random.default_rng(0)
     blocks = rng.integers(0, 256, (m * (k // rec.block_size), rec.type_size), dtype=np.uint8)
@@ -178,6 +168,15 @@ def run_decode(args: argparse.Namespace, base: Any, head: Any) -> dict[str, Any]
     return {"ms": ms, "paired_median_ms": float(np.median(d)), "paired_mean_ms": float(d.mean())}
 
 
+def _shape(text: str) -> tuple[int, int]:
+    """argparse type of --shape: "KxM", two positive integers."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected KxM, two positive integers (such as "
+                                         f"1536x8960), got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -187,7 +186,8 @@ def main() -> None:
     sub = ap.add_subparsers(dest="what", required=True)
     mv = sub.add_parser("mv", help="a cold mat-vec of one weight type", parents=[common])
     mv.add_argument("--type", default="Q4_K", choices=sorted(F16_FIELDS))
-    mv.add_argument("--shape", default="1536x8960", help="K x M (default 1536x8960)")
+    mv.add_argument("--shape", type=_shape, default=(1536, 8960),
+                    help="KxM (default 1536x8960)")
     mv.add_argument("--cols", type=int, default=1,
                     help="activation columns (default 1, a decode step; 512: a prompt's product)")
     mv.add_argument("--mib", type=int, default=400, help="MiB of weight copies (default 400)")

@@ -62,8 +62,8 @@ from ggraph.check.ggml_cdefs import GGMLUnavailable, find_libggml
 from ggraph.graphs.eval.bench import load_average, machine_info
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
-from benchlib import (Column, header_lines, out_option, results_path, row_line, threads_option,
-                    write_results)
+from benchlib import (Column, OwnBytes, header_lines, out_option, results_path, row_line,
+                      threads_option, write_results)
 
 # weight type -> ggml_type id, block size, bytes per block (ggml.h / ggml-common.h)
 TYPES: dict[str, tuple[int, int, int]] = {
@@ -308,17 +308,6 @@ class GGMLMulMat:
 
 # -- ggraph --------------------------------------------------------------------------------------
 
-class _OwnBytes:
-    """The WeightSource a loaded model gives the CPU backend (graphs/gguf_file.GGUFModel),
-    over the weights' own bytes: the backend packs from it as at model load."""
-
-    def read_rows(self, t: Any, row0: int, out: np.ndarray) -> None:
-        out[...] = np.asarray(t.data).reshape(-1, out.shape[1])[row0:row0 + out.shape[0]]
-
-    def release(self, t: Any) -> None:
-        pass
-
-
 class GGraphMulMat:
     """The same R mul_mats as a ggraph graph: weight leaves (each its own copy of the bytes)
     times an input x, run on a CPU backend of exactly n threads."""
@@ -346,7 +335,7 @@ class GGraphMulMat:
 
         from ggraph.backends import get_backend
 
-        backend = get_backend("cpu", n_threads=threads, adaptive=False, weights=_OwnBytes())
+        backend = get_backend("cpu", n_threads=threads, adaptive=False, weights=OwnBytes())
         session = None
         try:
             numba.set_num_threads(threads)

@@ -10,6 +10,8 @@
 - the llama.cpp peer: llama-cpp-python imported after the OpenMP settings
   (`import_llama_cpp`), its Llama built with the project's settings (`llama_cpp_model`), and
   the speed table of a comparison (`print_peer_speed`);
+- `OwnBytes`, the weight source a CPU backend packs quantized leaves from when no model file
+  is loaded (a leaf's own bytes, as a loaded model's GGUF file gives them);
 - the options the scripts share, as argparse parents: `threads_option` (-t/--threads),
   `model_option` (-m/--model, resolved by graphs/gguf/fetch.py's resolve_model),
   `out_option` (-o/--out/--json) and `repeat_option` (-r/--repeat).
@@ -334,6 +336,22 @@ def print_peer_speed(speed: dict[str, float], tests: Sequence[str]) -> None:
                  ratio=speed[f"{t}_ggraph"] / speed[f"{t}_llama_cpp"]) for t in tests]
     print("\n".join(header_lines(PEER_SPEED, sep="") +
                     [row_line(r, PEER_SPEED, sep="") for r in rows]))
+
+
+# -- weights a backend packs ---------------------------------------------------------------------
+
+class OwnBytes:
+    """The WeightSource a loaded model gives the CPU backend (graphs/gguf_file.GGUFModel),
+    over leaf tensors' own bytes: the backend packs their rows from it as at model load, and
+    there are no mapped pages to release."""
+
+    def read_rows(self, t: Any, row0: int, out: Any) -> None:
+        import numpy as np
+
+        out[...] = np.asarray(t.data).reshape(-1, out.shape[1])[row0:row0 + out.shape[0]]
+
+    def release(self, t: Any) -> None:
+        pass
 
 
 # -- the shared options --------------------------------------------------------------------------
