@@ -48,8 +48,11 @@ _IMPORT = re.compile(r"\bggraph(?=[.\s])")
 
 def extract(base: str) -> str:
     """The folder holding `ggraph_base`, the revision `base` with its imports renamed."""
-    sha = subprocess.run(["git", "-C", REPO, "rev-parse", base], check=True, text=True,
-                         capture_output=True).stdout.strip()
+    got = subprocess.run(["git", "-C", REPO, "rev-parse", "--verify", "--quiet",
+                          f"{base}^{{commit}}"], text=True, capture_output=True)
+    if got.returncode != 0:
+        raise SystemExit(f"ab_revision: --base {base!r} names no commit of {REPO}")
+    sha = got.stdout.strip()
     root = os.path.join(os.path.expanduser("~/.cache/ggraph/ab"), sha)
     pkg = os.path.join(root, NAME)
     if os.path.isfile(os.path.join(pkg, "__init__.py")):
