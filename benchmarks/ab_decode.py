@@ -27,7 +27,9 @@ the code as it is, so keep -n below the first step):
     python benchmarks/ab_decode.py --without weight-prefetch --prefetch 0:8192 -t 1
 
 - work-stealing: a packed product's threads take only their own share of its row groups,
-  not the others' once theirs are done (kernels.PACKED_STEAL set to False).
+  not the others' once theirs are done (kernels.PACKED_STEAL set to False);
+- shared-work: each packed product quantizes its columns into buffers of its own, not into
+  those its graph's products of the same shape share (kernels.SHARED_WORK set to False).
 Whole-benchmark speed is `ggraph bench`; this is for telling a 1-3% change from the noise.
 A change no switch turns off (a packed layout, the code LLVM is given) is measured against
 an earlier revision by benchmarks/ab_revision.py, the same way.
@@ -52,6 +54,8 @@ def set_change(what: str, on: bool, prefetch: tuple[int, int] | None = None) -> 
     from ggraph.ir.types import GGMLType
     if what == "work-stealing":
         kernels.PACKED_STEAL = on
+    elif what == "shared-work":
+        kernels.SHARED_WORK = on
     elif what == "weight-prefetch":
         locality, distance = prefetch or HOST_PREFETCH
         qmem.PF_LOCALITY = locality if on else HOST_PREFETCH[0]
@@ -96,8 +100,8 @@ def main() -> None:
     ap.add_argument("--without", required=True, choices=("direct-calls", "fused-products",
                                                            "hugepages", "product-bias",
                                                            "products-across",
-                                                           "q8k-encoder", "weight-prefetch",
-                                                           "work-stealing"))
+                                                           "q8k-encoder", "shared-work",
+                                                           "weight-prefetch", "work-stealing"))
     ap.add_argument("--prefetch", type=_prefetch_arg, default=None, metavar="LOCALITY:BYTES",
                     help="with --without weight-prefetch: the prefetch the other side asks for "
                          "(llvm locality 0-3: 0 prefetchnta .. 3 prefetcht0; bytes ahead); "

@@ -208,24 +208,26 @@ PACKED_RUN = 16
 # compiled specialization serves a product alone and any fused group (a second one cost a
 # cold first run ~14 s of compiling on a 2-core Xeon)
 PACKED_MAX = 3
+# the packed calls of one bound graph share their quantization buffers by shape
+# (packed_work); benchmarks/ab_decode.py turns it off for one engine to measure it
+SHARED_WORK = True
 
 
-def packed_call(kernel: Any, a: T, B: np.ndarray, products: Sequence[tuple], r: int = qlanes.R
-                ) -> Callable[[], None]:
+def packed_call(kernel: Any, a: T, B: np.ndarray, products: Sequence[tuple], r: int = qlanes.R,
+                work: dict | None = None) -> Callable[[], None]:
     """`kernel` (packed_kernel's, for groups of r rows) bound to products D = W B (+ bias)
     that read the same columns B, one to PACKED_MAX of them (backends/cpu/fusion.py), each
     (packed weight W of m rows of type a, D, m) or (W, D, m, bias: m float32 values added to
     every column's result, an add node folded in), and to the work buffers the columns are
-    quantized into once for all of them (a's vec_dot_type bytes and their sums, per column)."""
+    quantized into once for all of them (a's vec_dot_type bytes and their sums, per column).
+    `work`: a dict the calls of one bound graph share (Session.bind_memo), where calls of the
+    same shape find the same buffers (packed_work)."""
     if not 1 <= len(products) <= PACKED_MAX:
         raise ValueError(f"packed_call: {len(products)} products; one call takes 1 to "
                          f"{PACKED_MAX}")
     vt, k = VEC_DOT_TYPE[a], B.shape[-1]
-    cols = products[0][1].shape[:3]
-    Q = np.empty(cols + (vt.type_size * k // vt.block_size,), np.uint8)
-    ysb = np.empty(cols + (2 * (k // 32),), np.uint8)
-    ysi = np.empty(cols + (k // 16,), np.int32)
-    ysf = np.empty(cols + (k // 32,), np.float32)
+    Q, ysb, ysi, ysf = packed_work(vt, k, products[0][1].shape[:3],
+                                   work if SHARED_WORK else None)
     # each weight's row groups numbered after the ones before it; the padding has none
     groups = [-(-p[2] // r) for p in products]
     pad = PACKED_MAX - len(products)
@@ -242,6 +244,25 @@ def packed_call(kernel: Any, a: T, B: np.ndarray, products: Sequence[tuple], r: 
                    tuple(p[1] for p in full), k, k // TYPE_RECORDS[a].block_size, ms)
     call.keep = tuple(row for row in rows if row is not None)   # compile.direct carries it
     return call
+
+
+def packed_work(vt: T, k: int, cols: tuple[int, ...], work: dict | None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The buffers a packed call quantizes its columns into: cols columns of k values as
+    vt's bytes, their 32-element sums as int16 bytes, their offset sums and float sums. The
+    calls of one graph run one after the other, and each fills its buffers before it reads
+    them, so calls of one shape can share them (`work`, their graph's shared dict): then a
+    decode step's ~130 products write the same few cache lines, where each had its own and
+    found them cold (the step's weight stream evicts them)."""
+    key = ("packed work", vt, k, cols)
+    if work is not None and key in work:
+        return work[key]
+    bufs = (np.empty(cols + (vt.type_size * k // vt.block_size,), np.uint8),
+            np.empty(cols + (2 * (k // 32),), np.uint8), np.empty(cols + (k // 16,), np.int32),
+            np.empty(cols + (k // 32,), np.float32))
+    if work is not None:
+        work[key] = bufs
+    return bufs
 
 
 def _bias_row(bias: np.ndarray, m: int) -> np.ndarray:
@@ -348,7 +369,7 @@ def _mul_mat(node: Tensor, s: Session):
         # R rows at a time from the weight's packed copy (backends/cpu/qpack.py): a decode
         # step's few columns and a prompt's many alike
         return packed_call(packed_kernel(_small(node), a.type, b.type), a.type, s.arr(b),
-                           [(packed, D, a.ne[1])])
+                           [(packed, D, a.ne[1])], work=s.bind_memo)
     if n < BLAS_MIN_N and (vt := _int_dot_type(a, b)) is not None:
         # integer dots with the activations quantized in the same kernel call
         k = b.ne[0]

@@ -220,6 +220,25 @@ def test_products_of_other_types_or_inputs_stay_apart(types, other):
     assert "mul_mat+mul_mat" not in p1.by_op and p1.by_op["mul_mat"].calls == 2
 
 
+@pytest.mark.parametrize("cols", [1, 3])
+def test_products_of_one_shape_share_their_work_buffers_bit_for_bit(cols, monkeypatch):
+    """Packed products of one shape that read other activations run one after the other in
+    the same quantization buffers (kernels.packed_work): each fills them before it reads
+    them, so their results are those of buffers of their own."""
+    from ggraph.backends.cpu import kernels
+    g, inputs, read = _products(("q8_0", "q8_0"), 256, cols, other_input=True)
+    got, real = [], kernels.packed_work
+    monkeypatch.setattr(kernels, "packed_work", lambda *a: got.append(real(*a)) or got[-1])
+    shared, _ = _run(True, g, inputs, read)
+    assert len(got) == 2 and all(x is y for x, y in zip(got[0], got[1]))
+    monkeypatch.setattr(kernels, "SHARED_WORK", False)
+    got.clear()
+    own, _ = _run(True, g, inputs, read)
+    assert len(got) == 2 and not any(x is y for x, y in zip(got[0], got[1]))
+    for k in read:
+        np.testing.assert_array_equal(shared[k], own[k], err_msg=k)
+
+
 def test_a_cache_write_between_products_runs_in_its_place():
     """v = W_v x; cache[idx] = v (set_rows: a view that writes); k = W_k x. The products run
     as one call and the cache write after it, k written to its own memory only where it
