@@ -6,13 +6,19 @@ code LLVM is given): benchmarks/ab_decode.py is the one for switches.
 
     python benchmarks/ab_revision.py mv --base HEAD~1 --type Q4_K --shape 1536x8960 -t 1
     python benchmarks/ab_revision.py decode --base HEAD~1 -m qwen2.5-coder-1.5b -t 2 -n 150
+    python benchmarks/ab_revision.py prompt --base cdec236 -m synthetic:qwen2.5-3b -t 1
 
 - mv: a cold product, one graph of copies of one weight (--mib of them, past the L3) times
   one column (a decode step; --cols N: N columns, a prompt's product); random blocks with
   small finite f16 scales; each side packs its own copies as at model load. Checks that both
   sides give the same floats, prints each side's GB/s of stored bytes (median, best) and the
-  paired speedup (base time / working-tree time).
+  paired speedup (base time / working-tree time). Each side's copies sit in memory of their
+  own, and that alone moves a cold one-column product: the same tree on both sides gave
+  0.959x (1536x8960) and 1.060x (8960x1536) over 8 rounds (Zen 4), so a difference of a few
+  percent wants repeats; 512-column products (compute-bound) showed no such bias.
 - decode: two engines of one model, decode tokens in turn, the paired difference a token.
+- prompt: two engines of one model, a -p token prompt (one ubatch, random tokens) in turn,
+  the paired speedup (e.g. whether a revision or the machine moved a prompt's figure).
 
 The extracted revision is kept under ~/.cache/ggraph/ab/<commit> (its numba cache with it),
 so a second run against the same base compiles nothing again.
@@ -171,6 +177,33 @@ def run_decode(args: argparse.Namespace, base: Any, head: Any) -> dict[str, Any]
     return {"ms": ms, "paired_median_ms": float(np.median(d)), "paired_mean_ms": float(d.mean())}
 
 
+def run_prompt(args: argparse.Namespace, base: Any, head: Any) -> dict[str, Any]:
+    import importlib
+
+    engines = {}
+    for name, pkg in (("base", base), ("head", head)):
+        eng = importlib.import_module(pkg.__name__ + ".graphs.runtime.engine")
+        engines[name] = eng.Engine(str(args.model), eng.EngineConfig(
+            n_ctx=max(1024, args.p), n_ubatch=args.p, n_threads=args.threads,
+            adaptive_threads=False, reserve_outputs="last", flash_attn=True))
+    prompt = [int(x) for x in np.random.default_rng(0).integers(100, 30000, args.p)]
+    for e in engines.values():   # compiles and binds the prompt's graph
+        e.eval(prompt)
+    tps: dict[str, list[float]] = {k: [] for k in engines}
+    for i in range(args.rounds):
+        for name in (("base", "head") if i % 2 == 0 else ("head", "base")):
+            engines[name].reset()
+            t0 = time.perf_counter()
+            engines[name].eval(prompt)
+            tps[name].append(args.p / (time.perf_counter() - t0))
+    ratios = [h / b for b, h in zip(tps["base"], tps["head"])]
+    print(f"{os.path.basename(str(args.model))}, {args.threads} thread(s), {args.p}-token prompt, "
+          f"{args.rounds} rounds: base median {np.median(tps['base']):.2f} tok/s, working tree "
+          f"{np.median(tps['head']):.2f}; paired speedup {np.median(ratios):.3f}, faster in "
+          f"{sum(r > 1 for r in ratios)}/{len(ratios)}")
+    return {"tok_s": tps, "paired_speedup_median": float(np.median(ratios))}
+
+
 def _shape(text: str) -> tuple[int, int]:
     """argparse type of --shape: "KxM", two positive integers."""
     parts = text.lower().split("x")
@@ -198,12 +231,17 @@ def main() -> None:
     dec = sub.add_parser("decode", help="decode tokens of a model",
                          parents=[common, model_option("qwen2.5-coder-1.5b")])
     dec.add_argument("-n", type=int, default=150, help="decode tokens each side times")
+    pp = sub.add_parser("prompt", help="one ubatch of a prompt of a model",
+                        parents=[common, model_option("qwen2.5-coder-1.5b")])
+    pp.add_argument("-p", type=int, default=512, help="prompt tokens, one ubatch (default 512)")
+    pp.add_argument("--rounds", type=int, default=6)
     args = ap.parse_args()
 
     sys.path.insert(0, extract(args.base))
     import ggraph
     base = __import__(NAME)
-    result = (run_mv if args.what == "mv" else run_decode)(args, base, ggraph)
+    run = {"mv": run_mv, "decode": run_decode, "prompt": run_prompt}[args.what]
+    result = run(args, base, ggraph)
     if args.out:
         write_results(args.out, None, args=args, extra={"base": args.base, **result})
 
