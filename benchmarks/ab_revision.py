@@ -15,7 +15,7 @@ code LLVM is given): benchmarks/ab_decode.py is the one for switches.
   paired speedup (base time / working-tree time). Each side's copies sit in memory of their
   own, and that alone moves a cold one-column product: the same tree on both sides gave
   0.959x (1536x8960) and 1.060x (8960x1536) over 8 rounds (Zen 4), so a difference of a few
-  percent wants repeats; 512-column products (compute-bound) showed no such bias.
+  percent wants repeats. The decode and prompt modes' engines hold their own copies too.
 - decode: two engines of one model, decode tokens in turn, the paired difference a token.
 - prompt: two engines of one model, a -p token prompt (one ubatch, random tokens) in turn,
   the paired speedup (e.g. whether a revision or the machine moved a prompt's figure).
