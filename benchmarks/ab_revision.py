@@ -134,7 +134,7 @@ def run_mv(args: argparse.Namespace, base: Any, head: Any) -> dict[str, Any]:
         print(f"ab_revision: the two sides differ (max |diff| {float(np.max(np.abs(a - b)))})")
     times: dict[str, list[float]] = {k_: [] for k_ in sides}
     for r in range(args.rounds):
-        for name in (("base", "head") if r % 2 == 0 else ("head", "base")):
+        for name in _turns(r):
             s = sides[name]
             t0 = time.perf_counter()
             s["session"].run(s["graph"], {s["x"]: x})
@@ -151,21 +151,34 @@ def run_mv(args: argparse.Namespace, base: Any, head: Any) -> dict[str, Any]:
             "gbs": gbs, "paired_speedup_median": statistics.median(ratios)}
 
 
-def run_decode(args: argparse.Namespace, base: Any, head: Any) -> dict[str, Any]:
+def _turns(i: int) -> tuple[str, str]:
+    """Round i's order of the two sides: alternating, so neither always runs first."""
+    return ("base", "head") if i % 2 == 0 else ("head", "base")
+
+
+def _engines(args: argparse.Namespace, base: Any, head: Any, **config: Any) -> dict[str, Any]:
+    """An engine of args.model from each side's package, on args.threads threads, flash
+    attention on, the last token's logits only; `config`: the mode's other EngineConfig
+    fields."""
     import importlib
 
     engines = {}
     for name, pkg in (("base", base), ("head", head)):
         eng = importlib.import_module(pkg.__name__ + ".graphs.runtime.engine")
-        e = eng.Engine(str(args.model), eng.EngineConfig(
-            n_ctx=1024, n_threads=args.threads, adaptive_threads=False,
-            reserve_outputs="last", flash_attn=True))
+        engines[name] = eng.Engine(str(args.model), eng.EngineConfig(
+            n_threads=args.threads, adaptive_threads=False, reserve_outputs="last",
+            flash_attn=True, **config))
+    return engines
+
+
+def run_decode(args: argparse.Namespace, base: Any, head: Any) -> dict[str, Any]:
+    engines = _engines(args, base, head, n_ctx=1024)
+    for e in engines.values():   # compiles and binds the prompt's and the step's graphs
         e.eval([1, 2, 3, 4])
         e.eval([5])
-        engines[name] = e
     ms: dict[str, list[float]] = {k: [] for k in engines}
     for i in range(args.n):
-        for name in (("base", "head") if i % 2 == 0 else ("head", "base")):
+        for name in _turns(i):
             t0 = time.perf_counter()
             engines[name].eval([6 + i % 64])
             ms[name].append((time.perf_counter() - t0) * 1e3)
@@ -178,20 +191,13 @@ def run_decode(args: argparse.Namespace, base: Any, head: Any) -> dict[str, Any]
 
 
 def run_prompt(args: argparse.Namespace, base: Any, head: Any) -> dict[str, Any]:
-    import importlib
-
-    engines = {}
-    for name, pkg in (("base", base), ("head", head)):
-        eng = importlib.import_module(pkg.__name__ + ".graphs.runtime.engine")
-        engines[name] = eng.Engine(str(args.model), eng.EngineConfig(
-            n_ctx=max(1024, args.p), n_ubatch=args.p, n_threads=args.threads,
-            adaptive_threads=False, reserve_outputs="last", flash_attn=True))
+    engines = _engines(args, base, head, n_ctx=max(1024, args.p), n_ubatch=args.p)
     prompt = [int(x) for x in np.random.default_rng(0).integers(100, 30000, args.p)]
     for e in engines.values():   # compiles and binds the prompt's graph
         e.eval(prompt)
     tps: dict[str, list[float]] = {k: [] for k in engines}
     for i in range(args.rounds):
-        for name in (("base", "head") if i % 2 == 0 else ("head", "base")):
+        for name in _turns(i):
             engines[name].reset()
             t0 = time.perf_counter()
             engines[name].eval(prompt)
@@ -202,6 +208,13 @@ def run_prompt(args: argparse.Namespace, base: Any, head: Any) -> dict[str, Any]
           f"{np.median(tps['head']):.2f}; paired speedup {np.median(ratios):.3f}, faster in "
           f"{sum(r > 1 for r in ratios)}/{len(ratios)}")
     return {"tok_s": tps, "paired_speedup_median": float(np.median(ratios))}
+
+
+def _count(text: str) -> int:
+    """argparse type of the counts (tokens, rounds, columns, MiB): a positive integer."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
 
 
 def _shape(text: str) -> tuple[int, int]:
@@ -224,17 +237,18 @@ def main() -> None:
     mv.add_argument("--type", default="Q4_K", choices=sorted(F16_FIELDS))
     mv.add_argument("--shape", type=_shape, default=(1536, 8960),
                     help="KxM (default 1536x8960)")
-    mv.add_argument("--cols", type=int, default=1,
+    mv.add_argument("--cols", type=_count, default=1,
                     help="activation columns (default 1, a decode step; 512: a prompt's product)")
-    mv.add_argument("--mib", type=int, default=400, help="MiB of weight copies (default 400)")
-    mv.add_argument("--rounds", type=int, default=30)
+    mv.add_argument("--mib", type=_count, default=400,
+                    help="MiB of weight copies (default 400)")
+    mv.add_argument("--rounds", type=_count, default=30)
     dec = sub.add_parser("decode", help="decode tokens of a model",
                          parents=[common, model_option("qwen2.5-coder-1.5b")])
-    dec.add_argument("-n", type=int, default=150, help="decode tokens each side times")
+    dec.add_argument("-n", type=_count, default=150, help="decode tokens each side times")
     pp = sub.add_parser("prompt", help="one ubatch of a prompt of a model",
                         parents=[common, model_option("qwen2.5-coder-1.5b")])
-    pp.add_argument("-p", type=int, default=512, help="prompt tokens, one ubatch (default 512)")
-    pp.add_argument("--rounds", type=int, default=6)
+    pp.add_argument("-p", type=_count, default=512, help="prompt tokens, one ubatch (default 512)")
+    pp.add_argument("--rounds", type=_count, default=6)
     args = ap.parse_args()
 
     sys.path.insert(0, extract(args.base))
