@@ -306,8 +306,9 @@ def _q5k_masks(x):
 
 @njit(cache=True)
 def _k4_fields(x, mins):
-    """_per_row of Q4_K/Q5_K's decoded scales (mins False) or _pairs of their mins (True),
-    as loops over x (G, r, nb, size): one pass instead of numpy's dozen."""
+    """_per_row of Q5_K's decoded scales (mins False) or _pairs of their mins (True), as
+    loops over x (G, r, nb, size): one pass instead of numpy's dozen. (Q4_K's tile keeps its
+    12 bytes as stored, which share this format: its product decodes them.)"""
     g, r, nb = x.shape[0], x.shape[1], x.shape[2]
     out = np.empty((g, nb, 8 * r), np.uint8)
     for gi in range(g):
