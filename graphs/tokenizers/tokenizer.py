@@ -191,7 +191,7 @@ class Tokenizer:
         # compiled now so a template that does not parse fails the load, not the first chat()
         self._template = _compile_template(template, path) if template else None
         self._model = build_bpe(v, pre) if pre is not None else build_spm(v)
-        self._specials = {True: v.specials(True), False: v.specials(False)}
+        self._specials = v.specials()
         self._pieces: dict[tuple[int, bool], bytes] = {}
         # text longer than this is tokenized in pieces (graphs/tokenizers/text_pieces.py)
         self.piece_chars = PIECE_CHARS

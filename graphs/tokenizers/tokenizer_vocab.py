@@ -80,8 +80,14 @@ def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)  # the loader decodes bools as bool
 
 
-def _first_bad(items: list[Any], ok: Callable[[Any], bool]) -> int | None:
-    # one cheap pass over a 262k-entry vocabulary; enumerate only to name the bad index
+def _first_bad(items: list[Any], ok: Callable[[Any], bool],
+               fine: frozenset[type] = frozenset()) -> int | None:
+    """The index of the first item `ok` refuses, or None. Items whose exact type is in
+    `fine` (types `ok` accepts every value of) need no call: a list of them all is passed in
+    one pass at C speed (151k tokens 3 ms, against 40 ms calling `ok`); any other list is
+    walked, and only a refused one is enumerated to name the index."""
+    if fine and set(map(type, items)) <= fine:
+        return None
     if all(ok(x) for x in items):
         return None
     return next(i for i, x in enumerate(items) if not ok(x))
@@ -89,6 +95,9 @@ def _first_bad(items: list[Any], ok: Callable[[Any], bool]) -> int | None:
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_STR, _INT, _NUMBER = frozenset({str}), frozenset({int}), frozenset({int, float})
 
 
 @dataclass
@@ -102,16 +111,18 @@ class Vocab:
     merges: list[tuple[str, str]]
     path: str
 
-    def specials(self, parse_special: bool) -> list[tuple[str, int]]:
-        """The (text, id) pairs partition() cuts out, longest first as llama.cpp sorts them
-        (by UTF-8 length; ids break ties, which llama.cpp's unstable sort leaves open)."""
+    def specials(self) -> dict[bool, list[tuple[str, int]]]:
+        """For parse_special True and False, the (text, id) pairs partition() cuts out,
+        longest first as llama.cpp sorts them (by UTF-8 length; ids break ties, which
+        llama.cpp's unstable sort leaves open): one pass over the vocabulary for both."""
         key = int(Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN)
-        skip = 0 if parse_special else int(Attr.CONTROL | Attr.UNKNOWN)
+        skip = int(Attr.CONTROL | Attr.UNKNOWN)
         # plain int arithmetic: IntFlag's & makes a flag object per token (150k of them)
-        found = [(t, i) for i, (t, a) in enumerate(zip(self.tokens, self.attrs))
-                 if int.__and__(a, key) and not int.__and__(a, skip)]
+        found = [(t, i, a) for i, (t, a) in enumerate(zip(self.tokens, self.attrs))
+                 if int.__and__(a, key)]
         found.sort(key=lambda p: (-len(p[0].encode("utf-8")), p[1]))
-        return found
+        return {True: [(t, i) for t, i, _ in found],
+                False: [(t, i) for t, i, a in found if not int.__and__(a, skip)]}
 
 
 def check_vocab(md: dict[str, Any], path: str) -> Vocab:
@@ -127,7 +138,7 @@ def check_vocab(md: dict[str, Any], path: str) -> Vocab:
     if not isinstance(tokens, list) or not tokens:
         raise GGUFError(f"{path}: {TOKENS} must be a non-empty list of strings, "
                         f"got {what(tokens)}")
-    if (i := _first_bad(tokens, lambda t: isinstance(t, str))) is not None:
+    if (i := _first_bad(tokens, lambda t: isinstance(t, str), _STR)) is not None:
         raise GGUFError(f"{path}: {TOKENS}[{i}] must be a string, got {what(tokens[i])}")
     if len(set(tokens)) != len(tokens):  # llama.cpp asserts on this; name the repeat instead
         seen: dict[str, int] = {}
@@ -140,7 +151,7 @@ def check_vocab(md: dict[str, Any], path: str) -> Vocab:
     if types is not None:
         if not isinstance(types, list):
             raise GGUFError(f"{path}: {TYPES} must be a list of integers, got {what(types)}")
-        if (i := _first_bad(types, is_int)) is not None:
+        if (i := _first_bad(types, is_int, _INT)) is not None:
             raise GGUFError(f"{path}: {TYPES}[{i}] must be an integer, got {what(types[i])}")
         if len(types) != len(tokens):
             raise GGUFError(f"{path}: {TYPES} has {len(types)} entries but {TOKENS} has "
@@ -151,7 +162,7 @@ def check_vocab(md: dict[str, Any], path: str) -> Vocab:
     elif not isinstance(scores, list) or len(scores) != len(tokens):
         raise GGUFError(f"{path}: {SCORES} must be a list of {len(tokens)} numbers (one per "
                         f"token), got {what(scores)}")
-    elif (i := _first_bad(scores, _is_number)) is not None:
+    elif (i := _first_bad(scores, _is_number, _NUMBER)) is not None:
         raise GGUFError(f"{path}: {SCORES}[{i}] must be a number, got {what(scores[i])}")
     merges = _check_merges(md, set(tokens), path) if model == "gpt2" else []
     return Vocab(model, tokens, _attrs(tokens, types), [float(s) for s in scores], merges, path)

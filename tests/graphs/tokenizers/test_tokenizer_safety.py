@@ -232,3 +232,20 @@ def test_decode_checks_ids():
     for bad in (7, -1, 2 ** 70):
         with pytest.raises(ValueError, match=f"token id {bad} is out of range"):
             tok.decode([3, bad])
+
+
+def test_values_of_subclassed_types_pass_the_checks_as_before():
+    """check_vocab passes lists of plain str, int and float in one pass over their types;
+    values of other types that the checks accept (a str subclass, numpy's float64) take the
+    per-item checks and pass as they did, and give the same tokenizer."""
+    import numpy as np
+
+    class Text(str):
+        pass
+
+    plain = small(scores=[0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0])
+    other = dict(plain)
+    other[K + "tokens"] = [Text(t) for t in plain[K + "tokens"]]
+    other[K + "scores"] = [np.float64(s) for s in plain[K + "scores"]]
+    a, b = Tokenizer(plain, PATH), Tokenizer(other, PATH)
+    assert a.tokens == b.tokens and a.encode("ab a") == b.encode("ab a")
