@@ -5,7 +5,8 @@ This module owns, for each super-block type, a kernel over rows without an impor
 with it (`quantize_row_*_impl`). Byte layouts are those of ggml-common.h's block_q2_K ..
 block_q6_K and block_iq4_xs. The entry point, argument checks and the 32-element types are in
 backends/cpu/quantize_rows.py; the searches in backends/cpu/quant_search.py, whose module
-docstring lists what bit-exactness rests on.
+docstring lists what bit-exactness rests on; the pieces the kernels share (sums, importance
+weights, the packing of quant and scale bytes) in backends/cpu/quantize_k_pieces.py.
 
 Each kernel works a row at a time: the row is cut into the groups ggml searches independently
 (16 or 32 values), transposed so that the lane searches of quant_lanes run all of them side by
@@ -27,6 +28,8 @@ from .quant_search import (
     GROUP_MAX_EPS, ONE, ZERO, fp16_to_fp32, fp32_to_fp16, iq4_nl_index, low_i8, make_q3_quants, make_qp_quants, make_qx_quants, nearest_int, put_f16,
 )
 from .quant_lanes import iq4_scale_lanes, make_qkx_quants_lanes, make_qx_quants_lanes, to_lanes
+from .quantize_k_pieces import (from_lanes, get_scale_min_k4, imatrix_lanes, lane_sums,
+                                pack_2bit, pack_q3_scales, put_scale_min_k4, sum_sq)
 
 __all__ = ["KERNELS"]
 
@@ -50,91 +53,6 @@ _RMIN_3 = F32(-0.9)                                # make_qkx3_quants(..., -0.9f
 _RDELTA_3 = F32(0.05)
 
 
-# ----------------------------------------------------------------------------- shared pieces
-
-@_jit
-def _sum_sq(x, a, b):
-    """C's `s = 0; for (...) s += x[j]*x[j];` over x[a:b]."""
-    s = ZERO
-    for j in range(a, b):
-        s += x[j] * x[j]
-    return s
-
-
-@_jit
-def _lane_sums(wt, sw):
-    """sw[k] = C's `s = 0; for (l...) s += weight[l];` over group k's weights."""
-    for k in range(wt.shape[1]):
-        sw[k] = ZERO
-    for i in range(wt.shape[0]):
-        for k in range(wt.shape[1]):
-            sw[k] += wt[i, k]
-
-
-@_jit
-def _imatrix_lanes(xr, qw, sigma2, xt, wt):
-    """wt[i, k] = qw[e] * sqrtf(sigma2[sb] + x[e]*x[e]) for element e = n*k + i of the row
-    (sb its super-block): the weights of the *_impl quantizers."""
-    n, G = xt.shape
-    for k in range(G):
-        s2 = sigma2[(n * k) // QK_K]
-        for i in range(n):
-            wt[i, k] = qw[n * k + i] * np.sqrt(s2 + xt[i, k] * xt[i, k])
-
-
-@_jit
-def _from_lanes(L, g0, Lsb):
-    """Lsb[e] = L[e % n, g0 + e // n]: one super-block's quants back in element order."""
-    n = L.shape[0]
-    for j in range(QK_K // n):
-        for i in range(n):
-            Lsb[n * j + i] = np.int64(L[i, g0 + j])
-
-
-@_jit
-def _pack_2bit(L, y, at):
-    """Q2_K / Q3_K qs: byte at + 32h + l holds L[128h + l + 32k] at bits 2k."""
-    for j in range(0, QK_K, 128):
-        for l in range(32):
-            b = j + l
-            y[at + j // 4 + l] = (L[b] | (L[b + 32] << 2) | (L[b + 64] << 4)
-                                  | (L[b + 96] << 6)) & 0xFF
-
-
-@_jit
-def _get_scale_min_k4(j, y, at):
-    """ggml's get_scale_min_k4 on the 12 scale bytes y[at:at + 12]: (scale, min) of j."""
-    if j < 4:
-        return np.int64(y[at + j]) & 63, np.int64(y[at + j + 4]) & 63
-    hi = np.int64(y[at + j + 4])                     # int64 first: numba types uint8 | int as float
-    d = (hi & 0xF) | ((np.int64(y[at + j - 4]) >> 6) << 4)
-    m = (hi >> 4) | ((np.int64(y[at + j]) >> 6) << 4)
-    return d, m
-
-
-@_jit
-def _put_scale_min_k4(j, ls, lm, y, at):
-    """Q4_K / Q5_K: store 6-bit scale ls and min lm of sub-block j (j ascending from 0, as
-    C's loop: the upper two bits of j >= 4 are OR-ed into bytes j - 4 and j)."""
-    if j < 4:
-        y[at + j] = ls & 0xFF
-        y[at + j + 4] = lm & 0xFF
-    else:
-        y[at + j + 4] = ((ls & 0xF) | ((lm & 0xF) << 4)) & 0xFF
-        y[at + j - 4] = (np.int64(y[at + j - 4]) | ((ls >> 4) << 6)) & 0xFF
-        y[at + j] = (np.int64(y[at + j]) | ((lm >> 4) << 6)) & 0xFF
-
-
-@_jit
-def _pack_q3_scales(j, l, y, at):
-    """Q3_K: store the 6-bit scale l (0..63) of sub-block j (j ascending, bytes zeroed)."""
-    if j < 8:
-        y[at + j] = l & 0xF
-    else:
-        y[at + j - 8] = (np.int64(y[at + j - 8]) | ((l & 0xF) << 4)) & 0xFF
-    y[at + j % 4 + 8] = (np.int64(y[at + j % 4 + 8]) | ((l >> 4) << (2 * (j // 4)))) & 0xFF
-
-
 # ----------------------------------------------------------------------------- Q2_K
 
 @_jit
@@ -152,7 +70,7 @@ def _q2_K_finish(xb, L, y, at, dh, mh):
         for ii in range(16):
             k = 16 * j + ii
             L[k] = max(0, min(3, nearest_int((xb[k] + dm) / d)))
-    _pack_2bit(L, y, at + 16)
+    pack_2bit(L, y, at + 16)
     put_f16(y, at + 80, dh)
     put_f16(y, at + 82, mh)
 
@@ -202,7 +120,7 @@ def _q2_K_rows(x, out):
                 mh = fp32_to_fp16(max_min / _F15)
             else:
                 mh = fp32_to_fp16(ZERO)
-            _from_lanes(L, 16 * sb, Lsb)
+            from_lanes(L, 16 * sb, Lsb)
             _q2_K_finish(xr[QK_K * sb:QK_K * (sb + 1)], Lsb, y, at, dh, mh)
 
 
@@ -228,9 +146,9 @@ def _q2_K_rows_imatrix(x, qw, out):
         y = out[r]
         to_lanes(xr, 16, xt)
         for sb in range(nsb):
-            sigma2[sb] = _sum_sq(xr, QK_K * sb, QK_K * (sb + 1)) / _F256
-        _imatrix_lanes(xr, qw, sigma2, xt, wt)
-        _lane_sums(wt, sw)
+            sigma2[sb] = sum_sq(xr, QK_K * sb, QK_K * (sb + 1)) / _F256
+        imatrix_lanes(xr, qw, sigma2, xt, wt)
+        lane_sums(wt, sw)
         make_qkx_quants_lanes(xt, wt, 3, _RMIN_3, _RDELTA_3, 36, False, L, scales, mins)
         for sb in range(nsb):
             g = slice(16 * sb, 16 * sb + 16)
@@ -239,7 +157,7 @@ def _q2_K_rows_imatrix(x, qw, out):
             at = 84 * sb
             for j in range(16):
                 y[at + j] = (Ls[j] | (Lm[j] << 4)) & 0xFF
-            _from_lanes(L, 16 * sb, Lsb)
+            from_lanes(L, 16 * sb, Lsb)
             _q2_K_finish(xr[QK_K * sb:QK_K * (sb + 1)], Lsb, y, at, fp32_to_fp16(dm),
                          fp32_to_fp16(mm))
 
@@ -267,7 +185,7 @@ def _q3_K_finish(xb, L, y, at, dh):
             h |= (L[32 * b + m] >> 2) << b
             L[32 * b + m] &= 3
         y[at + m] = h
-    _pack_2bit(L, y, at + 32)
+    pack_2bit(L, y, at + 32)
     put_f16(y, at + 108, dh)
 
 
@@ -298,7 +216,7 @@ def _q3_K_rows(x, out):
                 iscale = _MINUS_32 / max_scale
                 for j in range(16):
                     l = max(-32, min(31, low_i8(nearest_int(iscale * scales[j])))) + 32
-                    _pack_q3_scales(j, l, y, at + 96)
+                    pack_q3_scales(j, l, y, at + 96)
                 dh = fp32_to_fp16(ONE / iscale)
             else:
                 dh = fp32_to_fp16(ZERO)
@@ -325,9 +243,9 @@ def _q3_K_rows_imatrix(x, qw, out):
         y = out[r]
         to_lanes(xr, 16, xt)
         for sb in range(nsb):
-            sigma2[sb] = _TWO * _sum_sq(xr, QK_K * sb, QK_K * (sb + 1)) / _F256
-        _imatrix_lanes(xr, qw, sigma2, xt, wt)
-        _lane_sums(wt, sw)
+            sigma2[sb] = _TWO * sum_sq(xr, QK_K * sb, QK_K * (sb + 1)) / _F256
+        imatrix_lanes(xr, qw, sigma2, xt, wt)
+        lane_sums(wt, sw)
         make_qx_quants_lanes(xt, wt, 4, L, scales)
         for sb in range(nsb):
             at = 110 * sb
@@ -336,8 +254,8 @@ def _q3_K_rows_imatrix(x, qw, out):
             g = slice(16 * sb, 16 * sb + 16)
             d_block = make_qx_quants(16, 32, scales[g], Ls, sw[g], True)
             for j in range(16):
-                _pack_q3_scales(j, Ls[j], y, at + 96)
-            _from_lanes(L, 16 * sb, Lsb)
+                pack_q3_scales(j, Ls[j], y, at + 96)
+            from_lanes(L, 16 * sb, Lsb)
             _q3_K_finish(xr[QK_K * sb:QK_K * (sb + 1)], Lsb, y, at, fp32_to_fp16(d_block))
 
 
@@ -352,7 +270,7 @@ def _q45_K_finish(xb, L, y, at, nmax, dh, mh):
     d_all = fp16_to_fp32(dh)
     m_all = fp16_to_fp32(mh)
     for j in range(8):
-        sc, m = _get_scale_min_k4(j, y, at + 4)
+        sc, m = get_scale_min_k4(j, y, at + 4)
         d = d_all * F32(sc)
         if d == ZERO:
             continue
@@ -426,8 +344,8 @@ def _q45_K_rows(x, out, nmax, rmin, nstep, bsize):
             for j in range(8):          # (uint8_t)nearest_int(...), then MIN(63, .)
                 ls = min(63, nearest_int(inv_scale * scales[8 * sb + j]) & 0xFF)
                 lm = min(63, nearest_int(inv_min * mins[8 * sb + j]) & 0xFF)
-                _put_scale_min_k4(j, ls, lm, y, at + 4)
-            _from_lanes(L, 8 * sb, Lsb)
+                put_scale_min_k4(j, ls, lm, y, at + 4)
+            from_lanes(L, 8 * sb, Lsb)
             _q45_K_finish(xr[QK_K * sb:QK_K * (sb + 1)], Lsb, y, at, nmax,
                           fp32_to_fp16(max_scale / _F63), fp32_to_fp16(max_min / _F63))
 
@@ -454,9 +372,9 @@ def _q45_K_rows_imatrix(x, qw, out, nmax, bsize):
         y = out[r]
         to_lanes(xr, 32, xt)
         for sb in range(nsb):
-            sigma2[sb] = _TWO * _sum_sq(xr, QK_K * sb, QK_K * (sb + 1)) / _F256
-        _imatrix_lanes(xr, qw, sigma2, xt, wt)
-        _lane_sums(wt, sw)
+            sigma2[sb] = _TWO * sum_sq(xr, QK_K * sb, QK_K * (sb + 1)) / _F256
+        imatrix_lanes(xr, qw, sigma2, xt, wt)
+        lane_sums(wt, sw)
         make_qkx_quants_lanes(xt, wt, nmax, _RMIN_3, _RDELTA_3, 36, False, L, scales, mins)
         for sb in range(nsb):
             at = bsize * sb
@@ -469,8 +387,8 @@ def _q45_K_rows_imatrix(x, qw, out, nmax, bsize):
                 if nmax == 31:
                     ls = min(63, ls)
                     lm = min(63, lm)
-                _put_scale_min_k4(j, ls, lm, y, at + 4)
-            _from_lanes(L, 8 * sb, Lsb)
+                put_scale_min_k4(j, ls, lm, y, at + 4)
+            from_lanes(L, 8 * sb, Lsb)
             _q45_K_finish(xr[QK_K * sb:QK_K * (sb + 1)], Lsb, y, at, nmax,
                           fp32_to_fp16(d_block), fp32_to_fp16(m_block))
 
@@ -540,7 +458,7 @@ def _q6_K_rows(x, qw, out, use_qw):
                     wt[i, k] = xt[i, k] * xt[i, k]
         make_qx_quants_lanes(xt, wt, 32, L, scales)
         for sb in range(G // 16):
-            _from_lanes(L, 16 * sb, Lsb)
+            from_lanes(L, 16 * sb, Lsb)
             _q6_K_finish(xr[QK_K * sb:QK_K * (sb + 1)], Lsb, scales[16 * sb:16 * sb + 16], y,
                          210 * sb)
 
@@ -598,8 +516,8 @@ def _iq4_xs_rows(x, qw, out, use_qw):
         to_lanes(xr, 32, xt)
         if use_qw:
             for sb in range(nsb):
-                sigma2[sb] = _sum_sq(xr, QK_K * sb, QK_K * (sb + 1)) * _TWO_OVER_256
-            _imatrix_lanes(xr, qw, sigma2, xt, wt)
+                sigma2[sb] = sum_sq(xr, QK_K * sb, QK_K * (sb + 1)) * _TWO_OVER_256
+            imatrix_lanes(xr, qw, sigma2, xt, wt)
         else:
             for i in range(32):
                 for k in range(G):
