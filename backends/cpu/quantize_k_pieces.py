@@ -6,13 +6,10 @@ block_q5_K: 2-bit quants, the 6-bit scale and min pairs of Q4_K / Q5_K, Q3_K's s
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-from .quant_search import ZERO
+from ggraph.codecs.quants_k import QK_K
 
-_jit = njit(cache=True, nogil=True, error_model="numpy")
-
-QK_K = 256
+from .quant_search import JIT as _jit, ZERO
 
 
 @_jit

@@ -24,17 +24,15 @@ Input must be finite: ggml's behaviour on inf/NaN is undefined and is not reprod
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from . import quantize_rows_k as _k
 from .quant_search import (
-    ONE, ZERO, cvtt_i32, fp32_to_fp16, iq4_nl_index, low_i8, put_f16, roundf_i32,
+    JIT as _jit, ONE, ZERO, cvtt_i32, fp32_to_fp16, iq4_nl_index, low_i8, put_f16, roundf_i32,
 )
 from .quant_lanes import iq4_scale_lanes, make_qkx_quants_lanes, make_qx_quants_lanes, to_lanes
 
 __all__ = ["quantize_rows", "QUANTIZABLE", "USES_IMATRIX", "BLOCK_LAYOUT", "row_bytes"]
 
-_jit = njit(cache=True, nogil=True, error_model="numpy")
 
 F32 = np.float32
 _FLT_MAX = F32(3.4028234663852886e38)

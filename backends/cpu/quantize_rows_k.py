@@ -22,10 +22,11 @@ IQ4_XS requantizes with the unrounded f32 super-block scale.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from ggraph.codecs.quants_k import QK_K
 
 from .quant_search import (
-    GROUP_MAX_EPS, ONE, ZERO, fp16_to_fp32, fp32_to_fp16, iq4_nl_index, low_i8, make_q3_quants, make_qp_quants, make_qx_quants, nearest_int, put_f16,
+    JIT as _jit, GROUP_MAX_EPS, ONE, ZERO, fp16_to_fp32, fp32_to_fp16, iq4_nl_index, low_i8, make_q3_quants, make_qp_quants, make_qx_quants, nearest_int, put_f16,
 )
 from .quant_lanes import iq4_scale_lanes, make_qkx_quants_lanes, make_qx_quants_lanes, to_lanes
 from .quantize_k_pieces import (from_lanes, get_scale_min_k4, imatrix_lanes, lane_sums,
@@ -33,10 +34,7 @@ from .quantize_k_pieces import (from_lanes, get_scale_min_k4, imatrix_lanes, lan
 
 __all__ = ["KERNELS"]
 
-_jit = njit(cache=True, nogil=True, error_model="numpy")
-
 F32 = np.float32
-QK_K = 256
 _F15 = F32(15.0)
 _F32 = F32(32.0)
 _F63 = F32(63.0)
