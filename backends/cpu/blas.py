@@ -1,8 +1,8 @@
 """Matrix products through BLAS (numpy's OpenBLAS) for batches of columns, split over the
-run's threads.
+run's threads, and the BLAS thread count a run holds while it calls BLAS.
 
-OpenBLAS runs one thread per call here (backends/cpu/executor.py: its own pool spinning beside
-numba's made prompts slower), so a product is cut into runs of RUN_ROWS weight rows, each
+OpenBLAS runs one thread per call here (`blas_scope`: its own pool spinning beside numba's
+made prompts slower), so a product is cut into runs of RUN_ROWS weight rows, each
 dequantized and multiplied in a Python thread of a pool of our own, as many at once as the
 run has threads (numba.get_num_threads(): -t, or the thread governor's choice): numpy's
 matmul and the nogil dequantizer release the GIL, so the runs use every core. Each run
@@ -10,9 +10,12 @@ streams its own part of the weights and writes its own columns of the result.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import numba
 import numpy as np
@@ -58,10 +61,64 @@ def mul_mat_blas(A: np.ndarray, B: np.ndarray, D: np.ndarray, deq: Callable | No
 
 def run_units(fn: Callable, units: list[tuple]) -> None:
     """fn(*unit) for every unit: on the pool when the run has threads to spare (as many at
-    once as it has), else in this thread."""
+    once as it has), else in this thread. Every BLAS call of a run comes through here, so
+    this is where the run's scope (blas_scope) takes BLAS's thread count."""
+    _take_limit()
     if min(numba.get_num_threads(), len(units)) == 1:
         for u in units:
             fn(*u)
         return
     for j in [pool().submit(fn, *u) for u in units]:
         j.result()
+
+
+# ---- BLAS's threads while a run calls it ---------------------------------------------------
+# Each run of a graph enters blas_scope(n); its first BLAS call (run_units) sets every BLAS
+# library loaded to n threads and the scope's end gives back what they had. A run that calls
+# no BLAS (a decode step over packed weights) never touches them: setting and restoring
+# OpenBLAS's count around every run cost a 1.5B decode step ~80 us, its structures cold after
+# the step's weight stream (Zen 4). Set and given back in the run's own thread, as before.
+
+@dataclass
+class _Scope:
+    threads: int
+    before: list[int] | None = None     # each library's count before the scope set it
+
+
+_local = threading.local()
+
+
+@lru_cache(maxsize=1)
+def blas_libs() -> tuple[Any, ...]:
+    """threadpoolctl's controllers of the BLAS libraries loaded (numpy's OpenBLAS), found
+    once: a search on every run cost ~8 us hot and ~0.1 ms a decode step cold."""
+    from threadpoolctl import ThreadpoolController
+
+    return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
+
+
+@contextlib.contextmanager
+def blas_scope(n: int) -> Iterator[None]:
+    """A run: BLAS on n threads from its first call through run_units to the scope's end
+    (nested scopes in one thread: the innermost applies)."""
+    outer = getattr(_local, "scope", None)
+    scope = _local.scope = _Scope(n)
+    try:
+        yield
+    finally:
+        _local.scope = outer
+        if scope.before is not None:
+            for lib, was in zip(blas_libs(), scope.before):
+                if lib.num_threads != was:
+                    lib.set_num_threads(was)
+
+
+def _take_limit() -> None:
+    scope = getattr(_local, "scope", None)
+    if scope is None or scope.before is not None:
+        return
+    libs = blas_libs()
+    scope.before = [lib.num_threads for lib in libs]
+    for lib in libs:
+        if lib.num_threads != scope.threads:
+            lib.set_num_threads(scope.threads)

@@ -1,12 +1,11 @@
 """The CPU's executor (backends/executor.py): the threads each run uses, BLAS kept to its own
-threads while kernels run, runs taken in turn where numba's threading layer needs it, and the
+threads while a run calls it (backends/cpu/blas.py), runs taken in turn where numba's threading layer needs it, and the
 fusion pass (backends/cpu/fusion.py) that runs norm chains as one call."""
 from __future__ import annotations
 
 import contextlib
 import threading
 import time
-from functools import lru_cache
 from typing import Any, Hashable, Iterator, Mapping
 
 import numba
@@ -15,6 +14,7 @@ from ggraph.ir.tensor import Tensor
 from ..base import Session
 from ..executor import Executor
 from . import compile_ahead, fusion
+from .blas import blas_scope
 from .compile import compiled_for, compiled_nogil, direct
 from .threads import ThreadGovernor
 
@@ -47,40 +47,16 @@ class CPUExecutor(Executor):
         """The threads of a run: the governor's choice for graph `key` (all of them without
         a key), timed for the governor.
 
-        BLAS with one thread while a graph runs: numba's threads and OpenBLAS's both spin
-        between calls, and on a small machine the two pools fighting for cores made SmolLM2's
-        512-token prompt 2.7x slower than single-threaded BLAS beside numba's threads.
+        BLAS on `blas_threads` (one) from the run's first BLAS call to its end (blas_scope):
+        numba's threads and OpenBLAS's both spin between calls, and on a small machine the
+        two pools fighting for cores made SmolLM2's 512-token prompt 2.7x slower than
+        single-threaded BLAS beside numba's threads.
 
         Graphs run by different Sessions in different threads take turns when numba's
         threading layer is `workqueue` (the only one guaranteed present): it is not
         thread-safe and aborts the process on concurrent parallel kernels. tbb and omp are
         thread-safe and run concurrently."""
         return _running(self, key)
-
-
-@lru_cache(maxsize=1)
-def _blas_libs() -> tuple[Any, ...]:
-    """threadpoolctl's controllers of the BLAS libraries loaded (numpy's OpenBLAS), found
-    once: a search on every run cost ~8 us hot and ~0.1 ms a decode step cold."""
-    from threadpoolctl import ThreadpoolController
-
-    return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
-
-
-@contextlib.contextmanager
-def _blas_limit(n: int) -> Iterator[None]:
-    """Each BLAS library at n threads inside, as it was after (set only where it differs)."""
-    libs = _blas_libs()
-    was = [lib.num_threads for lib in libs]
-    for lib, w in zip(libs, was):
-        if w != n:
-            lib.set_num_threads(n)
-    try:
-        yield
-    finally:
-        for lib, w in zip(libs, was):
-            if w != n:
-                lib.set_num_threads(w)
 
 
 # one graph at a time in the whole process while numba's threading layer cannot take more
@@ -95,7 +71,7 @@ def _running(ex: CPUExecutor, key: Hashable | None) -> Iterator[None]:
     if numba.get_num_threads() != n:
         numba.set_num_threads(n)
     with _KERNEL_LOCK if _kernels_need_lock() else contextlib.nullcontext(), \
-            _blas_limit(ex.blas_threads):
+            blas_scope(ex.blas_threads):
         t0 = time.perf_counter()
         yield
         if gov is not None:

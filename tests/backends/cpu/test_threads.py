@@ -140,9 +140,11 @@ def test_results_do_not_depend_on_the_governor():
 
 
 def test_blas_keeps_to_its_own_threads_while_a_graph_runs():
-    """Inside a run BLAS has the executor's blas_threads; after it, what it had before."""
+    """From a run's first BLAS call to its end BLAS has the executor's blas_threads; a run
+    that calls no BLAS leaves its setting alone; after a run, what it had before."""
     from threadpoolctl import threadpool_info, threadpool_limits
 
+    from ggraph.backends.cpu.blas import run_units
     from ggraph.backends.cpu.executor import CPUExecutor
 
     def blas() -> list[int]:
@@ -151,9 +153,17 @@ def test_blas_keeps_to_its_own_threads_while_a_graph_runs():
     if not blas():
         pytest.skip("numpy has no BLAS library that threadpoolctl can set")
     ex = CPUExecutor(n_threads=1, governor=None, blas_threads=1, fusion=False)
+    seen: list[list[int]] = []
     with threadpool_limits(limits=2, user_api="blas"):
         outside = blas()
         with ex.run_context():
+            before_any_call = blas()
+            run_units(lambda: seen.append(blas()), [(), ()])
             inside = blas()
         assert blas() == outside
-    assert inside == [1] * len(outside) and outside != inside
+        with ex.run_context():           # no BLAS call: nothing set, nothing to give back
+            untouched = blas()
+        assert blas() == outside
+    assert before_any_call == outside == untouched and outside != inside
+    assert inside == [1] * len(outside) and seen == [inside, inside]
+
