@@ -18,10 +18,10 @@ of the same machine (membw.read_bandwidth) and hot over 512 KiB (L2):
 - header last: the tile's 256 header bytes after its quants instead of before.
 
 A variant's GB/s counts its tile's bytes. The sums are not checked (the bytes are filler):
-this watches the stream, not the results. On a Zen 4 EPYC (stop 62, three runs, bare read
-29.1-30.9 GB/s): the tile at 93-95% of the bare read with 6 blocks a row and 88% with 35; with
-its header unread, or quants only, 102-105%; no mins +1-3%; byte scales, the barrier dropped
-or the header last each 3-10% slower. What costs is the header's reads and the scales' work
+this watches the stream, not the results. On a Zen 4 EPYC (stop 62, five runs, bare read
+29-34 GB/s): the tile at 82-95% of the bare read (6 or 35 blocks a row); with its header
+unread, or quants only, 94-105%; no mins 1-5% faster; byte scales, the barrier dropped or the
+header last -11 to +3%, mostly slower. What costs is the header's reads and the scales' work
 between the pairs, not the bytes; and a variant's gain here has not always carried to the
 product (docs/performance.md: the scales and mins read four planes a load and transposed
 ran 1.005x in the product).
