@@ -76,8 +76,9 @@ def run_units(fn: Callable, units: list[tuple]) -> None:
 # Each run of a graph enters blas_scope(n); its first BLAS call (run_units) sets every BLAS
 # library loaded to n threads and the scope's end gives back what they had. A run that calls
 # no BLAS (a decode step over packed weights) never touches them: setting and restoring
-# OpenBLAS's count around every run cost a 1.5B decode step ~80 us, its structures cold after
-# the step's weight stream (Zen 4). Set and given back in the run's own thread, as before.
+# OpenBLAS's count around every run took ~80 us of a 1.5B decode step (probes around it, Zen 4:
+# its structures cold after the step's weight stream; whole tokens moved within the noise).
+# Set and given back in the run's own thread, as before.
 
 @dataclass
 class _Scope:

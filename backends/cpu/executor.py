@@ -1,6 +1,7 @@
 """The CPU's executor (backends/executor.py): the threads each run uses, BLAS kept to its own
-threads while a run calls it (backends/cpu/blas.py), runs taken in turn where numba's threading layer needs it, and the
-fusion pass (backends/cpu/fusion.py) that runs norm chains as one call."""
+threads while a run calls it (backends/cpu/blas.py), runs taken in turn where numba's threading
+layer needs it, and the fusion pass (backends/cpu/fusion.py) that runs norm chains as one
+call."""
 from __future__ import annotations
 
 import contextlib
