@@ -249,16 +249,16 @@ def packed_call(kernel: Any, a: T, B: np.ndarray, products: Sequence[tuple], r: 
 def packed_work(vt: T, k: int, cols: tuple[int, ...], work: dict | None
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The buffers a packed call quantizes its columns into: cols columns of k values as
-    vt's bytes, their 32-element sums as int16 bytes, their offset sums and float sums. The
-    calls of one graph run one after the other, and each fills its buffers before it reads
-    them, so calls of one shape can share them (`work`, their graph's shared dict): then a
-    decode step's ~130 products write the same few cache lines, where each had its own and
-    found them cold (the step's weight stream evicts them)."""
+    vt's bytes, their 32-element sums as 4 bytes each (qtiles.aux_q8_k), their offset sums
+    and float sums. The calls of one graph run one after the other, and each fills its
+    buffers before it reads them, so calls of one shape can share them (`work`, their
+    graph's shared dict): then a decode step's ~130 products write the same few cache lines,
+    where each had its own and found them cold (the step's weight stream evicts them)."""
     key = ("packed work", vt, k, cols)
     if work is not None and key in work:
         return work[key]
     bufs = (np.empty(cols + (vt.type_size * k // vt.block_size,), np.uint8),
-            np.empty(cols + (2 * (k // 32),), np.uint8), np.empty(cols + (k // 16,), np.int32),
+            np.empty(cols + (4 * (k // 32),), np.uint8), np.empty(cols + (k // 16,), np.int32),
             np.empty(cols + (k // 32,), np.float32))
     if work is not None:
         work[key] = bufs

@@ -17,9 +17,9 @@ their vector arguments, so one layout width can be compiled and tested on any ho
 - integer products: `dpb` (acc + 4-byte dot with a broadcast activation dword, vpdpbusd with
   VNNI, vpmaddubsw + vpmaddwd without), `dpw` (acc + 2 widened bytes per lane times a
   broadcast pair of i16 activation sums, vpdpwssd with VNNI), `lmul` (acc times R per-row
-  bytes), `lmul6` (acc times R per-row 6-bit K-quant scales, decoded from the 12 stored scale
-  bytes as planes of R), `dpw6` (acc + two sub-blocks' decoded mins per lane times a
-  broadcast pair of i16 activation sums, vpdpwssd with VNNI), `lsubm`, `ladd`, `lzero`;
+  bytes), `ld6` (four sub-blocks' 6-bit K-quant scales or mins of each row as its dword,
+  decoded from the 12 stored scale bytes as planes of R) and `lmulb` (acc times one byte of
+  each row's dword), `lsubm`, `ladd`, `laddsh`, `lzero`, `lpin` (a value held in order);
 - floats: `fzero`, `ldh` (R f16 row scales), `ffma`/`ffms` (acc +/- float(ints) *
   (scales * s)), `fmas` (acc + scales * s), `cf32`/`cf16` (each column's float), `fadd`,
   `fload`/`fstore` (R lanes of each column from/to a 2-D float array).
@@ -201,7 +201,7 @@ def dpb(typingctx, acc, v, y, yo):
 
 def _word_pair_dots(context, builder, sig, args, w, y, n, k):
     """acc (args[0]) + w's i16 pairs times each column's pair of i16 activation sums: the two
-    at args[y][j, args[y + 1]], broadcast to column j's r lanes (`dpw`, `dpw6`)."""
+    at args[y][j, args[y + 1]], broadcast to column j's r lanes (`dpw`)."""
     ys = column_loads(context, builder, sig, args, y, y + 1, I32, k)
     return concat(builder, [
         dot_words(builder, a, w, builder.bitcast(splat_lanes(builder, yj, n), word_vec(n)), n)
@@ -242,56 +242,71 @@ def lmul(typingctx, acc, arr, off, signed):
     return acc(acc, arr, off, signed), codegen
 
 
-def _k6(context, builder, sig, args, a, b, mode, n):
-    """The r 6-bit K-quant scales or mins of one sub-block, from the 12 scale bytes stored
-    as planes of r (plane i: byte i of every row; ggml's get_scale_min_k4): mode 0 the low 6
-    bits of the plane at a (sub-blocks 0-3), 1 its low nibble and 2 its high nibble under
-    the top 2 bits of the plane at b (sub-blocks 4-7: scales, mins)."""
-    v8 = ir.VectorType(I8, n)
-    x = builder.load(ptr_at(context, builder, sig.args[1], args[1], args[a], v8), align=1)
-    if mode == 0:
-        return builder.and_(x, vconst(v8, [63] * n))
-    y = builder.load(ptr_at(context, builder, sig.args[1], args[1], args[b], v8), align=1)
-    top = builder.lshr(builder.and_(y, vconst(v8, [-64] * n)), vconst(v8, [2] * n))
-    low = (builder.and_(x, vconst(v8, [15] * n)) if mode == 1 else
-           builder.lshr(x, vconst(v8, [4] * n)))
-    return builder.or_(low, top)
+def _row_words(context, builder, sig, args, o, n):
+    """The 4 planes of r bytes from byte args[o] of the array args[0] (4r bytes, one line
+    where r is 16), transposed so that row l's 4 bytes make its dword (plane i: byte i)."""
+    bv = byte_vec(n)
+    x = load_at(context, builder, sig, args, bv, 0, o)
+    return builder.shuffle_vector(x, ir.Constant(bv, ir.Undefined),
+                                  vconst(int_vec(4 * n), [n * i + l for l in range(n)
+                                                          for i in range(4)]))
 
 
 @intrinsic
-def lmul6(typingctx, acc, arr, a, b, mode):
-    """acc times the r 6-bit scales (or mins) `_k6` decodes (mode: a literal 0, 1 or 2)
-    lane by lane, the same for every column."""
-    m, n, k = literal_int(mode), acc.r, acc.c
-    if m is None:
+def ld6(typingctx, arr, a, b, mode, r):
+    """Four sub-blocks' 6-bit K-quant scales or mins of each of r rows, byte i of row l's
+    dword the i-th (ggml's get_scale_min_k4), from the 12 scale bytes stored as planes of r
+    (plane i: byte i of every row): mode 0 the low 6 bits of the planes from byte a
+    (sub-blocks 0-3), 1 their low nibbles and 2 their high nibbles under the top 2 bits of
+    the planes from byte b (sub-blocks 4-7: scales, mins). Four planes are one 4r-byte load
+    (a line where r is 16), transposed (vpermb), where a plane was a 16-byte load as each
+    sub-block's sum was scaled (qtiles.k4_tile: the header's lines read whole, first)."""
+    n, m = lane_width(r), literal_int(mode)
+    if n is None or m is None:
         return None
 
     def codegen(context, builder, sig, args):
-        e = builder.zext(_k6(context, builder, sig, args, 2, 3, m, n), int_vec(n))
+        x = _row_words(context, builder, sig, args, 1, n)
+        if m == 0:
+            return builder.and_(x, byte_splat(63, n))
+        y = _row_words(context, builder, sig, args, 2, n)
+        top = builder.lshr(builder.and_(y, byte_splat(-64, n)), byte_splat(2, n))
+        low = builder.and_(x, byte_splat(15, n)) if m == 1 else builder.lshr(x, byte_splat(4, n))
+        return builder.or_(low, top)
+
+    return UB(n)(arr, a, b, mode, r), codegen
+
+
+@intrinsic
+def lmulb(typingctx, acc, v, i):
+    """acc times byte i (a literal 0-3) of each row's dword in v (`ld6`'s), lane by lane,
+    the same for every column."""
+    j, n, k = literal_int(i), acc.r, acc.c
+    if j is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        e = builder.bitcast(args[1], int_vec(n))
+        if j:
+            e = builder.lshr(e, vconst(int_vec(n), [8 * j] * n))
+        if j != 3:
+            e = builder.and_(e, vconst(int_vec(n), [255] * n))
         return builder.mul(args[0], repeat_columns(builder, e, k))
 
-    return acc(acc, arr, a, b, mode), codegen
+    return acc(acc, v, i), codegen
 
 
 @intrinsic
-def dpw6(typingctx, acc, arr, a, b, mode, y, yo):
-    """`dpw` over the 6-bit mins of two sub-blocks that `_k6` decodes (mode: a literal 0 or
-    2), the second's planes r bytes after the first's (a + r, b + r): acc + m0 * s0 + m1 * s1
-    in lane l of column j, s0, s1 the two i16 at y[j, yo]."""
-    m, n, k = literal_int(mode), acc.r, acc.c
-    if m is None:
+def laddsh(typingctx, a, b, s):
+    """a + (b << s), s a literal."""
+    sh, n, k = literal_int(s), a.r, a.c
+    if sh is None:
         return None
 
     def codegen(context, builder, sig, args):
-        lo = builder.zext(_k6(context, builder, sig, args, 2, 3, m, n), int_vec(n))
-        nxt = [args[0], args[1], builder.add(args[2], ir.Constant(args[2].type, n)),
-               builder.add(args[3], ir.Constant(args[3].type, n))]
-        hi = builder.zext(_k6(context, builder, sig, nxt, 2, 3, m, n), int_vec(n))
-        pair = builder.or_(lo, builder.shl(hi, vconst(int_vec(n), [16] * n)))
-        return _word_pair_dots(context, builder, sig, args, builder.bitcast(pair, word_vec(n)),
-                               5, n, k)
+        return builder.add(args[0], builder.shl(args[1], vconst(int_vec(n * k), [sh] * (n * k))))
 
-    return acc(acc, arr, a, b, mode, y, yo), codegen
+    return a(a, b, s), codegen
 
 
 @intrinsic
@@ -304,6 +319,27 @@ def lsubm(typingctx, acc, arr, i):
         return builder.sub(args[0], per_column(builder, xs, n))
 
     return acc(acc, arr, i), codegen
+
+
+@intrinsic
+def lpin(typingctx, acc):
+    """acc, computed before any load that follows: an empty asm that takes each column's
+    lanes in a vector register and gives them back, clobbering memory (no code). LLVM keeps
+    a Q4_K pair of sub-blocks' loads in order behind qmem.in_order but may sink the pair's
+    dots past the next pair's loads, holding the loaded lines in spilled registers (a Q4_K
+    tile on `ld6` ran 0.81x cold so, Zen 4). Portable IR: acc as is."""
+    n, k = acc.r, acc.c
+
+    def codegen(context, builder, sig, args):
+        if not (AVX512 or AVX2):
+            return args[0]
+        t = int_vec(n)
+        pin = ir.FunctionType(t, [t])
+        return concat(builder, [builder.asm(pin, "", "=v,0,~{memory}" if AVX512 else
+                                            "=x,0,~{memory}", [part], True)
+                                for part in split_columns(builder, args[0], n, k)])
+
+    return acc(acc), codegen
 
 
 @intrinsic
@@ -479,5 +515,5 @@ def fstore(typingctx, d, c0, off, v):
 
 __all__ = ["AVX512", "AVX2", "VNNI512", "VNNI256", "R", "WIDTHS", "flavor", "ldq", "lo4", "hi4",
            "hi4x", "lnib", "byte_dot", "bytes_exact", "bit5", "hi2", "lut16", "lzero", "dpb",
-           "dpw", "dpw6", "lmul", "lmul6", "lsubm", "ladd", "fzero", "ldh", "ffma", "ffms", "fmas",
-           "cf32", "cf16", "fadd", "fload", "fstore"]
+           "dpw", "ld6", "lmul", "lmulb", "lpin", "lsubm", "ladd", "laddsh", "fzero", "ldh",
+           "ffma", "ffms", "fmas", "cf32", "cf16", "fadd", "fload", "fstore"]

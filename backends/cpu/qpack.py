@@ -13,8 +13,8 @@ A tile holds the same block of R rows, field by field:
 - per-row scales as R consecutive values of their type (f16 d, dmin, m; Q5_K's and Q6_K's
   sub-block scales and Q5_K's mins as decoded bytes, R per sub-block, Q5_K's mins by pairs of
   sub-blocks, 2 bytes per row, for vpdpwssd against pairs of activation sums; Q4_K's 12 bytes
-  of 6-bit scales and mins as stored, as 12 planes of R, which the product decodes as it
-  applies them: backends/cpu/qlanes.py's lmul6 and dpw6);
+  of 6-bit scales and mins as stored, as 12 planes of R, which the product reads four at a
+  load and decodes: backends/cpu/qlanes.py's ld6);
 - Q8_0's int8 quants are stored + 128 (unsigned: vpdpbusd's left side), IQ4_XS's scales as
   their signed value ls - 32.
 

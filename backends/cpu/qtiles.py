@@ -11,7 +11,8 @@ them): unsigned weight values times int8 quants summed by vpdpbusd, an offset (Q
 16, Q8_0's 128, Q6_K's 32, IQ4_XS's 128) taken off as offset * sum(quants), sub-block scales
 applied as integers, then one float multiply-add per block with the rows' f16 scales. `ysi`
 holds the offset times each activation block's (or sub-block's) sum of quants, `ysb` each 32
-elements' sum as little-endian int16 (Q4_K and Q5_K read them by pairs against their mins),
+elements' sum (Q8_K: 32 bytes a block, as int16 and as two bytes: aux_q8_k) that Q4_K and Q5_K
+dot with their mins,
 `ysf` the f16-rounded d * sum that Q4_1 and Q5_1 add times their mins (Q8_1's s); `aux_*` fill
 them.
 
@@ -35,9 +36,9 @@ import numpy as np
 from numba import njit, prange
 
 from ggraph.ir.types import GGMLType
-from .qlanes import (R, bit5, cf16, cf32, dpb, dpw, dpw6, fadd, ffma, ffms, fload, fmas,
-                     fstore, fzero, hi2, hi4, hi4x, ladd, ldh, ldq, lmul, lmul6, lnib, lo4, lsubm,
-                     lut16, lzero)
+from .qlanes import (R, bit5, cf16, cf32, dpb, dpw, fadd, ffma, ffms, fload, fmas, fstore,
+                     fzero, hi2, hi4, hi4x, ladd, laddsh, ld6, ldh, ldq, lmul, lmulb, lnib, lo4,
+                     lpin, lsubm, lut16, lzero)
 from .qmem import fetch_add, in_order, load_f32, prefetch, prefetch_l1, thread_count
 from ..shared.bound import bound
 
@@ -123,10 +124,10 @@ def tile_q8_0(acc, w, t, q, ysb, ysi, ysf, b):
 
 
 # ---- 256-element super-blocks (activations: Q8_K, 292 bytes: f32 d, 256 int8, 16 int16) ---
-# Q4_K's header: its 12 scale bytes as planes of R (plane i at t + i R), R f16 d, R f16 dmin;
-# then 32 steps of 4R quant bytes. Q5_K's: 8 scale bytes per row (sub-block j at t + j R), the
-# mins by pairs (pair p at t + 8 R + 2 R p), R f16 d, R f16 dmin; then 32 steps of 4R quant
-# bytes and a mask each (qpack.py)
+# Q4_K's header (its first 4 lines where R is 16): its 12 scale bytes as planes of R (plane i
+# at t + i R), R f16 d, R f16 dmin; then 32 steps of 4R quant bytes. Q5_K's: 8 scale bytes
+# per row (sub-block j at t + j R), the mins by pairs (pair p at t + 8 R + 2 R p), R f16 d,
+# R f16 dmin; then 32 steps of 4R quant bytes and a mask each (qpack.py)
 
 def k4_pair(w, o, q, p, jp):
     """Q4_K: the dots of sub-blocks 2 jp and 2 jp + 1, 8 steps from byte o + 8 jp steps.
@@ -147,34 +148,43 @@ def k4_pair(w, o, q, p, jp):
         # column ran 1.5-3% slower (a shift per block)
         y = p + 64 * jp + 4 * k
         s0, s1 = dpb(s0, lo4(v), q, y), dpb(s1, hi4x(v), q, y + 32)
-    return s0, lnib(s1)
+    # the sums pinned (qlanes.lpin): their dots stay before the next pair's loads
+    return lpin(s0), lpin(lnib(s1))
 
 
 def k4_tile(acc, w, t, q, ysb, b):
-    """Q4_K: d * sum_j scale_j dot_j - dmin * sum_j min_j sum_j(quants), the 6-bit scales and
-    mins decoded from their planes as each pair of sub-blocks is summed (qlanes.lmul6,
-    dpw6: those of sub-blocks 0-3 in planes 0-3 (scales) and 4-7 (mins); of 4-7, 4 bits in
-    planes 8-11 and 2 in the top of 0-3 and 4-7)."""
+    """Q4_K: d * sum_j scale_j dot_j - dmin * sum_j min_j sum_j(quants). The tile's four
+    header lines are read whole before its quants, as the stream brings them, and kept in
+    registers: the 6-bit scales and mins four sub-blocks a load (qlanes.ld6: those of
+    sub-blocks 0-3 in planes 0-3 (scales) and 4-7 (mins); of 4-7, 4 bits in planes 8-11 and 2
+    in the top of 0-3 and 4-7), each pair's scales taken from them (lmulb), the mins dotted as
+    bytes with the activation sums split in two bytes (aux_q8_k: sum_j min_j s_j = sum_j
+    min_j lo_j + 128 sum_j min_j hi_j). The same integers as a plane a 16-byte load, read as
+    each pair's sums were scaled, the mins widened to i16 pairs (lmul6, dpw6 before), which
+    streamed at 82-95% of a bare read cold at 1 thread (benchmarks/q4k_tile_variants.py, the
+    tile with its header unread 94-105%). Paired cold rounds in both orders against those
+    (`ab_revision.py mv`, Zen 4): 8960 x 1536 1.12-1.13x at 1 thread and 1.02x at 2, 1536 x
+    8960 1.01-1.05x; the same lines read as each pair is scaled ran 1.005x and 1.000x."""
     for o in range(0, 16 * R, 64):   # the header of the tile PF ahead (the steps cover bodies)
         ahead(w, t + o)
-    o = t + 16 * R
-    isum = lzero(R, C)
-    for jp in range(2):
-        s0, s1 = k4_pair(w, o, q, 292 * b + 4, jp)
-        isum = ladd(isum, ladd(lmul6(s0, w, t + 2 * jp * R, 0, 0),
-                               lmul6(s1, w, t + (2 * jp + 1) * R, 0, 0)))
-    for jp in range(2, 4):
-        s0, s1 = k4_pair(w, o, q, 292 * b + 4, jp)
-        isum = ladd(isum, ladd(lmul6(s0, w, t + (2 * jp + 4) * R, t + (2 * jp - 4) * R, 1),
-                               lmul6(s1, w, t + (2 * jp + 5) * R, t + (2 * jp - 3) * R, 1)))
-    msum = lzero(R, C)
-    for pr in range(2):   # mins by pairs of sub-blocks against pairs of activation sums
-        msum = dpw6(msum, w, t + (4 + 2 * pr) * R, 0, 0, ysb, 16 * b + 4 * pr)
-    for pr in range(2, 4):
-        msum = dpw6(msum, w, t + (4 + 2 * pr) * R, t + 2 * pr * R, 2, ysb, 16 * b + 4 * pr)
+    o, p = t + 16 * R, 292 * b + 4
+    # the header's four lines read whole, first, as the stream brings them; kept in registers
+    sc03, sc47 = ld6(w, t, t, 0, R), ld6(w, t + 8 * R, t, 1, R)
+    mins03, mins47 = ld6(w, t + 4 * R, t, 0, R), ld6(w, t + 8 * R, t + 4 * R, 2, R)
+    d, dmin = ldh(w, t + 12 * R, R), ldh(w, t + 14 * R, R)
+    s0, s1 = k4_pair(w, o, q, p, 0)
+    isum = ladd(lmulb(s0, sc03, 0), lmulb(s1, sc03, 1))
+    s0, s1 = k4_pair(w, o, q, p, 1)
+    isum = ladd(isum, ladd(lmulb(s0, sc03, 2), lmulb(s1, sc03, 3)))
+    s0, s1 = k4_pair(w, o, q, p, 2)
+    isum = ladd(isum, ladd(lmulb(s0, sc47, 0), lmulb(s1, sc47, 1)))
+    s0, s1 = k4_pair(w, o, q, p, 3)
+    isum = ladd(isum, ladd(lmulb(s0, sc47, 2), lmulb(s1, sc47, 3)))
+    m_lo = dpb(dpb(lzero(R, C), mins03, ysb, 32 * b + 16), mins47, ysb, 32 * b + 24)
+    m_hi = dpb(dpb(lzero(R, C), mins03, ysb, 32 * b + 20), mins47, ysb, 32 * b + 28)
     dq = cf32(q, 292 * b, C)
-    acc = ffma(acc, isum, ldh(w, t + 12 * R, R), dq)
-    return ffms(acc, msum, ldh(w, t + 14 * R, R), dq)
+    acc = ffma(acc, isum, d, dq)
+    return ffms(acc, laddsh(m_lo, m_hi, 7), dmin, dq)
 
 
 def k5_sums(w, o, q, p, t):
@@ -203,7 +213,7 @@ def k5_tile(acc, w, t, q, ysb, b):
     isum = k5_sums(w, t + 20 * R, q, 292 * b + 4, t)
     msum = lzero(R, C)
     for pr in range(4):  # mins by pairs of sub-blocks against pairs of activation sums
-        msum = dpw(msum, w, t + 8 * R + 2 * R * pr, ysb, 16 * b + 4 * pr, False)
+        msum = dpw(msum, w, t + 8 * R + 2 * R * pr, ysb, 32 * b + 4 * pr, False)
     dq = cf32(q, 292 * b, C)
     acc = ffma(acc, isum, ldh(w, t + 16 * R, R), dq)
     return ffms(acc, msum, ldh(w, t + 18 * R, R), dq)
@@ -285,15 +295,22 @@ def aux_q8_0(q, ysb, ysi, ysf, kk):
 
 
 def aux_q8_k(q, ysb, ysi, ysf, kk):
-    """Per SUB elements of Q8_K blocks (16 or 32): OFF times their sum (ysi), and per 32 the
-    sum as int16 (ysb: Q4_K/Q5_K read them by pairs against their mins)."""
+    """Per SUB elements of Q8_K blocks (16 or 32): OFF times their sum (ysi). Per block b,
+    32 bytes of ysb from 32 b: the sums of its 8 sub-blocks of 32 as int16 (Q5_K reads them
+    by pairs against its mins), then each sum s split into bytes lo = s & 127 and hi = s >> 7
+    (s = lo + 128 hi, |s| <= 4096): lo of sub-blocks 0-3, hi of 0-3, lo of 4-7, hi of 4-7
+    (Q4_K dots them with its mins as bytes: k4_tile)."""
     for j in range(kk // 16):
         o = 292 * (j // 16) + 260 + 2 * (j % 16)
         s = _i16_row(q, o)
         if j % 2 == 1:
-            _put_i16(ysb, j - 1, _i16_row(q, o - 2) + s)
+            s2 = _i16_row(q, o - 2) + s
+            sb, at = (j // 2) % 8, 32 * (j // 16)
+            _put_i16(ysb, at + 2 * sb, s2)
+            ysb[at + 16 + 8 * (sb // 4) + sb % 4] = s2 & 127
+            ysb[at + 20 + 8 * (sb // 4) + sb % 4] = (s2 >> 7) & 255
             if SUB == 32:
-                ysi[j // 2] = OFF * (_i16_row(q, o - 2) + s)
+                ysi[j // 2] = OFF * s2
         if SUB == 16:
             ysi[j] = OFF * s
 
