@@ -1,5 +1,5 @@
 """What Q4_K's decode tile pays for, cold, at one thread (issue 26: at 1 thread the packed
-Q4_K product streams at 86-95% of a bare read of its own pages; Q4_0, Q6_K and Q8_0 at theirs).
+Q4_K product streamed at 86-95% of a bare read of its own pages; Q4_0, Q6_K and Q8_0 at theirs).
 
 Variants of the tile (backends/cpu/qtiles.py's k4_tile), each built from the product's own
 lane primitives (backends/cpu/qlanes.py) into a loop over 1 GiB of tiles of R = 16 rows, one
@@ -7,24 +7,25 @@ activation column whose block changes with each tile (--blocks of them in a row,
 walks its blocks), streamed cold in paired rounds (the order alternating) beside a bare read
 of the same machine (membw.read_bandwidth) and hot over 512 KiB (L2):
 
-- tile: as the product computes it: 4 pairs of sub-blocks, a compiler barrier before each
-  (qmem.in_order), each pair's two 6-bit scales decoded from their planes (lmul6), the mins by
-  pairs against the activation sums (dpw6), d and dmin applied per tile;
+- tile: as the product computes it: the header's four lines read whole first (ld6: the 6-bit
+  scales and mins, four sub-blocks a load; ldh: d, dmin), then 4 pairs of sub-blocks, a
+  compiler barrier before each (qmem.in_order) and their sums pinned after (lpin), each
+  pair's scales taken from the header's registers (lmulb), the mins dotted as bytes;
+- header after: the same, the scales' lines read after the first pair of each half and the
+  mins', d and dmin after the last pair (the tile's first form on these primitives);
 - no mins: the tile without its mins term;
-- byte scales: the scales read as plain bytes (lmul), as a tile of decoded scales would hold;
 - header unread: the 2304-byte tile with only its quants read;
 - quants only: tiles of 2048 bytes, quants and nothing else;
-- no barrier: the tile without qmem.in_order;
-- header last: the tile's 256 header bytes after its quants instead of before.
+- scales in L1: header unread, the scales decoded and applied as the tile does but read from
+  a small array that stays in L1 (the work without the header's loads);
+- no pin, no barrier: the tile without lpin, or without qmem.in_order.
 
 A variant's GB/s counts its tile's bytes. The sums are not checked (the bytes are filler):
-this watches the stream, not the results. On a Zen 4 EPYC (stop 62, five runs, bare read
-29-34 GB/s): the tile at 82-95% of the bare read (6 or 35 blocks a row); with its header
-unread, or quants only, 94-105%; no mins 1-5% faster; byte scales, the barrier dropped or the
-header last -11 to +3%, mostly slower. What costs is the header's reads and the scales' work
-between the pairs, not the bytes; and a variant's gain here has not always carried to the
-product (docs/performance.md: the scales and mins read four planes a load and transposed
-ran 1.005x in the product).
+this watches the stream, not the results. The product's tile before (a plane of scales a
+16-byte load, read as each pair's sums were scaled, the mins widened to i16 pairs) streamed
+at 82-95% of the bare read on a Zen 4 EPYC (stop 62, five runs, bare read 29-34 GB/s), with
+its header unread or quants only at 94-105%: the header's reads between the pairs cost, not
+its bytes. A variant's gain here has not always carried to the product (docs/performance.md).
 
     python benchmarks/q4k_tile_variants.py [--rounds 6] [--blocks 6] [--variants tile,no-mins]
 """
@@ -41,28 +42,29 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: r
 from benchlib import Column, out_option, print_table, results_path, write_results
 
 R = 16
-VARIANTS = {"tile": set(), "no-mins": {"nomins"}, "byte-scales": {"bytes"},
-            "header-unread": {"unread"}, "quants-only": {"quants"}, "no-barrier": {"nobar"},
-            "header-last": {"last"}}
-
-
-def _scale(jp: int, which: int, s: str, h: str, plain: bool) -> str:
-    """The call applying sub-block 2 jp + which's scale to sums s (header at byte h)."""
-    if plain:
-        return f"lmul({s}, w, {h} + {(2 * jp + which) * R}, False)"
-    if jp < 2:
-        return f"lmul6({s}, w, {h} + {(2 * jp + which) * R}, 0, 0)"
-    return (f"lmul6({s}, w, {h} + {(2 * jp + 4 + which) * R}, "
-            f"{h} + {(2 * jp - 4 + which) * R}, 1)")
+VARIANTS = {"tile": set(), "header-after": {"after"}, "no-mins": {"nomins"},
+            "header-unread": {"unread"}, "quants-only": {"quants"},
+            "scales-in-l1": {"unread", "l1scales"}, "no-pin": {"nopin"},
+            "no-barrier": {"nobar"}}
 
 
 def source(flags: set[str], blocks: int) -> tuple[str, int]:
     """The variant's loop as Python source, and its tile's bytes."""
     tile = 2048 if "quants" in flags else 2304
-    q0, h = ("at", "at + 2048") if "last" in flags else ("at + 256", "at")
-    if "quants" in flags:
-        q0 = "at"
+    q0 = "at" if "quants" in flags else "at + 256"
+    plain = bool(flags & {"quants", "unread"})
+    h = "0" if "l1scales" in flags else "at"       # where the scales are read from
+    src_arr = "sc" if "l1scales" in flags else "w"
+    scales = [f"sc03 = ld6({src_arr}, {h}, {h}, 0, 16)",
+              f"sc47 = ld6({src_arr}, {h} + {8 * R}, {h}, 1, 16)"]
+    rest = [f"m03 = ld6(w, at + {4 * R}, at, 0, 16)",
+            f"m47 = ld6(w, at + {8 * R}, at + {4 * R}, 2, 16)",
+            f"d = ldh(w, at + {12 * R}, 16)", f"dmin = ldh(w, at + {14 * R}, 16)"]
     lines = []
+    if not plain and "after" not in flags:
+        lines += scales + ([] if "nomins" in flags else rest[:2]) + rest[2:]
+    elif "l1scales" in flags:
+        lines += scales
     for jp in range(4):
         if "nobar" not in flags:
             lines.append("in_order()")
@@ -71,23 +73,24 @@ def source(flags: set[str], blocks: int) -> tuple[str, int]:
             y = f"pb + {4 + 64 * jp + 4 * k}"
             lines += [f"v = ldq(w, {q0} + {64 * (8 * jp + k)}, 16)",
                       f"s0 = dpb(s0, lo4(v), q, {y})", f"s1 = dpb(s1, hi4x(v), q, {y} + 32)"]
-        if flags & {"quants", "unread"}:
-            lines.append("isum = ladd(isum, ladd(s0, lnib(s1)))")
-        else:
-            plain = "bytes" in flags
-            lines.append(f"isum = ladd(isum, ladd({_scale(jp, 0, 's0', h, plain)}, "
-                         f"{_scale(jp, 1, 'lnib(s1)', h, plain)}))")
-    if flags & {"quants", "unread"}:
+        lines.append("s1 = lnib(s1)" if "nopin" in flags else "s0, s1 = lpin(s0), lpin(lnib(s1))")
+        if plain and "l1scales" not in flags:
+            lines.append("isum = ladd(isum, ladd(s0, s1))")
+            continue
+        if "after" in flags and jp in (0, 2):
+            lines.append(scales[jp // 2])
+        v, i = "sc03" if jp < 2 else "sc47", 2 * (jp % 2)
+        lines.append(f"isum = ladd(isum, ladd(lmulb(s0, {v}, {i}), lmulb(s1, {v}, {i + 1})))")
+    if plain:
         lines.append("acc = ffma(acc, isum, ldh(sc, 0, 16), cf32(q, pb, 1))")
     else:
-        lines.append(f"acc = ffma(acc, isum, ldh(w, {h} + {12 * R}, 16), cf32(q, pb, 1))")
+        if "after" in flags:
+            lines += ([] if "nomins" in flags else rest[:2]) + rest[2:]
+        lines.append("acc = ffma(acc, isum, d, cf32(q, pb, 1))")
         if "nomins" not in flags:
-            lines.append("msum = lzero(16, 1)")
-            for pr in range(4):
-                b = "0, 0" if pr < 2 else f"{h} + {2 * pr * R}, 2"
-                lines.append(f"msum = dpw6(msum, w, {h} + {(4 + 2 * pr) * R}, {b}, ysb, "
-                             f"{4 * pr})")
-            lines.append(f"acc = ffms(acc, msum, ldh(w, {h} + {14 * R}, 16), cf32(q, pb, 1))")
+            lines += ["mlo = dpb(dpb(lzero(16, 1), m03, ysb, 16), m47, ysb, 24)",
+                      "mhi = dpb(dpb(lzero(16, 1), m03, ysb, 20), m47, ysb, 28)",
+                      "acc = ffms(acc, laddsh(mlo, mhi, 7), dmin, cf32(q, pb, 1))"]
     body = "\n".join("        " + line for line in lines)
     return (f"def f(w, q, ysb, sc, n, out):\n    acc = fzero(16, 1)\n"
             f"    for it in range(n):\n        at = it * {tile}\n"
@@ -103,8 +106,8 @@ def build(flags: set[str], blocks: int):
 
     src, tile = source(flags, blocks)
     names = {n: getattr(qlanes, n) for n in ("ldq", "lo4", "hi4x", "dpb", "lzero", "ladd",
-                                             "lnib", "ffma", "ffms", "fzero", "ldh", "cf32",
-                                             "fstore", "lmul6", "dpw6", "lmul")}
+                                             "laddsh", "lnib", "ffma", "ffms", "fzero", "ldh",
+                                             "cf32", "fstore", "ld6", "lmulb", "lpin")}
     names["in_order"] = in_order
     exec(src, names)   # noqa: S102 - our own generated source, no input in it
     return numba.njit(names["f"]), tile
