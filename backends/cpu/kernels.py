@@ -249,7 +249,7 @@ def packed_call(kernel: Any, a: T, B: np.ndarray, products: Sequence[tuple], r: 
 def packed_work(vt: T, k: int, cols: tuple[int, ...], work: dict | None
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The buffers a packed call quantizes its columns into: cols columns of k values as
-    vt's bytes, their 32-element sums as 4 bytes each (qtiles.aux_q8_k), their offset sums
+    vt's bytes, their 32-element sums as 2 bytes each (qtiles.aux_q8_k), their offset sums
     and float sums. The calls of one graph run one after the other, and each fills its
     buffers before it reads them, so calls of one shape can share them (`work`, their
     graph's shared dict): then a decode step's ~130 products write the same few cache lines,
@@ -258,7 +258,7 @@ def packed_work(vt: T, k: int, cols: tuple[int, ...], work: dict | None
     if work is not None and key in work:
         return work[key]
     bufs = (np.empty(cols + (vt.type_size * k // vt.block_size,), np.uint8),
-            np.empty(cols + (4 * (k // 32),), np.uint8), np.empty(cols + (k // 16,), np.int32),
+            np.empty(cols + (2 * (k // 32),), np.uint8), np.empty(cols + (k // 16,), np.int32),
             np.empty(cols + (k // 32,), np.float32))
     if work is not None:
         work[key] = bufs
@@ -285,7 +285,7 @@ def packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_
     dots = {}
     ahead = TARGET.bind(qtiles.ahead, _INLINE_FAST, tag, PF=PREFETCH)
     for c in (1, 2, 4):
-        names: dict = {"R": r, "C": c, "PF": PREFETCH, "ahead": ahead}
+        names: dict = {"R": r, "C": c, "PF": PREFETCH, "ahead": ahead, **tile.names}
         for h in tile.helpers:
             names[h.__name__] = TARGET.bind(h, _INLINE_FAST, f"C{c}_{tag}", **names)
         fn = TARGET.bind(tile.fn, _INLINE_FAST, f"{a}_C{c}_{tag}", **names)

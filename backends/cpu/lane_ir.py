@@ -2,8 +2,8 @@
 instructions this host has (AVX-512 with or without VNNI, AVX2) and so the lanes per packed
 group (R), the vector types, the numba type of a lane vector (`Lanes`: r row lanes for each of c
 activation columns) and the numba types the intrinsics return (UB, IL, FL, CF), the shuffles
-that split, repeat and join columns' lanes, per-column loads from 2-D arrays, and the byte and
-word dot products (`dot_bytes`, `dot_words`) with the instructions each compiles to.
+that split, repeat and join columns' lanes, per-column loads from 2-D arrays, and the byte dot
+product (`dot_bytes`) with the instructions it compiles to.
 """
 from __future__ import annotations
 
@@ -195,23 +195,6 @@ def dot_bytes(builder, acc, x, y, r):
         for k in range(4):
             part = builder.shuffle_vector(prod, prod, vconst(vi, range(k, 4 * r, 4)))
             d = part if d is None else builder.add(d, part)
-    return builder.add(acc, d)
-
-
-def dot_words(builder, acc, x, y, r):
-    """acc + x[2i] * y[2i] + x[2i+1] * y[2i+1] per i32 lane (x, y: <2r x i16>)."""
-    vw, vi = word_vec(r), int_vec(r)
-    if r == 16 and VNNI512:
-        return x86_call(builder, "llvm.x86.avx512.vpdpwssd.512", vi, [vi] * 3,
-                        [acc, builder.bitcast(x, vi), builder.bitcast(y, vi)])
-    if (r == 16 and AVX512) or (r == 8 and AVX2):
-        name = "llvm.x86.avx512.pmaddw.d.512" if r == 16 else "llvm.x86.avx2.pmadd.wd"
-        d = x86_call(builder, name, vi, [vw, vw], [x, y])
-    else:
-        w = ir.VectorType(I32, 2 * r)
-        prod = builder.mul(builder.sext(x, w), builder.sext(y, w))
-        d = builder.add(builder.shuffle_vector(prod, prod, vconst(vi, range(0, 2 * r, 2))),
-                        builder.shuffle_vector(prod, prod, vconst(vi, range(1, 2 * r, 2))))
     return builder.add(acc, d)
 
 

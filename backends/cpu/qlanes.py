@@ -15,11 +15,10 @@ their vector arguments, so one layout width can be compiled and tested on any ho
   bit from a bit mask: Q5_0/Q5_1/Q5_K), `hi2` (2 high bits from a 2-bit plane: Q6_K), `lut16`
   (a 16-entry table lookup of nibbles: IQ4_XS);
 - integer products: `dpb` (acc + 4-byte dot with a broadcast activation dword, vpdpbusd with
-  VNNI, vpmaddubsw + vpmaddwd without), `dpw` (acc + 2 widened bytes per lane times a
-  broadcast pair of i16 activation sums, vpdpwssd with VNNI), `lmul` (acc times R per-row
-  bytes), `ld6` (four sub-blocks' 6-bit K-quant scales or mins of each row as its dword,
-  decoded from the 12 stored scale bytes as planes of R) and `lmulb` (acc times one byte of
-  each row's dword), `lsubm`, `ladd`, `laddsh`, `lzero`, `lpin` (a value held in order);
+  VNNI, vpmaddubsw + vpmaddwd without), `lmul` (acc times R per-row bytes), `ld6` (four
+  sub-blocks' 6-bit K-quant scales or mins of each row as its dword, decoded from the 12
+  stored scale bytes as planes of R) and `lmulb` (acc times one byte of each row's dword),
+  `lsubm`, `ladd`, `laddsh`, `lzero`, `lpin` (a value held in order);
 - floats: `fzero`, `ldh` (R f16 row scales), `ffma`/`ffms` (acc +/- float(ints) *
   (scales * s)), `fmas` (acc + scales * s), `cf32`/`cf16` (each column's float), `fadd`,
   `fload`/`fstore` (R lanes of each column from/to a 2-D float array).
@@ -41,9 +40,9 @@ from numba.extending import intrinsic
 
 from .lane_ir import (AVX2, AVX512, CF, F16, F32, FL, I1, I8, I32, I64, IL, R, UB, VNNI256,
                       VNNI512, WIDTHS, byte_dot, byte_splat, byte_vec, bytes_exact, column_loads,
-                      concat, dot_bytes, dot_words, flavor, float_vec, int_vec, lane_width,
+                      concat, dot_bytes, flavor, float_vec, int_vec, lane_width,
                       literal_int, per_column, repeat_columns, row_lanes, splat_lanes,
-                      split_columns, word_vec)
+                      split_columns)
 from .qvec import load_at, ptr_at, vconst, x86_call
 
 # ---- quants -------------------------------------------------------------------------------
@@ -197,32 +196,6 @@ def dpb(typingctx, acc, v, y, yo):
             for a, yj in zip(parts, ys)])
 
     return acc(acc, v, y, yo), codegen
-
-
-def _word_pair_dots(context, builder, sig, args, w, y, n, k):
-    """acc (args[0]) + w's i16 pairs times each column's pair of i16 activation sums: the two
-    at args[y][j, args[y + 1]], broadcast to column j's r lanes (`dpw`)."""
-    ys = column_loads(context, builder, sig, args, y, y + 1, I32, k)
-    return concat(builder, [
-        dot_words(builder, a, w, builder.bitcast(splat_lanes(builder, yj, n), word_vec(n)), n)
-        for a, yj in zip(split_columns(builder, args[0], n, k), ys)])
-
-
-@intrinsic
-def dpw(typingctx, acc, arr, off, y, yo, signed):
-    """acc + w[2 l] * s0 + w[2 l + 1] * s1 in lane l of column j: w the 2r bytes at arr[off]
-    (signed or unsigned: a literal bool), s0, s1 the two i16 at y[j, yo] (a byte offset)."""
-    if not isinstance(signed, types.BooleanLiteral):
-        return None
-    sgn, n, k = signed.literal_value, acc.r, acc.c
-
-    def codegen(context, builder, sig, args):
-        b = builder.load(ptr_at(context, builder, sig.args[1], args[1], args[2],
-                                ir.VectorType(I8, 2 * n)), align=1)
-        w = builder.sext(b, word_vec(n)) if sgn else builder.zext(b, word_vec(n))
-        return _word_pair_dots(context, builder, sig, args, w, 3, n, k)
-
-    return acc(acc, arr, off, y, yo, signed), codegen
 
 
 @intrinsic
@@ -515,5 +488,5 @@ def fstore(typingctx, d, c0, off, v):
 
 __all__ = ["AVX512", "AVX2", "VNNI512", "VNNI256", "R", "WIDTHS", "flavor", "ldq", "lo4", "hi4",
            "hi4x", "lnib", "byte_dot", "bytes_exact", "bit5", "hi2", "lut16", "lzero", "dpb",
-           "dpw", "ld6", "lmul", "lmulb", "lpin", "lsubm", "ladd", "laddsh", "fzero", "ldh",
+           "ld6", "lmul", "lmulb", "lpin", "lsubm", "ladd", "laddsh", "fzero", "ldh",
            "ffma", "ffms", "fmas", "cf32", "cf16", "fadd", "fload", "fstore"]

@@ -10,19 +10,19 @@ A tile holds the same block of R rows, field by field:
   g + 1, ...: one 4R-byte load holds bytes 4g..4g+3 of each row (backends/cpu/qlanes.py);
 - a fifth bit (Q5_0, Q5_1, Q5_K) as byte masks: for quant group g, the mask of its low
   nibbles then of its high nibbles, 4R bits each, bit 4 l + i for byte i of row l;
-- per-row scales as R consecutive values of their type (f16 d, dmin, m; Q5_K's and Q6_K's
-  sub-block scales and Q5_K's mins as decoded bytes, R per sub-block, Q5_K's mins by pairs of
-  sub-blocks, 2 bytes per row, for vpdpwssd against pairs of activation sums; Q4_K's 12 bytes
-  of 6-bit scales and mins as stored, as 12 planes of R, which the product reads four at a
-  load and decodes: backends/cpu/qlanes.py's ld6);
+- per-row scales as R consecutive values of their type (f16 d, dmin, m; Q6_K's sub-block
+  scales as bytes, R per sub-block; Q4_K's and Q5_K's 12 bytes of 6-bit scales and mins as
+  stored, as 12 planes of R, which the product reads four at a load and decodes:
+  backends/cpu/qlanes.py's ld6);
 - Q8_0's int8 quants are stored + 128 (unsigned: vpdpbusd's left side), IQ4_XS's scales as
   their signed value ls - 32.
 
-Tiles are as large as the original blocks, a few bytes more for decoded scales (Q5_K 180 /
-176, IQ4_XS 138 / 136 bytes per row and block). Q4_K's tile once held decoded scales too (148
-/ 144); as stored, with the product's loads kept in order, it streams 1.04-1.07x faster cold
-(backends/cpu/qtiles.py's k4_pair has the figures), while 512-column products decode them
-again every 4 columns (0.95-0.975x). Q5_K's product ran 0.93-0.96x with them stored.
+Tiles are as large as the original blocks, a few bytes more for IQ4_XS's decoded scales (138 /
+136 bytes per row and block). Q4_K's tile once held decoded scales (148 / 144), and Q5_K's
+(180 / 176, its mins by pairs of sub-blocks for vpdpwssd against pairs of activation sums); as
+stored, read by a tile that takes its header's lines first (qtiles.k_tile), both stream
+faster cold (qtiles.k_pair and k_tile have the figures), while 512-column products decode
+them again every 4 columns (Q4_K 0.95-0.975x before the header was read first, 0.999x after).
 `pack(t, data)` builds the layout (numpy, vectorized per field), `unpack` restores the
 original bytes (the tests check that the two are inverse); `PACKS` says which types have a
 layout and where each field sits in a tile (the tile functions of backends/cpu/qtiles.py read
@@ -55,11 +55,11 @@ class Pack:
         return self.row_bytes * r
 
 
-# bytes per row of one tile, per type (the original block size, plus decoded scales for Q5_K
-# and IQ4_XS)
+# bytes per row of one tile, per type (the original block size, plus decoded scales for
+# IQ4_XS)
 PACKS: dict[GGMLType, Pack] = {
     T.Q4_0: Pack(18), T.Q4_1: Pack(20), T.Q5_0: Pack(22), T.Q5_1: Pack(24),
-    T.Q8_0: Pack(34, full_u8=True), T.Q4_K: Pack(144), T.Q5_K: Pack(180), T.Q6_K: Pack(210),
+    T.Q8_0: Pack(34, full_u8=True), T.Q4_K: Pack(144), T.Q5_K: Pack(176), T.Q6_K: Pack(210),
     T.IQ4_XS: Pack(138, full_u8=True),
 }
 
@@ -134,35 +134,6 @@ def _nibble_order(lo_hi: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     g, r, nb, n = lo.shape
     return np.stack([lo.reshape(g, r, nb, n // 4, 4), hi.reshape(g, r, nb, n // 4, 4)],
                     axis=4).reshape(g, r, nb, 2 * n)
-
-
-def _k4_scales(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K/Q5_K's 12 scale bytes (..., 12) -> (scales, mins), (..., 8) each."""
-    s = sc.astype(np.uint8)
-    scales = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)],
-                            axis=-1)
-    mins = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)],
-                          axis=-1)
-    return scales, mins
-
-
-def _k4_unscales(scales: np.ndarray, mins: np.ndarray) -> np.ndarray:
-    out = np.empty(scales.shape[:-1] + (12,), np.uint8)
-    out[..., 0:4] = (scales[..., 0:4] & 63) | ((scales[..., 4:8] >> 4) << 6)
-    out[..., 4:8] = (mins[..., 0:4] & 63) | ((mins[..., 4:8] >> 4) << 6)
-    out[..., 8:12] = (scales[..., 4:8] & 15) | ((mins[..., 4:8] & 15) << 4)
-    return out
-
-
-def _pairs(m: np.ndarray) -> np.ndarray:
-    """(G, R, nb, 8) mins -> (G, nb, 8 R): for pair p, (m[2p], m[2p + 1]) of every row."""
-    g, r, nb, _ = m.shape
-    return m.reshape(g, r, nb, 4, 2).transpose(0, 2, 3, 1, 4).reshape(g, nb, 8 * r)
-
-
-def _unpairs(p: np.ndarray, r: int) -> np.ndarray:
-    g, nb, _ = p.shape
-    return p.reshape(g, nb, 4, r, 2).transpose(0, 3, 1, 2, 4).reshape(g, r, nb, 8)
 
 
 def _q5_bits(qh: np.ndarray) -> np.ndarray:
@@ -243,7 +214,7 @@ def _layout(t: GGMLType, r: int) -> tuple[list[int], list[tuple[int, np.ndarray]
     return {T.Q4_0: ([2], q4), T.Q4_1: ([4], q4), T.Q5_0: ([2], q5),
             T.Q5_1: ([4], q5), T.Q8_0: ([2], [(4 * r, _NAT8)]),
             T.Q4_K: ([12, 4], [(4 * r, _NAT32)]),
-            T.Q5_K: ([8, 8, 4], [(4 * r, _NAT32), (r, _NAT32)]),
+            T.Q5_K: ([12, 4], [(4 * r, _NAT32), (r, _NAT32)]),
             T.Q6_K: ([16, 2], [(4 * r, _Q6_A), (4 * r, _Q6_B), (4 * r, _Q6_H)]),
             T.IQ4_XS: ([8, 2], [(4 * r, _NAT32)])}[t]
 
@@ -304,37 +275,13 @@ def _q5k_masks(x):
     return out
 
 
-@njit(cache=True)
-def _k4_fields(x, mins):
-    """_per_row of Q5_K's decoded scales (mins False) or _pairs of their mins (True), as
-    loops over x (G, r, nb, size): one pass instead of numpy's dozen. (Q4_K's tile keeps its
-    12 bytes as stored, which share this format: its product decodes them.)"""
-    g, r, nb = x.shape[0], x.shape[1], x.shape[2]
-    out = np.empty((g, nb, 8 * r), np.uint8)
-    for gi in range(g):
-        for b in range(nb):
-            for lr in range(r):
-                q = x[gi, lr, b, 4:16]
-                for j in range(8):
-                    if j < 4:
-                        v = (q[j + 4] if mins else q[j]) & 63
-                    elif mins:
-                        v = (q[j + 4] >> 4) | ((q[j] >> 6) << 4)
-                    else:
-                        v = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4)
-                    o = ((j // 2) * r + lr) * 2 + j % 2 if mins else j * r + lr
-                    out[gi, b, o] = v
-    return out
-
-
 # the fields of a tile that are not copies of stored bytes, per type, in the order
 # _pack_blocks places them: each x (G, r, nb, size) -> its bytes (G, nb, n * r) in tile
 # order, n its bytes per row
 _FIELDS = {
     T.Q5_0: ((lambda x: _q5_masks(x, 2), 4),),
     T.Q5_1: ((lambda x: _q5_masks(x, 4), 4),),
-    T.Q5_K: ((lambda x: _k4_fields(x, False), 8), (lambda x: _k4_fields(x, True), 8),
-             (_q5k_masks, 32)),
+    T.Q5_K: ((_q5k_masks, 32),),
     T.IQ4_XS: ((lambda x: _per_row(_iq4_ls(x)), 8),),
 }
 XOR = 1 << 40   # a group map entry whose byte is stored + 128 (Q8_0's quants)
@@ -362,12 +309,12 @@ def _pack_blocks(t: GGMLType, x: np.ndarray, mark: bool = False) -> np.ndarray:
         body = [_dwords(q)]
         if t in (T.Q5_0, T.Q5_1):
             body.append(field(0))
-    elif t == T.Q4_K:
+    elif t in (T.Q4_K, T.Q5_K):
         head = [_per_row(x[..., 4:16]), _halves(x[..., 0:4], 2)]
-        body = [_dwords(x[..., 16:144])]
-    elif t == T.Q5_K:
-        head = [field(0), field(1), _halves(x[..., 0:4], 2)]
-        body = [_dwords(x[..., 48:176]), field(2)]
+        q0 = 16 if t == T.Q4_K else 48
+        body = [_dwords(x[..., q0:q0 + 128])]
+        if t == T.Q5_K:
+            body.append(field(0))
     elif t == T.Q6_K:
         head = [_per_row(x[..., 192:208]), _halves(x[..., 208:210], 1)]
         ql = _dwords(x[..., 0:128])
@@ -398,15 +345,13 @@ def _unpack_blocks(t: GGMLType, p: np.ndarray, r: int) -> np.ndarray:
         x[..., q0:] = q ^ np.uint8(128) if t == T.Q8_0 else q
         if t in (T.Q5_0, T.Q5_1):
             x[..., 2 * nh:2 * nh + 4] = _q5_unbits(_unmasks(body[1], 32, r))
-    elif t == T.Q4_K:
+    elif t in (T.Q4_K, T.Q5_K):
         x[..., 4:16] = _unper_row(head[0], 12, r)
         x[..., 0:4] = _unhalves(head[1], 2, r)
-        x[..., 16:144] = _undwords(body[0], 128, r)
-    elif t == T.Q5_K:
-        x[..., 4:16] = _k4_unscales(_unper_row(head[0], 8, r), _unpairs(head[1], r))
-        x[..., 0:4] = _unhalves(head[2], 2, r)
-        x[..., 48:176] = _undwords(body[0], 128, r)
-        x[..., 16:48] = _q5k_unbits(_unmasks(body[1], 256, r))
+        q0 = 16 if t == T.Q4_K else 48
+        x[..., q0:q0 + 128] = _undwords(body[0], 128, r)
+        if t == T.Q5_K:
+            x[..., 16:48] = _q5k_unbits(_unmasks(body[1], 256, r))
     elif t == T.Q6_K:
         x[..., 192:208] = _unper_row(head[0], 16, r)
         x[..., 208:210] = _unhalves(head[1], 1, r)

@@ -1,20 +1,19 @@
 """Dot products of packed weight tiles (backends/cpu/qpack.py) with C activation columns, R rows
 at once, and the product of a packed weight with any number of columns built on them.
 
-Each type has one tile function, `tile_<type>(acc, w, t, q, ysb, ysi, ysf, b)` -> acc plus
-block b of the tile's R rows dotted with each of the C activation rows of q (2-D: the bytes of
-the weights' vec_dot_type, Q8_0 blocks of 34 bytes or Q8_K blocks of 292), lane j R + l being
-row l times column j (backends/cpu/qlanes.py); each is bound for C = 1, 2 and 4
-(backends/cpu/kernels.py). Prefetches run PF bytes ahead of every step (none where PF is 0).
-The integer sums are ggml's (backends/shared/qdot.py computes the same; the tests compare
-them): unsigned weight values times int8 quants summed by vpdpbusd, an offset (Q4_0's 8, Q5_0's
-16, Q8_0's 128, Q6_K's 32, IQ4_XS's 128) taken off as offset * sum(quants), sub-block scales
-applied as integers, then one float multiply-add per block with the rows' f16 scales. `ysi`
-holds the offset times each activation block's (or sub-block's) sum of quants, `ysb` each 32
-elements' sum (Q8_K: 32 bytes a block, as int16 and as two bytes: aux_q8_k) that Q4_K and Q5_K
-dot with their mins,
-`ysf` the f16-rounded d * sum that Q4_1 and Q5_1 add times their mins (Q8_1's s); `aux_*` fill
-them.
+Each type has one tile function, `tile_<type>(acc, w, t, q, ysb, ysi, ysf, b)` (Q4_K and Q5_K
+share `tile_k`) -> acc plus block b of the tile's R rows dotted with each of the C activation
+rows of q (2-D: the bytes of the weights' vec_dot_type, Q8_0 blocks of 34 bytes or Q8_K blocks
+of 292), lane j R + l being row l times column j (backends/cpu/qlanes.py); each is bound for C
+= 1, 2 and 4 (backends/cpu/kernels.py). Prefetches run PF bytes ahead of every step (none where
+PF is 0). The integer sums are ggml's (backends/shared/qdot.py computes the same; the tests
+compare them): unsigned weight values times int8 quants summed by vpdpbusd, an offset (Q4_0's
+8, Q5_0's 16, Q8_0's 128, Q6_K's 32, IQ4_XS's 128) taken off as offset * sum(quants), sub-block
+scales applied as integers, then one float multiply-add per block with the rows' f16 scales.
+`ysi` holds the offset times each activation block's (or sub-block's) sum of quants, `ysb` each
+32 elements' sum (Q8_K: 16 bytes a block, each sum as two bytes: aux_q8_k) that Q4_K and Q5_K
+dot with their mins, `ysf` the f16-rounded d * sum that Q4_1 and Q5_1 add times their mins
+(Q8_1's s); `aux_*` fill them.
 
 `k_mul_mat_packed` quantizes the columns first (in parallel when there are many), then threads
 take runs of row groups, so each streams its own contiguous part of the weight once, dotting
@@ -29,23 +28,23 @@ bound per type.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ggraph.ir.types import GGMLType
-from .qlanes import (R, bit5, cf16, cf32, dpb, dpw, fadd, ffma, ffms, fload, fmas, fstore,
+from .qlanes import (R, bit5, cf16, cf32, dpb, fadd, ffma, ffms, fload, fmas, fstore,
                      fzero, hi2, hi4, hi4x, ladd, laddsh, ld6, ldh, ldq, lmul, lmulb, lnib, lo4,
                      lpin, lsubm, lut16, lzero)
 from .qmem import fetch_add, in_order, load_f32, prefetch, prefetch_l1, thread_count
 from ..shared.bound import bound
 
 # names each binding supplies (backends/shared/bound.py)
-(ACT_BYTES, C, KC, OFF, PF, STEAL, SUB, TILE, W_BYTES, _f16_round, _half_row, _i16_row, _sum_i8,
- aux, dec_b, dots1, dots2, dots4, enc_r, group_dot, tile, tile1) = bound(
-    "ACT_BYTES", "C", "KC", "OFF", "PF", "STEAL", "SUB", "TILE", "W_BYTES", "_f16_round",
+(ACT_BYTES, C, HB, KC, OFF, PF, STEAL, SUB, TILE, W_BYTES, _f16_round, _half_row, _i16_row,
+ _sum_i8, aux, dec_b, dots1, dots2, dots4, enc_r, group_dot, tile, tile1) = bound(
+    "ACT_BYTES", "C", "HB", "KC", "OFF", "PF", "STEAL", "SUB", "TILE", "W_BYTES", "_f16_round",
     "_half_row", "_i16_row", "_sum_i8", "aux", "dec_b", "dots1", "dots2", "dots4", "enc_r",
     "group_dot", "tile", "tile1")
 
@@ -124,47 +123,52 @@ def tile_q8_0(acc, w, t, q, ysb, ysi, ysf, b):
 
 
 # ---- 256-element super-blocks (activations: Q8_K, 292 bytes: f32 d, 256 int8, 16 int16) ---
-# Q4_K's header (its first 4 lines where R is 16): its 12 scale bytes as planes of R (plane i
-# at t + i R), R f16 d, R f16 dmin; then 32 steps of 4R quant bytes. Q5_K's: 8 scale bytes
-# per row (sub-block j at t + j R), the mins by pairs (pair p at t + 8 R + 2 R p), R f16 d,
-# R f16 dmin; then 32 steps of 4R quant bytes and a mask each (qpack.py)
+# Q4_K's and Q5_K's header (their first 4 lines where R is 16): the 12 scale bytes as planes
+# of R (plane i at t + i R), R f16 d, R f16 dmin; then 32 steps of 4R quant bytes, and for
+# Q5_K (HB 1) a fifth-bit mask of R bytes after each (qpack.py)
 
-def k4_pair(w, o, q, p, jp):
-    """Q4_K: the dots of sub-blocks 2 jp and 2 jp + 1, 8 steps from byte o + 8 jp steps.
-    The barrier keeps the pair's loads after the previous pair's: without it LLVM hoists
-    later pairs' loads among the first pair's, and the cold stream asks for lines out of
-    order. Paired cold rounds of 400 MB (Zen 4), against the tile with decoded scales and no
-    barrier: 1536 x 8960 1.06x at 1 thread, 1.03-1.06x at 2; the planes without the barrier
-    0.98-0.99x at 1 thread, 0.90-0.97x at 2; a barrier a step 1.01-1.03x; the decoded tile with
-    the barrier 1.00x."""
+def k_pair(w, o, q, p, jp):
+    """Q4_K/Q5_K: the dots of sub-blocks 2 jp and 2 jp + 1, 8 steps from byte o + 8 jp
+    steps. The barrier keeps the pair's loads after the previous pair's: without it LLVM
+    hoists later pairs' loads among the first pair's, and the cold stream asks for lines out
+    of order. Paired cold rounds of 400 MB (Zen 4), Q4_K against its tile with decoded scales
+    and no barrier: 1536 x 8960 1.06x at 1 thread, 1.03-1.06x at 2; the planes without the
+    barrier 0.98-0.99x at 1 thread, 0.90-0.97x at 2; a barrier a step 1.01-1.03x; the decoded
+    tile with the barrier 1.00x."""
     s0, s1 = lzero(R, C), lzero(R, C)
     in_order()
     for k in range(8):
-        at = o + 4 * R * (8 * jp + k)
+        at = o + (4 + HB) * R * (8 * jp + k)
         ahead(w, at)
         v = ldq(w, at, R)
-        # the high nibbles dotted where they lie (qlanes.bytes_exact): hot, one column 3.5-6%
-        # faster on Zen 4, 8 columns 7-9%; not kept for the 32-element types, where one
-        # column ran 1.5-3% slower (a shift per block)
         y = p + 64 * jp + 4 * k
-        s0, s1 = dpb(s0, lo4(v), q, y), dpb(s1, hi4x(v), q, y + 32)
+        if HB:
+            s0 = dpb(s0, bit5(lo4(v), w, at + 4 * R), q, y)
+            s1 = dpb(s1, bit5(hi4(v), w, at + 4 * R + R // 2), q, y + 32)
+        else:
+            # the high nibbles dotted where they lie (qlanes.bytes_exact): hot, one column
+            # 3.5-6% faster on Zen 4, 8 columns 7-9%; not kept for the 32-element types,
+            # where one column ran 1.5-3% slower (a shift per block)
+            s0, s1 = dpb(s0, lo4(v), q, y), dpb(s1, hi4x(v), q, y + 32)
     # the sums pinned (qlanes.lpin): their dots stay before the next pair's loads
-    return lpin(s0), lpin(lnib(s1))
+    return lpin(s0), lpin(s1 if HB else lnib(s1))
 
 
-def k4_tile(acc, w, t, q, ysb, b):
-    """Q4_K: d * sum_j scale_j dot_j - dmin * sum_j min_j sum_j(quants). The tile's four
+def k_tile(acc, w, t, q, ysb, b):
+    """Q4_K/Q5_K: d * sum_j scale_j dot_j - dmin * sum_j min_j sum_j(quants). The tile's four
     header lines are read whole before its quants, as the stream brings them, and kept in
     registers: the 6-bit scales and mins four sub-blocks a load (qlanes.ld6: those of
     sub-blocks 0-3 in planes 0-3 (scales) and 4-7 (mins); of 4-7, 4 bits in planes 8-11 and 2
     in the top of 0-3 and 4-7), each pair's scales taken from them (lmulb), the mins dotted as
     bytes with the activation sums split in two bytes (aux_q8_k: sum_j min_j s_j = sum_j
-    min_j lo_j + 128 sum_j min_j hi_j). The same integers as a plane a 16-byte load, read as
-    each pair's sums were scaled, the mins widened to i16 pairs (lmul6, dpw6 before), which
+    min_j lo_j + 128 sum_j min_j hi_j). Q4_K's same integers as a plane a 16-byte load, read
+    as each pair's sums were scaled, the mins widened to i16 pairs (lmul6, dpw6 before),
     streamed at 82-95% of a bare read cold at 1 thread (benchmarks/q4k_tile_variants.py, the
     tile with its header unread 94-105%). Paired cold rounds in both orders against those
     (`ab_revision.py mv`, Zen 4): 8960 x 1536 1.12-1.13x at 1 thread and 1.02x at 2, 1536 x
-    8960 1.01-1.05x; the same lines read as each pair is scaled ran 1.005x and 1.000x."""
+    8960 1.01-1.05x; the same lines read as each pair is scaled ran 1.005x and 1.000x. Q5_K
+    against its tile with decoded scales (180 bytes a row, the mins by pairs for vpdpwssd):
+    1.09-1.16x at 1 thread, 1.00-1.18x at 2; 512 columns 0.92-0.97x (decoded per 4 columns)."""
     for o in range(0, 16 * R, 64):   # the header of the tile PF ahead (the steps cover bodies)
         ahead(w, t + o)
     o, p = t + 16 * R, 292 * b + 4
@@ -172,59 +176,24 @@ def k4_tile(acc, w, t, q, ysb, b):
     sc03, sc47 = ld6(w, t, t, 0, R), ld6(w, t + 8 * R, t, 1, R)
     mins03, mins47 = ld6(w, t + 4 * R, t, 0, R), ld6(w, t + 8 * R, t + 4 * R, 2, R)
     d, dmin = ldh(w, t + 12 * R, R), ldh(w, t + 14 * R, R)
-    s0, s1 = k4_pair(w, o, q, p, 0)
+    s0, s1 = k_pair(w, o, q, p, 0)
     isum = ladd(lmulb(s0, sc03, 0), lmulb(s1, sc03, 1))
-    s0, s1 = k4_pair(w, o, q, p, 1)
+    s0, s1 = k_pair(w, o, q, p, 1)
     isum = ladd(isum, ladd(lmulb(s0, sc03, 2), lmulb(s1, sc03, 3)))
-    s0, s1 = k4_pair(w, o, q, p, 2)
+    s0, s1 = k_pair(w, o, q, p, 2)
     isum = ladd(isum, ladd(lmulb(s0, sc47, 0), lmulb(s1, sc47, 1)))
-    s0, s1 = k4_pair(w, o, q, p, 3)
+    s0, s1 = k_pair(w, o, q, p, 3)
     isum = ladd(isum, ladd(lmulb(s0, sc47, 2), lmulb(s1, sc47, 3)))
-    m_lo = dpb(dpb(lzero(R, C), mins03, ysb, 32 * b + 16), mins47, ysb, 32 * b + 24)
-    m_hi = dpb(dpb(lzero(R, C), mins03, ysb, 32 * b + 20), mins47, ysb, 32 * b + 28)
+    m_lo = dpb(dpb(lzero(R, C), mins03, ysb, 16 * b), mins47, ysb, 16 * b + 8)
+    m_hi = dpb(dpb(lzero(R, C), mins03, ysb, 16 * b + 4), mins47, ysb, 16 * b + 12)
     dq = cf32(q, 292 * b, C)
     acc = ffma(acc, isum, d, dq)
     return ffms(acc, laddsh(m_lo, m_hi, 7), dmin, dq)
 
 
-def k5_sums(w, o, q, p, t):
-    """Q5_K: sum_j scale_j * dot_j over the 8 sub-blocks: steps from byte o, scales in the
-    header at t. (Q5_K's 12 scale bytes stored as Q4_K's are, decoded by the product, ran
-    0.93-0.96x cold at 1 thread, with or without barriers.)"""
-    isum = lzero(R, C)
-    for jp in range(4):
-        s0, s1 = lzero(R, C), lzero(R, C)
-        for k in range(8):
-            at = o + 5 * R * (8 * jp + k)
-            ahead(w, at)
-            v = ldq(w, at, R)
-            y = p + 64 * jp + 4 * k
-            s0 = dpb(s0, bit5(lo4(v), w, at + 4 * R), q, y)
-            s1 = dpb(s1, bit5(hi4(v), w, at + 4 * R + R // 2), q, y + 32)
-        isum = ladd(isum, ladd(lmul(s0, w, t + 2 * jp * R, False),
-                               lmul(s1, w, t + (2 * jp + 1) * R, False)))
-    return isum
-
-
-def k5_tile(acc, w, t, q, ysb, b):
-    """Q5_K: d * sum_j scale_j dot_j - dmin * sum_j min_j sum_j(quants)."""
-    for o in range(0, 20 * R, 64):   # the header of the tile PF ahead (the steps cover bodies)
-        ahead(w, t + o)
-    isum = k5_sums(w, t + 20 * R, q, 292 * b + 4, t)
-    msum = lzero(R, C)
-    for pr in range(4):  # mins by pairs of sub-blocks against pairs of activation sums
-        msum = dpw(msum, w, t + 8 * R + 2 * R * pr, ysb, 32 * b + 4 * pr, False)
-    dq = cf32(q, 292 * b, C)
-    acc = ffma(acc, isum, ldh(w, t + 16 * R, R), dq)
-    return ffms(acc, msum, ldh(w, t + 18 * R, R), dq)
-
-
-def tile_q4_k(acc, w, t, q, ysb, ysi, ysf, b):
-    return k4_tile(acc, w, t, q, ysb, b)
-
-
-def tile_q5_k(acc, w, t, q, ysb, ysi, ysf, b):
-    return k5_tile(acc, w, t, q, ysb, b)
+def tile_k(acc, w, t, q, ysb, ysi, ysf, b):
+    """Q4_K (HB 0) and Q5_K (HB 1): k_tile."""
+    return k_tile(acc, w, t, q, ysb, b)
 
 
 def tile_q6_k(acc, w, t, q, ysb, ysi, ysf, b):
@@ -279,12 +248,6 @@ def tile_iq4_xs(acc, w, t, q, ysb, ysi, ysf, b):
 
 # ---- activation sums ----------------------------------------------------------------------
 
-@njit(inline="always")
-def _put_i16(a, o, v):
-    a[o] = v & 255
-    a[o + 1] = (v >> 8) & 255
-
-
 def aux_q8_0(q, ysb, ysi, ysf, kk):
     """Per Q8_0 block b: OFF times its quants' sum (ysi[b], the weights' offset taken off
     as one vector subtraction) and Q8_1's f16-rounded d * sum (ysf[b])."""
@@ -296,19 +259,17 @@ def aux_q8_0(q, ysb, ysi, ysf, kk):
 
 def aux_q8_k(q, ysb, ysi, ysf, kk):
     """Per SUB elements of Q8_K blocks (16 or 32): OFF times their sum (ysi). Per block b,
-    32 bytes of ysb from 32 b: the sums of its 8 sub-blocks of 32 as int16 (Q5_K reads them
-    by pairs against its mins), then each sum s split into bytes lo = s & 127 and hi = s >> 7
-    (s = lo + 128 hi, |s| <= 4096): lo of sub-blocks 0-3, hi of 0-3, lo of 4-7, hi of 4-7
-    (Q4_K dots them with its mins as bytes: k4_tile)."""
+    16 bytes of ysb from 16 b: the sums s of its 8 sub-blocks of 32, each split into bytes
+    lo = s & 127 and hi = s >> 7 (s = lo + 128 hi, |s| <= 4096): lo of sub-blocks 0-3, hi
+    of 0-3, lo of 4-7, hi of 4-7 (Q4_K and Q5_K dot them with their mins as bytes: k_tile)."""
     for j in range(kk // 16):
         o = 292 * (j // 16) + 260 + 2 * (j % 16)
         s = _i16_row(q, o)
         if j % 2 == 1:
             s2 = _i16_row(q, o - 2) + s
-            sb, at = (j // 2) % 8, 32 * (j // 16)
-            _put_i16(ysb, at + 2 * sb, s2)
-            ysb[at + 16 + 8 * (sb // 4) + sb % 4] = s2 & 127
-            ysb[at + 20 + 8 * (sb // 4) + sb % 4] = (s2 >> 7) & 255
+            sb, at = (j // 2) % 8, 16 * (j // 16) + 8 * (((j // 2) % 8) // 4)
+            ysb[at + sb % 4] = s2 & 127
+            ysb[at + 4 + sb % 4] = (s2 >> 7) & 255
             if SUB == 32:
                 ysi[j // 2] = OFF * s2
         if SUB == 16:
@@ -500,12 +461,14 @@ def quantize_column(b, q, ysb, ysi, ysf, i3, i2, n, kk):
 class Tile:
     """A packed type's tile function, the activation sums it reads (aux, bound with the
     weights' offset OFF and, for Q8_K activations, the SUB elements of each sum it takes
-    off), and the helper templates it calls (bound in order, each seeing the ones before)."""
+    off), the helper templates it calls (bound in order, each seeing the ones before), and
+    constants its tile and helpers read (`names`: Q4_K and Q5_K share k_tile, HB apart)."""
     fn: Callable
     aux: Callable
     helpers: tuple[Callable, ...] = ()
     off: int = 0
     sub: int = 32
+    names: Mapping[str, int] = field(default_factory=dict)
 
 
 T = GGMLType
@@ -515,8 +478,8 @@ TILES: dict[GGMLType, Tile] = {
     T.Q5_0: Tile(tile_q5_0, aux_q8_0, (nib_sum,), off=16),
     T.Q5_1: Tile(tile_q5_1, aux_q8_0, (nib_sum,)),
     T.Q8_0: Tile(tile_q8_0, aux_q8_0, off=128),
-    T.Q4_K: Tile(tile_q4_k, aux_q8_k, (k4_pair, k4_tile)),
-    T.Q5_K: Tile(tile_q5_k, aux_q8_k, (k5_sums, k5_tile)),
+    T.Q4_K: Tile(tile_k, aux_q8_k, (k_pair, k_tile), names={"HB": 0}),
+    T.Q5_K: Tile(tile_k, aux_q8_k, (k_pair, k_tile), names={"HB": 1}),
     T.Q6_K: Tile(tile_q6_k, aux_q8_k, off=32, sub=16),
     T.IQ4_XS: Tile(tile_iq4_xs, aux_q8_k, off=128),
 }
