@@ -88,8 +88,8 @@ def source(flags: set[str], blocks: int) -> tuple[str, int]:
             lines += ([] if "nomins" in flags else rest[:2]) + rest[2:]
         lines.append("acc = ffma(acc, isum, d, cf32(q, pb, 1))")
         if "nomins" not in flags:
-            lines += ["mlo = dpb(dpb(lzero(16, 1), m03, ysb, 16), m47, ysb, 24)",
-                      "mhi = dpb(dpb(lzero(16, 1), m03, ysb, 20), m47, ysb, 28)",
+            lines += ["mlo = dpb(dpb(lzero(16, 1), m03, ysb, 0), m47, ysb, 8)",
+                      "mhi = dpb(dpb(lzero(16, 1), m03, ysb, 4), m47, ysb, 12)",
                       "acc = ffms(acc, laddsh(mlo, mhi, 7), dmin, cf32(q, pb, 1))"]
     body = "\n".join("        " + line for line in lines)
     return (f"def f(w, q, ysb, sc, n, out):\n    acc = fzero(16, 1)\n"

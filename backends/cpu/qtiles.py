@@ -267,7 +267,8 @@ def aux_q8_k(q, ysb, ysi, ysf, kk):
         s = _i16_row(q, o)
         if j % 2 == 1:
             s2 = _i16_row(q, o - 2) + s
-            sb, at = (j // 2) % 8, 16 * (j // 16) + 8 * (((j // 2) % 8) // 4)
+            sb = (j // 2) % 8
+            at = 16 * (j // 16) + 8 * (sb // 4)
             ysb[at + sb % 4] = s2 & 127
             ysb[at + 4 + sb % 4] = (s2 >> 7) & 255
             if SUB == 32:
