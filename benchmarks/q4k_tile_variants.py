@@ -1,7 +1,7 @@
 """What Q4_K's decode tile pays for, cold, at one thread (issue 26: at 1 thread the packed
 Q4_K product streamed at 86-95% of a bare read of its own pages; Q4_0, Q6_K and Q8_0 at theirs).
 
-Variants of the tile (backends/cpu/qtiles.py's k4_tile), each built from the product's own
+Variants of the tile (backends/cpu/qtiles.py's k_tile), each built from the product's own
 lane primitives (backends/cpu/qlanes.py) into a loop over 1 GiB of tiles of R = 16 rows, one
 activation column whose block changes with each tile (--blocks of them in a row, as a row group
 walks its blocks), streamed cold in paired rounds (the order alternating) beside a bare read

@@ -233,7 +233,7 @@ def ld6(typingctx, arr, a, b, mode, r):
     (sub-blocks 0-3), 1 their low nibbles and 2 their high nibbles under the top 2 bits of
     the planes from byte b (sub-blocks 4-7: scales, mins). Four planes are one 4r-byte load
     (a line where r is 16), transposed (vpermb), where a plane was a 16-byte load as each
-    sub-block's sum was scaled (qtiles.k4_tile: the header's lines read whole, first)."""
+    sub-block's sum was scaled (qtiles.k_tile: the header's lines read whole, first)."""
     n, m = lane_width(r), literal_int(mode)
     if n is None or m is None:
         return None

@@ -11,7 +11,7 @@ The vector arithmetic over row lanes is qlanes.py's.
 - `load_u32` (an unaligned little-endian word), `load_f32` (a float32 by address),
   `fetch_add` (an atomic counter), `thread_count` (numba's threads now, callable from cached
   code), `in_order` (a compiler barrier: the loads after it are not hoisted among those
-  before, so a cold stream asks for its lines in order: qtiles.k4_pair).
+  before, so a cold stream asks for its lines in order: qtiles.k_pair).
 
 Offsets are byte offsets into 1-D uint8 arrays; a prefetch never faults, so its offset may
 run past the array's end.
