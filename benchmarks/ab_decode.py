@@ -1,7 +1,8 @@
 """A paired A/B of one CPU decode change on a noisy machine: two engines of the same model in
 one process, one built with the change switched off, taking decode tokens in turn (the order
 alternating), so that a stretch when the host is slow falls on both. Prints each side's
-median, quartiles and means per token and the paired difference.
+median, quartiles and means per token and the paired difference, also over the faster and
+slower half of pairs (benchlib.by_spell).
 
     python benchmarks/ab_decode.py -m qwen2.5-coder-1.5b --without fused-products -t 2 -n 200
     python benchmarks/ab_decode.py --without q8k-encoder --json out.json
@@ -44,7 +45,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
-from benchlib import model_option, out_option, threads_option, write_results
+from benchlib import (by_spell, model_option, out_option, spell_line, threads_option,
+                      write_results)
 
 
 def set_change(what: str, on: bool, prefetch: tuple[int, int] | None = None) -> None:
@@ -147,12 +149,15 @@ def main() -> None:
     d = np.array(ms["without"]) - np.array(ms["with"])
     print(f"paired (without - with): median {np.median(d):+.2f} ms a token, mean {d.mean():+.2f};"
           f" tokens where 'with' was faster: {np.mean(d > 0):.0%}")
+    spells = by_spell(ms["without"], ms["with"], [float(x) for x in d])
+    print(f"  by spell: {spell_line(spells, '{:+.3f} ms')}")
     if args.out:
         write_results(args.out, rows, args=args, threads=args.threads,
                       extra={"without": args.without, "tokens": args.n,
                              "prefetch": list(args.prefetch or HOST_PREFETCH),
                              "paired_median_ms": float(np.median(d)),
-                             "paired_mean_ms": float(d.mean())})
+                             "paired_mean_ms": float(d.mean()),
+                             "paired_median_ms_by_spell": spells})
 
 
 if __name__ == "__main__":

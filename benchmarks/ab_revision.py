@@ -24,7 +24,7 @@ code LLVM is given): benchmarks/ab_decode.py is the one for switches.
   the paired speedup (e.g. whether a revision or the machine moved a prompt's figure).
 
 mv and decode also print the paired figure by spell: over the pairs of turns that ran faster
-than the median pair and over the others (`_spells`). On a shared host a change to a
+than the median pair and over the others (benchlib.by_spell). On a shared host a change to a
 product's fixed costs shows in the fast spells and hides in the slow ones.
 
 The extracted revision is kept under ~/.cache/ggraph/ab/<commit> (its numba cache with it),
@@ -47,7 +47,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib.py: run or loaded by path
-from benchlib import OwnBytes, model_option, out_option, threads_option, write_results
+from benchlib import (OwnBytes, by_spell, model_option, out_option, spell_line, threads_option,
+                      write_results)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # setup.py's mapping: the top-level folders that install as ggraph.*
@@ -154,8 +155,8 @@ def run_mv(args: argparse.Namespace, base: Any, head: Any) -> dict[str, Any]:
           f"tree {statistics.median(gbs['head']):.2f} (best {max(gbs['head']):.2f}); paired "
           f"speedup {statistics.median(ratios):.3f}, faster in "
           f"{sum(r_ > 1 for r_ in ratios)}/{len(ratios)}")
-    spells = _spells(times["base"], times["head"], ratios)
-    print(f"  by spell: {_spell_line(spells, '{:.3f}x')}")
+    spells = by_spell(times["base"], times["head"], ratios)
+    print(f"  by spell: {spell_line(spells, '{:.3f}x')}")
     return {"same_result": bool(np.array_equal(a, b)), "copies": copies,
             "gbs": gbs, "paired_speedup_median": statistics.median(ratios),
             "paired_speedup_by_spell": spells}
@@ -197,35 +198,10 @@ def run_decode(args: argparse.Namespace, base: Any, head: Any) -> dict[str, Any]
           f"median {np.median(ms['base']):.2f} ms, working tree {np.median(ms['head']):.2f}; "
           f"paired (base - working tree) median {np.median(d):+.3f} ms a token, mean "
           f"{d.mean():+.3f}; working tree faster on {np.mean(d > 0):.0%} of tokens")
-    spells = _spells(ms["base"], ms["head"], list(d))
-    print(f"  by spell: {_spell_line(spells, '{:+.3f} ms')}")
+    spells = by_spell(ms["base"], ms["head"], list(d))
+    print(f"  by spell: {spell_line(spells, '{:+.3f} ms')}")
     return {"ms": ms, "paired_median_ms": float(np.median(d)), "paired_mean_ms": float(d.mean()),
             "paired_median_ms_by_spell": spells}
-
-
-def _spells(base: list[float], head: list[float], paired: list[float]) -> dict[str, float]:
-    """The median of `paired` (each pair of turns' paired figure) over the pairs that ran
-    faster than the median pair (`fast`: the mean of the two sides' times at or under the
-    median's) and over the others (`slow`). A shared host's memory comes in spells (this
-    project's 2-CPU EPYC reads 31-37 GB/s at 2 threads, with spells of 50-60), and a change
-    that costs or saves the same time a product (a fork, a quantization, a thread left alone
-    at the end) weighs more in the fast ones: a paired median over both can hide what the
-    fast spells show. A pair's turns run back to back, so a pair falls in one spell; it is
-    sorted by both sides' mean, not the base's time alone, which would favour the base in
-    the fast half (a base turn faster by chance lands there)."""
-    means = [(b + h) / 2 for b, h in zip(base, head)]
-    cut = float(np.median(means))
-    fast = [p for m, p in zip(means, paired) if m <= cut]
-    slow = [p for m, p in zip(means, paired) if m > cut]
-    return {"fast": float(np.median(fast)) if fast else float("nan"),
-            "slow": float(np.median(slow)) if slow else float("nan"),
-            "pair_median": cut}
-
-
-def _spell_line(spells: dict[str, float], fmt: str) -> str:
-    """`_spells`' two figures in words, each in `fmt`."""
-    return (f"the faster half of pairs {fmt.format(spells['fast'])}, the slower half "
-            f"{fmt.format(spells['slow'])} (split at the median of the pairs' mean times)")
 
 
 def run_prompt(args: argparse.Namespace, base: Any, head: Any) -> dict[str, Any]:

@@ -10,6 +10,8 @@
 - the llama.cpp peer: llama-cpp-python imported after the OpenMP settings
   (`import_llama_cpp`), its Llama built with the project's settings (`llama_cpp_model`), and
   the speed table of a comparison (`print_peer_speed`);
+- a paired A/B's figure by spell of the memory (`by_spell`, `spell_line`: ab_revision.py and
+  ab_decode.py);
 - `OwnBytes`, the weight source a CPU backend packs quantized leaves from when no model file
   is loaded (a leaf's own bytes, as a loaded model's GGUF file gives them);
 - the options the scripts share, as argparse parents: `threads_option` (-t/--threads),
@@ -32,6 +34,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import time
 import sys
@@ -56,6 +59,32 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     v, x = sorted(values), q * (len(values) - 1)
     lo = int(x)
     return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (x - lo)
+
+
+def by_spell(a: Sequence[float], b: Sequence[float], paired: Sequence[float]
+             ) -> dict[str, float]:
+    """The median of `paired` (each pair of turns' paired figure: a difference or a ratio of
+    sides a and b, whose times are `a` and `b`) over the pairs that ran faster than the median
+    pair (`fast`: the mean of the two sides' times at or under the median's) and over the
+    others (`slow`). A shared host's memory comes in spells (this project's 2-CPU EPYC reads
+    31-37 GB/s at 2 threads, with spells of 45-60), and a change that costs or saves the same
+    time a product (a fork, a quantization, a thread left alone at the end) weighs more in
+    the fast ones: a paired median over both can hide what the fast spells show. A pair's
+    turns run back to back, so a pair falls in one spell; it is sorted by both sides' mean,
+    not one side's time alone, which would favour that side in the fast half (a turn faster
+    by chance lands there)."""
+    means = [(x + y) / 2 for x, y in zip(a, b)]
+    cut = statistics.median(means)
+    fast = [p for m, p in zip(means, paired) if m <= cut]
+    slow = [p for m, p in zip(means, paired) if m > cut]
+    return {"fast": statistics.median(fast) if fast else float("nan"),
+            "slow": statistics.median(slow) if slow else float("nan"), "pair_median": cut}
+
+
+def spell_line(spells: dict[str, float], fmt: str) -> str:
+    """by_spell's two figures in words, each in `fmt`."""
+    return (f"the faster half of pairs {fmt.format(spells['fast'])}, the slower half "
+            f"{fmt.format(spells['slow'])} (split at the median of the pairs' mean times)")
 
 
 def cpu_vendor() -> str | None:
