@@ -221,29 +221,59 @@ def packed_call(kernel: Any, a: T, B: np.ndarray, products: Sequence[tuple], r: 
     every column's result, an add node folded in), and to the work buffers the columns are
     quantized into once for all of them (a's vec_dot_type bytes and their sums, per column).
     `work`: a dict the calls of one bound graph share (Session.bind_memo), where calls of the
-    same shape find the same buffers (packed_work)."""
+    same shape find the same buffers (packed_work).
+    The kernel takes every array but B by address (qtiles.k_mul_mat_packed's `meta`); the
+    call keeps them alive (`keep`, which compile.direct carries). A result whose memory is
+    not one contiguous float32 block is computed into a buffer and copied there."""
     if not 1 <= len(products) <= PACKED_MAX:
         raise ValueError(f"packed_call: {len(products)} products; one call takes 1 to "
                          f"{PACKED_MAX}")
+    for p in products:
+        w = p[0]
+        if w.dtype != np.uint8 or w.ndim != 1 or not w.flags.c_contiguous:
+            raise ValueError(f"packed_call: a packed weight is one contiguous run of bytes, "
+                             f"got {w.dtype} of shape {w.shape}")
+    land = [(np.empty(p[1].shape, np.float32), p[1]) if not _flat_f32(p[1]) else None
+            for p in products]
+    products = [p if c is None else (p[0], c[0], *p[2:]) for p, c in zip(products, land)]
     vt, k = VEC_DOT_TYPE[a], B.shape[-1]
-    Q, ysb, ysi, ysf = packed_work(vt, k, products[0][1].shape[:3],
-                                   work if SHARED_WORK else None)
+    work_bufs = packed_work(vt, k, products[0][1].shape[:3], work if SHARED_WORK else None)
     # each weight's row groups numbered after the ones before it; the padding has none
     groups = [-(-p[2] // r) for p in products]
     pad = PACKED_MAX - len(products)
-    starts = np.cumsum([0] + groups + [0] * pad, dtype=np.int64)
     full = list(products) + [products[-1][:3]] * pad
-    # each weight's rows, and the address of its bias row (0: none), which the call keeps
-    # alive: an address costs the call nothing to pass, an array its unboxing
-    ms = np.zeros((2, PACKED_MAX), np.int64)
-    ms[0] = [p[2] for p in full]
-    rows = tuple(_bias_row(p[3], p[2]) if len(p) > 3 and p[3] is not None else None
-                 for p in products)
-    ms[1, :len(rows)] = [0 if row is None else row.ctypes.data for row in rows]
-    call = partial(kernel, tuple(p[0] for p in full), starts, B, Q, ysb, ysi, ysf,
-                   tuple(p[1] for p in full), k, k // TYPE_RECORDS[a].block_size, ms)
-    call.keep = tuple(row for row in rows if row is not None)   # compile.direct carries it
-    return call
+    rows = [_bias_row(p[3], p[2]) if len(p) > 3 and p[3] is not None else None
+            for p in products]
+    # qtiles.k_mul_mat_packed's words (PACKED_MAX = 3): starts, rows, bias rows (0: none),
+    # weights, their bytes, results, the work buffers, the columns' dimensions and the work
+    # buffers' lengths a column
+    meta = np.array(
+        list(np.cumsum([0] + groups + [0] * pad)) + [p[2] for p in full]
+        + [0 if row is None else row.ctypes.data for row in rows] + [0] * pad
+        + [p[0].ctypes.data for p in full] + [p[0].nbytes for p in full]
+        + [p[1].ctypes.data for p in full] + [x.ctypes.data for x in work_bufs]
+        + list(products[0][1].shape[:3]) + [x.shape[3] for x in work_bufs], np.int64)
+    if PACKED_MAX != 3 or meta.size != 30:
+        raise AssertionError("qtiles.k_mul_mat_packed reads 30 words for 3 weights")
+    call = partial(kernel, B, meta, k, k // TYPE_RECORDS[a].block_size)
+    # compile.direct carries `keep`: every array the kernel reaches by its address
+    call.keep = (tuple(p[0] for p in products) + tuple(p[1] for p in products) + work_bufs
+                 + tuple(row for row in rows if row is not None))
+    if not any(land):
+        return call
+    return partial(_landed, call, [c for c in land if c is not None])
+
+
+def _flat_f32(d: np.ndarray) -> bool:
+    return d.dtype == np.float32 and d.ndim == 4 and d.flags.c_contiguous
+
+
+@calls_in(0)
+def _landed(call, pairs) -> None:
+    """`call`, then each (buffer, result) pair's buffer copied to its result's memory."""
+    call()
+    for buf, d in pairs:
+        np.copyto(d, buf)
 
 
 def packed_work(vt: T, k: int, cols: tuple[int, ...], work: dict | None

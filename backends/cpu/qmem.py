@@ -9,6 +9,8 @@ The vector arithmetic over row lanes is qlanes.py's.
   before kernels compile, to measure the other choices);
 - `prefetch` (a hint of the host's locality), `prefetch_l1` (into L1, whatever the host);
 - `load_u32` (an unaligned little-endian word), `load_f32` (a float32 by address),
+  `u8_ptr`, `i32_ptr`, `f32_ptr` (pointers at addresses, for numba.carray: the arrays a
+  packed product reaches by address rather than as arguments, qtiles.k_mul_mat_packed),
   `fetch_add` (an atomic counter), `thread_count` (numba's threads now, callable from cached
   code), `in_order` (a compiler barrier: the loads after it are not hoisted among those
   before, so a cold stream asks for its lines in order: qtiles.k_pair).
@@ -154,6 +156,36 @@ def fetch_add(typingctx, arr, i, v):
     return types.int64(arr, i, v), codegen
 
 
+def _pointer(typingctx, addr, dtype):
+    """The typing and codegen of a pointer to `dtype` at int64 address `addr`."""
+    if not isinstance(addr, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
+
+    return types.CPointer(dtype)(addr), codegen
+
+
+@intrinsic
+def u8_ptr(typingctx, addr):
+    """A uint8 pointer at address addr (an array's ctypes.data, which the caller keeps alive:
+    numba.carray(u8_ptr(addr), n) is the array again, without its unboxing at the call)."""
+    return _pointer(typingctx, addr, types.uint8)
+
+
+@intrinsic
+def i32_ptr(typingctx, addr):
+    """An int32 pointer at address addr (as u8_ptr)."""
+    return _pointer(typingctx, addr, types.int32)
+
+
+@intrinsic
+def f32_ptr(typingctx, addr):
+    """A float32 pointer at address addr (as u8_ptr)."""
+    return _pointer(typingctx, addr, types.float32)
+
+
 @intrinsic
 def in_order(typingctx):
     """A compiler barrier (an empty asm that clobbers memory): no load or store is moved
@@ -181,5 +213,6 @@ def thread_count(typingctx):
     return types.intp(), codegen
 
 
-__all__ = ["PF_DISTANCE", "PF_LOCALITY", "fetch_add", "in_order", "load_f32", "load_u32",
-           "prefetch", "prefetch_choice", "prefetch_l1", "thread_count"]
+__all__ = ["PF_DISTANCE", "PF_LOCALITY", "f32_ptr", "fetch_add", "i32_ptr", "in_order",
+           "load_f32", "load_u32", "prefetch", "prefetch_choice", "prefetch_l1", "thread_count",
+           "u8_ptr"]

@@ -32,13 +32,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import numpy as np
-from numba import prange
+from numba import carray, prange
 
 from ggraph.ir.types import GGMLType
 from .qlanes import (R, bit5, cf16, cf32, dpb, fadd, ffma, ffms, fload, fmas, fstore,
                      fzero, hi2, hi4, hi4x, ladd, laddsh, ld6, ldh, ldq, lmul, lmulb, lnib, lo4,
                      lpin, lsubm, lut16, lzero)
-from .qmem import fetch_add, in_order, load_f32, prefetch, prefetch_l1, thread_count
+from .qmem import (f32_ptr, fetch_add, i32_ptr, in_order, load_f32, prefetch, prefetch_l1,
+                   thread_count, u8_ptr)
 from ..shared.bound import bound
 
 # names each binding supplies (backends/shared/bound.py)
@@ -279,15 +280,19 @@ def aux_q8_k(q, ysb, ysi, ysf, kk):
 
 # ---- the product ---------------------------------------------------------------------------
 
-def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, kk, nb, ms):
+def k_mul_mat_packed(b, meta, kk, nb):
     """ds[p][i3, i2, n, :ms[0, p]] = packed weight ws[p] (ms[0, p] rows, nb blocks of kk / nb
     elements) times column b[i3, i2, n], plus the float32 bias row at address ms[1, p] where it
-    is not 0, for each weight p of the tuple ws: one product, or several that read the same
-    columns (a layer's FFN gate and up: backends/cpu/fusion.py), their row groups numbered one
-    weight after the other from starts[p] (starts[-1]: all). The bias is added to the rounded
-    product, as the add node it stands for adds it (the same float32 sum); it comes by address
-    (kernels.packed_call keeps its array alive) since every array argument costs each call its
-    unboxing, ~70 ns hot, and most products have no bias.
+    is not 0, for each weight p of the 3 (repeats of the last where fewer): one product, or
+    several that read the same columns (a layer's FFN gate and up: backends/cpu/fusion.py),
+    their row groups numbered one weight after the other from starts[p] (starts[-1]: all).
+    The bias is added to the rounded product, as the add node it stands for adds it (the same
+    float32 sum).
+    Every array but b comes by address in `meta` (kernels.packed_call keeps the arrays
+    alive): each array argument costs a call its unboxing, and a decode step's
+    ~130 products find those objects cold after the weights streamed by (in a Qwen2.5 1.5B
+    decode step at 2 threads, a call of 13 arrays took ~2.4 us before its kernel started, of
+    2 arrays ~1.0).
     The columns are quantized first (in parallel when there are many), then threads take
     runs of row groups, each streaming its own share of the weights (then, where STEAL, the
     runs left in the others' shares) and dotting every group
@@ -295,7 +300,25 @@ def k_mul_mat_packed(ws, starts, b, q, ysb, ysi, ysf, ds, kk, nb, ms):
     (`tile2`: a batched decode step of 2 or 3 sequences), then one (`tile1`), while the
     group is in L1/L2. A column's sums are the same whichever tile takes it, and a weight's
     the same alone or beside others."""
-    n3, n2, nn = ds[0].shape[0], ds[0].shape[1], ds[0].shape[2]
+    # meta's words (kernels.packed_args writes them; numbers in the source, which keys the
+    # compiled kernel): 0-3 the row groups' starts, 4-6 each weight's rows, 7-9 its bias row's
+    # address (0: none), 10-12 its address, 13-15 its bytes, 16-18 its result's address, 19-22
+    # the quantization buffers' addresses, 23-25 the columns' dimensions (n3, n2, n1), 26-29
+    # each buffer's length a column
+    starts = meta[0:4]
+    ms = np.empty((2, 3), np.int64)
+    for p in range(3):
+        ms[0, p], ms[1, p] = meta[4 + p], meta[7 + p]
+    ws = (carray(u8_ptr(meta[10]), meta[13]), carray(u8_ptr(meta[11]), meta[14]),
+          carray(u8_ptr(meta[12]), meta[15]))
+    n3, n2, nn = meta[23], meta[24], meta[25]
+    ds = (carray(f32_ptr(meta[16]), (n3, n2, nn, ms[0, 0])),
+          carray(f32_ptr(meta[17]), (n3, n2, nn, ms[0, 1])),
+          carray(f32_ptr(meta[18]), (n3, n2, nn, ms[0, 2])))
+    q = carray(u8_ptr(meta[19]), (n3, n2, nn, meta[26]))
+    ysb = carray(u8_ptr(meta[20]), (n3, n2, nn, meta[27]))
+    ysi = carray(i32_ptr(meta[21]), (n3, n2, nn, meta[28]))
+    ysf = carray(f32_ptr(meta[22]), (n3, n2, nn, meta[29]))
     cols = n3 * n2 * nn
     if cols >= 8:
         for s in prange(cols):
