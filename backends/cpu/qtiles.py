@@ -300,7 +300,7 @@ def k_mul_mat_packed(b, meta, kk, nb):
     (`tile2`: a batched decode step of 2 or 3 sequences), then one (`tile1`), while the
     group is in L1/L2. A column's sums are the same whichever tile takes it, and a weight's
     the same alone or beside others."""
-    # meta's words (kernels.packed_args writes them; numbers in the source, which keys the
+    # meta's words (kernels.packed_call writes them; numbers in the source, which keys the
     # compiled kernel): 0-3 the row groups' starts, 4-6 each weight's rows, 7-9 its bias row's
     # address (0: none), 10-12 its address, 13-15 its bytes, 16-18 its result's address, 19-22
     # the quantization buffers' addresses, 23-25 the columns' dimensions (n3, n2, n1), 26-29
