@@ -32,7 +32,7 @@ from . import templates as K
 from .compile import (INLINE_FAST as _INLINE_FAST, KERNEL as _KERNEL,
                       KERNEL_FAST as _KERNEL_FAST, PARALLEL_MIN_WORK, ROUND_HALF as _ROUND_HALF,
                       SERIAL as _SERIAL, SERIAL_FAST as _SERIAL_FAST, TARGET, calls_in,
-                      compiled, index_checked, is_small, row_decoder)
+                      compiled, in_turn, index_checked, is_small, row_decoder)
 
 _compiled = compiled
 _small = is_small
@@ -261,19 +261,13 @@ def packed_call(kernel: Any, a: T, B: np.ndarray, products: Sequence[tuple], r: 
                  + tuple(row for row in rows if row is not None))
     if not any(land):
         return call
-    return partial(_landed, call, [c for c in land if c is not None])
+    # each buffer copied to its result's memory after the call, as fusion.py lands a product
+    # it computed into a buffer
+    return partial(in_turn, call, [partial(np.copyto, d, buf) for buf, d in filter(None, land)])
 
 
 def _flat_f32(d: np.ndarray) -> bool:
     return d.dtype == np.float32 and d.ndim == 4 and d.flags.c_contiguous
-
-
-@calls_in(0)
-def _landed(call, pairs) -> None:
-    """`call`, then each (buffer, result) pair's buffer copied to its result's memory."""
-    call()
-    for buf, d in pairs:
-        np.copyto(d, buf)
 
 
 def packed_work(vt: T, k: int, cols: tuple[int, ...], work: dict | None
