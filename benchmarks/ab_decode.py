@@ -29,6 +29,8 @@ the code as it is, so keep -n below the first step):
 
 - work-stealing: a packed product's threads take only their own share of its row groups,
   not the others' once theirs are done (kernels.PACKED_STEAL set to False);
+- fine-tail: a packed product's threads take each share's last runs whole, not in quarters
+  (kernels.PACKED_TAIL set to 0);
 - shared-work: each packed product quantizes its columns into buffers of its own, not into
   those its graph's products of the same shape share (kernels.SHARED_WORK set to False).
 Whole-benchmark speed is `ggraph bench`; this is for telling a 1-3% change from the noise.
@@ -49,6 +51,9 @@ from benchlib import (by_spell, model_option, out_option, spell_line, threads_op
                       write_results)
 
 
+_DEFAULTS: dict = {}
+
+
 def set_change(what: str, on: bool, prefetch: tuple[int, int] | None = None) -> None:
     """Turn one change on or off through the switch its module exposes (`prefetch`: the
     weight-prefetch side's (locality, distance), the host's where None)."""
@@ -56,6 +61,9 @@ def set_change(what: str, on: bool, prefetch: tuple[int, int] | None = None) -> 
     from ggraph.ir.types import GGMLType
     if what == "work-stealing":
         kernels.PACKED_STEAL = on
+    elif what == "fine-tail":
+        tail = _DEFAULTS.setdefault("tail", kernels.PACKED_TAIL)   # the default, taken once
+        kernels.PACKED_TAIL = tail if on else 0
     elif what == "shared-work":
         kernels.SHARED_WORK = on
     elif what == "weight-prefetch":
@@ -103,7 +111,8 @@ def main() -> None:
                                                            "hugepages", "product-bias",
                                                            "products-across",
                                                            "q8k-encoder", "shared-work",
-                                                           "weight-prefetch", "work-stealing"))
+                                                           "weight-prefetch", "work-stealing",
+                                                           "fine-tail"))
     ap.add_argument("--prefetch", type=_prefetch_arg, default=None, metavar="LOCALITY:BYTES",
                     help="with --without weight-prefetch: the prefetch the other side asks for "
                          "(llvm locality 0-3: 0 prefetchnta .. 3 prefetcht0; bytes ahead); "

@@ -181,6 +181,8 @@ PREFETCH = qmem.PF_DISTANCE
 # a packed product's threads take the runs of the others' shares once theirs are done
 # (qtiles.k_mul_mat_packed), so a thread the host holds back delays one run, not its share
 PACKED_STEAL = True
+# and take the last PACKED_TAIL runs of each share in runs a quarter the size (0: none)
+PACKED_TAIL = 2
 
 
 def packed_weight(a: Tensor, b: Tensor, s: Session) -> np.ndarray | None:
@@ -305,7 +307,7 @@ def packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_
     quantize b's columns to a's vec_dot_type; l1 and l2 size its cache blocks."""
     tile = TILES[a]
     tag = (f"R{r}_{qlanes.flavor()}_pf{PREFETCH}_{qmem.PF_LOCALITY}"
-           f"{'' if PACKED_STEAL else '_nosteal'}")
+           f"{'' if PACKED_STEAL else '_nosteal'}_tail{PACKED_TAIL}")
     dots = {}
     ahead = TARGET.bind(qtiles.ahead, _INLINE_FAST, tag, PF=PREFETCH)
     for c in (1, 2, 4):
@@ -326,8 +328,8 @@ def packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_
     return TARGET.bind(qtiles.k_mul_mat_packed, _SERIAL_FAST if serial else _KERNEL_FAST,
                        f"a{a}_b{b}{'_serial' if serial else ''}_{l1}_{l2}_{tag}", R=r,
                        TILE=PACKS[a].tile(r), quantize_column=quantize, ACT_BYTES=l2,
-                       W_BYTES=l1, KC=PACKED_RUN, STEAL=PACKED_STEAL, group_dot=group,
-                       tile1=tile1)
+                       W_BYTES=l1, KC=PACKED_RUN, STEAL=PACKED_STEAL, TAIL=PACKED_TAIL,
+                       group_dot=group, tile1=tile1)
 
 
 def _gemm(a: Tensor, b: Tensor, node: Tensor, s: Session):

@@ -43,11 +43,11 @@ from .qmem import (f32_ptr, fetch_add, i32_ptr, in_order, load_f32, prefetch, pr
 from ..shared.bound import bound
 
 # names each binding supplies (backends/shared/bound.py)
-(ACT_BYTES, C, HB, KC, OFF, PF, STEAL, SUB, TILE, W_BYTES, _f16_round, _half_row, _i16_row,
- _sum_i8, aux, dec_b, dots1, dots2, dots4, enc_r, group_dot, tile, tile1) = bound(
-    "ACT_BYTES", "C", "HB", "KC", "OFF", "PF", "STEAL", "SUB", "TILE", "W_BYTES", "_f16_round",
-    "_half_row", "_i16_row", "_sum_i8", "aux", "dec_b", "dots1", "dots2", "dots4", "enc_r",
-    "group_dot", "tile", "tile1")
+(ACT_BYTES, C, HB, KC, OFF, PF, STEAL, SUB, TAIL, TILE, W_BYTES, _f16_round, _half_row,
+ _i16_row, _sum_i8, aux, dec_b, dots1, dots2, dots4, enc_r, group_dot, tile, tile1) = bound(
+    "ACT_BYTES", "C", "HB", "KC", "OFF", "PF", "STEAL", "SUB", "TAIL", "TILE", "W_BYTES",
+    "_f16_round", "_half_row", "_i16_row", "_sum_i8", "aux", "dec_b", "dots1", "dots2", "dots4",
+    "enc_r", "group_dot", "tile", "tile1")
 
 # the most runs of row groups a product is cut into for its threads: fine enough to share any
 # thread count evenly and to leave a thread held back by the host little to finish, coarse
@@ -58,6 +58,8 @@ RUNS = 256
 # its weight), one per 1-2 groups of a long row before; serial Q4_K 4736 x 3584 in L3 on Zen 4
 # 152.5 -> 149.7 us, against 143.7 for one plain loop over the groups
 RUN_BYTES = 1 << 18
+# the least weight bytes of a run cut finer at the end of a share (TAIL)
+FINE_BYTES = 1 << 15
 
 # IQ4_NL's 16 values + 128: unsigned bytes for vpdpbusd (128 * sum(quants) is taken off)
 IQ4_U8 = (np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
@@ -391,18 +393,32 @@ def k_mul_mat_packed(b, meta, kk, nb):
             for v in range(workers if STEAL else 1):
                 owner = (wk + v) % workers
                 lo, hi = owner * n_runs // workers, (owner + 1) * n_runs // workers
-                claimed = lo
+                glo, ghi = lo * per, min(starts[-1], hi * per)
+                # the share's last TAIL runs' groups go in runs a quarter the size, where
+                # those still hold FINE_BYTES: the thread that finishes first waits for the
+                # other's last run, and while it waits one stream reads (at 2 threads on
+                # Zen 4 in a fast spell, half the memory's speed); shorter runs would cost
+                # more in starts than they save
+                fine = max(1, per // 4)
+                tail = min(ghi - glo, TAIL * per) if fine * nb * TILE >= FINE_BYTES else 0
+                big = ghi - glo - tail
+                n_big = -(-big // per)
+                claimed = 0
                 while True:
                     # alone, a thread takes its runs in turn: a locked add waits for every
                     # load in flight (the weights streaming) before the next can issue
                     if workers == 1:
-                        run = claimed
+                        u = claimed
                         claimed += 1
                     else:
-                        run = lo + fetch_add(taken, 8 * owner, 1)
-                    if run >= hi:
+                        u = fetch_add(taken, 8 * owner, 1)
+                    if u < n_big:
+                        g, g_end = glo + u * per, min(glo + big, glo + (u + 1) * per)
+                    else:
+                        g = glo + big + (u - n_big) * fine
+                        g_end = min(ghi, g + fine)
+                    if g >= ghi:
                         break
-                    g, g_end = run * per, min(starts[-1], (run + 1) * per)
                     while one and g < g_end:   # the run's groups, weight by weight
                         p = 0
                         while g >= starts[p + 1]:

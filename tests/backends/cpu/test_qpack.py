@@ -139,12 +139,16 @@ def test_the_weight_prefetch_is_only_a_hint(monkeypatch):
     _close(*_products(T.Q4_K, A, xb, qlanes.R))
 
 
-def test_threads_that_take_each_others_runs_compute_the_same(monkeypatch):
+@pytest.mark.parametrize("m", [40 * qlanes.R + 3, 3 * qlanes.R, 300 * qlanes.R + 5])
+def test_threads_that_take_each_others_runs_compute_the_same(monkeypatch, m):
     """A packed product's threads that go on to the runs of the others' shares
-    (kernels.PACKED_STEAL) give what threads that keep to their own give, and what one
-    thread gives, bit for bit: every run is a row group's own sums, whoever takes it."""
+    (kernels.PACKED_STEAL), and that take each share's last runs in quarters
+    (kernels.PACKED_TAIL), give what threads that keep to their own whole runs give, and
+    what one thread gives, bit for bit: every run is a row group's own sums, whoever takes
+    it. More runs than threads with a partial last group; fewer groups than a tail; runs of
+    many groups."""
     import numba
-    t, m, k = T.Q4_K, 40 * qlanes.R + 3, 512   # more runs than threads, a partial last group
+    t, k = T.Q4_K, 512
     A = _weights(t, m, k, seed=12)
     xb = np.random.default_rng(13).standard_normal((1, 1, 1, k)).astype(np.float32)
     got = {}
@@ -152,15 +156,18 @@ def test_threads_that_take_each_others_runs_compute_the_same(monkeypatch):
     numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
     try:
         for steal in (False, True):
-            monkeypatch.setattr(KK, "PACKED_STEAL", steal)
-            out = np.full((1, 1, 1, m), np.nan, np.float32)
-            KK.packed_call(KK.packed_kernel(False, t, T.F32), t, xb,
-                           [(qpack.pack(t, A, qlanes.R), out, m)], qlanes.R)()
-            got[steal] = out
+            for tail in (0, 2):
+                monkeypatch.setattr(KK, "PACKED_STEAL", steal)
+                monkeypatch.setattr(KK, "PACKED_TAIL", tail)
+                out = np.full((1, 1, 1, m), np.nan, np.float32)
+                KK.packed_call(KK.packed_kernel(False, t, T.F32), t, xb,
+                               [(qpack.pack(t, A, qlanes.R), out, m)], qlanes.R)()
+                got[steal, tail] = out
     finally:
         numba.set_num_threads(was)
-    assert np.array_equal(got[False], got[True])
-    assert np.array_equal(got[True], _products(t, A, xb, qlanes.R)[0])
+    for v in got.values():
+        assert np.array_equal(v, got[False, 0])
+    assert np.array_equal(got[True, 2], _products(t, A, xb, qlanes.R)[0])
 
 
 @pytest.mark.parametrize("cols", [1, 5])
