@@ -5,7 +5,8 @@ its types. The kernel tables (backends/cpu/kernels.py and the training ops' modu
 all bind through here. Their bound calls are made here too: `direct` calls them without
 numba's dispatch, `in_turn` runs a group's calls one after the other, and `index_checked`
 puts the check of data-borne indices before a kernel that would read out of bounds;
-`dispatcher_calls` lists the kernel calls `direct` would make direct, composites opened."""
+`dispatcher_calls` lists the kernel calls `direct` would make direct, composites opened, and
+`steps` opens one composite into the calls it makes (backends/cpu/native_loop.py)."""
 from __future__ import annotations
 
 from functools import partial
@@ -154,6 +155,8 @@ def direct(call):
         return call
     out = partial(entry, *call.args)
     out.__dict__.update(call.__dict__)   # what the call keeps alive (kernels.packed_call's)
+    # the compile result whose machine code the call runs (native_loop.py calls it natively)
+    out.compiled = f.overloads.get(sig)
     return out
 
 
@@ -198,6 +201,20 @@ def arg_type(f: Dispatcher, a: object) -> object:
     if type(a) is tuple and a and all(type(x) is np.ndarray for x in a):
         return numba.types.BaseTuple.from_types([arg_type(f, x) for x in a])
     return f.typeof_pyval(a)
+
+
+def steps(call) -> list[tuple[bool, object]] | None:
+    """What a composite call (`in_turn`'s group, `index_checked`'s check and kernel) does, in
+    order, as (checks, call): a call that `checks` returns the first bad index (negative
+    where there is none), after which the composite raises (backends/cpu/native_loop.py
+    runs the steps from machine code). None where `call` is not a composite."""
+    if not isinstance(call, partial) or call.keywords:
+        return None
+    if call.func is in_turn:
+        return [(False, call.args[0])] + [(False, c) for c in call.args[1]]
+    if call.func is _checked:
+        return [(True, call.args[4]), (False, call.args[5])]
+    return None
 
 
 @calls_in(0, 1)

@@ -31,7 +31,7 @@ from . import templates as K
 
 from .compile import (INLINE_FAST as _INLINE_FAST, KERNEL as _KERNEL,
                       KERNEL_FAST as _KERNEL_FAST, PARALLEL_MIN_WORK, ROUND_HALF as _ROUND_HALF,
-                      SERIAL as _SERIAL, SERIAL_FAST as _SERIAL_FAST, TARGET, calls_in,
+                      SERIAL as _SERIAL, SERIAL_FAST as _SERIAL_FAST, TARGET,
                       compiled, in_turn, index_checked, is_small, row_decoder)
 
 _compiled = compiled
@@ -88,9 +88,10 @@ def _rope(node: Tensor, s: Session) -> None:
                                 np.empty((pos.ne[0], n_dims // 2)))
     kt = TARGET.bind(K.k_rope_table, _SERIAL if _small(node) else _KERNEL,
                      "serial" if _small(node) else "")
-    return partial(_both, partial(kt, s.arr(pos), s.arr(ff).reshape(1, 1, 1, -1) if ff is not None
-                                  else _DUMMY, *table, n_dims, *angles, ff is not None),
-                   partial(k, s.arr(a), *table, s.arr(node), n_dims, neox))
+    return partial(in_turn, partial(kt, s.arr(pos), s.arr(ff).reshape(1, 1, 1, -1)
+                                    if ff is not None else _DUMMY, *table, n_dims, *angles,
+                                    ff is not None),
+                   [partial(k, s.arr(a), *table, s.arr(node), n_dims, neox)])
 
 
 # -- matrix products ------------------------------------------------------------------------
@@ -354,9 +355,9 @@ def _gemm(a: Tensor, b: Tensor, node: Tensor, s: Session):
     ka = TARGET.bind(qgemm.k_gemm_acts, _KERNEL, f"b{b.type}_{tag}",
                      dec_b=TARGET.codec(b.type).dec, enc_r=act_encoder(vt),
                      acts=TARGET.bind(g.acts, dev, tag, ROUND_SUMS=g.round_sums))
-    return partial(_both, partial(ka, s.arr(b), aq, af, k, nsub,
-                                  vt.type_size * k // vt.block_size, g.sub),
-                   partial(kg, s.arr(a), aq, af, D, nsub))
+    return partial(in_turn, partial(ka, s.arr(b), aq, af, k, nsub,
+                                    vt.type_size * k // vt.block_size, g.sub),
+                   [partial(kg, s.arr(a), aq, af, D, nsub)])
 
 
 def _activations(a: Tensor, b: Tensor, B: np.ndarray, node: Tensor):
@@ -413,7 +414,7 @@ def _mul_mat(node: Tensor, s: Session):
     else:
         run = partial(_compiled(K.k_mul_mat, _small(node), a=a.type, b=T.F32 if prep else b.type),
                       A, B, D)
-    return run if prep is None else partial(_both, prep, run)
+    return run if prep is None else partial(in_turn, prep, [run])
 
 
 # k_mul_mat_half asks for the rows this many rows ahead of the one it dots: a decode step's
@@ -425,12 +426,6 @@ HALF_PF = 8
 
 
 
-@calls_in(0, 1)
-def _both(first, second) -> None:
-    first()
-    second()
-
-
 def _mul_mat_id(node: Tensor, s: Session):
     as_, b, ids = node.src
     if (qa := _quantized_activations(as_, b, s.arr(b), node)) is not None:
@@ -438,12 +433,12 @@ def _mul_mat_id(node: Tensor, s: Session):
         run = partial(_qdot_kernel(K.k_mul_mat_id_q, _small(node), as_.type), s.arr(as_), Q,
                       s.arr(ids), s.arr(node), b.ne[0])
         run = index_checked(node, s.arr(ids), as_.ne[2], "expert id", run)
-        return partial(_both, prep, run)
+        return partial(in_turn, prep, [run])
     B, prep = _activations(as_, b, s.arr(b), node)
     run = partial(_compiled(K.k_mul_mat_id, _small(node), a=as_.type,
                             b=T.F32 if prep else b.type), s.arr(as_), B, s.arr(ids), s.arr(node))
     run = index_checked(node, s.arr(ids), as_.ne[2], "expert id", run)
-    return run if prep is None else partial(_both, prep, run)
+    return run if prep is None else partial(in_turn, prep, [run])
 
 
 # -- rows, copies, layout --------------------------------------------------------------------
