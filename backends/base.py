@@ -96,6 +96,7 @@ class BoundGraph:
     calls: list[Callable[[], None]]
     groups: list[tuple[Tensor, ...]]
     arena: Any
+    loop: Callable[[], None]   # runs the calls (the executor's loop)
 
 
 BOUND_GRAPHS = 4   # graphs a Session keeps bound (a prompt's, a decode step's, a draft's ...)
@@ -120,6 +121,7 @@ class Session(ThreadGuard):
         self.static: dict[Tensor, Any] = {}
         self._graph: Graph | None = None          # the graph whose calls are bound
         self._calls: list[Callable[[], None]] | None = None
+        self._loop: Callable[[], None] | None = None   # the executor's loop over _calls
         self._groups: list[tuple[Tensor, ...]] = []  # the nodes each bound call computes
         # the last few graphs run, by identity: alternating between graphs (a batch's ubatch
         # widths, a speculative draft and its check) then costs no planning or binding
@@ -315,11 +317,13 @@ class Session(ThreadGuard):
                 if self._own_changed:
                     self._bound.clear()
                 self._calls = self._bind(graph)
+                self._loop = self.backend.executor.loop(self._calls)
                 self._graph = graph
                 self._own_changed = False
                 self._bound.pop(id(graph), None)
                 self._bound[id(graph)] = (graph, BoundGraph(self.plan, self._calls,
-                                                            self._groups, self.arena))
+                                                            self._groups, self.arena,
+                                                            self._loop))
                 while len(self._bound) > BOUND_GRAPHS:
                     self._bound.pop(next(iter(self._bound)))
             self.mark_run()
@@ -329,7 +333,7 @@ class Session(ThreadGuard):
             profile = profile if profile is not None else self.profile
             with self.running(), self.backend.executor.run_context(graph):
                 if profile is None:
-                    self.backend.executor.run_calls(self._calls)
+                    self._loop()
                 else:
                     profile.time_calls(self._calls, self._groups, self.backend.executor.synchronize)
             return self
@@ -343,6 +347,7 @@ class Session(ThreadGuard):
             return False
         b = kept[1]
         self.plan, self._calls, self._groups, self._graph = b.plan, b.calls, b.groups, graph
+        self._loop = b.loop
         return True
 
     @property

@@ -10,6 +10,7 @@ replays captured graphs and waits on its stream.
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 from typing import Any, Callable, Mapping
 
 from ggraph.ir.tensor import Tensor
@@ -25,6 +26,11 @@ class Executor:
         """Run a bound graph's calls in order."""
         for call in calls:
             call()
+
+    def loop(self, calls: list[Callable[[], None]]) -> Callable[[], None]:
+        """What runs a bound graph's calls each time the graph runs (run_calls over them
+        here; the CPU's makes them from machine code once the graph runs again)."""
+        return partial(self.run_calls, calls)
 
     def prepare(self, calls: list[Callable[[], None]]) -> None:
         """Told a newly bound graph's calls before `direct` makes each (nothing here; the

@@ -29,6 +29,8 @@ the code as it is, so keep -n below the first step):
 
 - work-stealing: a packed product's threads take only their own share of its row groups,
   not the others' once theirs are done (kernels.PACKED_STEAL set to False);
+- native-loop: a graph's calls made by Python one after the other, not from machine code
+  (backends/cpu/native_loop.py's ENABLED set to False);
 - fine-tail: a packed product's threads take each share's last runs whole, not in quarters
   (kernels.PACKED_TAIL set to 0);
 - shared-work: each packed product quantizes its columns into buffers of its own, not into
@@ -61,6 +63,9 @@ def set_change(what: str, on: bool, prefetch: tuple[int, int] | None = None) -> 
     from ggraph.ir.types import GGMLType
     if what == "work-stealing":
         kernels.PACKED_STEAL = on
+    elif what == "native-loop":
+        from ggraph.backends.cpu import native_loop
+        native_loop.ENABLED = on
     elif what == "fine-tail":
         tail = _DEFAULTS.setdefault("tail", kernels.PACKED_TAIL)   # the default, taken once
         kernels.PACKED_TAIL = tail if on else 0
@@ -112,7 +117,7 @@ def main() -> None:
                                                            "products-across",
                                                            "q8k-encoder", "shared-work",
                                                            "weight-prefetch", "work-stealing",
-                                                           "fine-tail"))
+                                                           "fine-tail", "native-loop"))
     ap.add_argument("--prefetch", type=_prefetch_arg, default=None, metavar="LOCALITY:BYTES",
                     help="with --without weight-prefetch: the prefetch the other side asks for "
                          "(llvm locality 0-3: 0 prefetchnta .. 3 prefetcht0; bytes ahead); "

@@ -1,7 +1,8 @@
 """The CPU's executor (backends/executor.py): the threads each run uses, BLAS kept to its own
 threads while a run calls it (backends/cpu/blas.py), runs taken in turn where numba's threading
-layer needs it, and the fusion pass (backends/cpu/fusion.py) that runs norm chains as one
-call."""
+layer needs it, the fusion pass (backends/cpu/fusion.py) that runs norm chains as one
+call, and the loop that makes a graph's calls from machine code once it runs again
+(backends/cpu/native_loop.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -14,7 +15,7 @@ import numba
 from ggraph.ir.tensor import Tensor
 from ..base import Session
 from ..executor import Executor
-from . import compile_ahead, fusion
+from . import compile_ahead, fusion, native_loop
 from .blas import blas_scope
 from .compile import compiled_for, compiled_nogil, direct
 from .threads import ThreadGovernor
@@ -43,6 +44,9 @@ class CPUExecutor(Executor):
 
     def direct(self, call: Any) -> Any:
         return direct(call)
+
+    def loop(self, calls: list[Any]) -> Any:
+        return native_loop.Loop(calls, self.run_calls)
 
     def run_context(self, key: Hashable | None = None) -> Any:
         """The threads of a run: the governor's choice for graph `key` (all of them without
