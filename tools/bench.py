@@ -1,7 +1,8 @@
 """`ggraph bench`: llama.cpp's llama-bench. Prompt processing (pp N) and text generation
-(tg N) speed, each test repeated -r times after a warmup run and printed as mean ± standard
-deviation of the tokens/s. Every option takes a comma-separated list of values (or may be
-given several times); the tests are every combination of them, in llama-bench's order.
+(tg N) speed, each test repeated -r times after a warmup run (twice: ggraph lays a graph's
+calls out on its second run) and printed as mean ± standard deviation of the tokens/s.
+Every option takes a comma-separated list of values (or may be given several times); the
+tests are every combination of them, in llama-bench's order.
 
     ggraph bench -m MODEL[,MODEL...] [-p 512] [-n 128] [-pg PP,TG] [-d 0,4096] [-r 5]
                  [-t 1,2] [-fa 0,1] [-ctk f16] [-ctv f16] [-b 2048] [-ub 512]

@@ -488,9 +488,9 @@ def run_test(test: BenchTest, reps: int = 5, peers: Sequence[str] = (), warmup: 
              seed: int = 0, model: ModelInfo | None = None,
              progress: Callable[[str], None] | None = None,
              read: Callable[[], float] | None = None) -> list[BenchResult]:
-    """Measure `test` on ggraph and on each peer: the depth prefix and a warmup run each,
-    then `reps` samples, the engines taking turns within each repetition. Results in engine
-    order (ggraph first). `progress` gets a line now and then while a depth prefix runs.
+    """Measure `test` on ggraph and on each peer: the depth prefix and a warmup run (twice)
+    each, then `reps` samples, the engines taking turns within each repetition. Results in
+    engine order (ggraph first). `progress` gets a line now and then while a depth prefix runs.
     `read` (the machine's read bandwidth, GB/s) runs before the first sample and after every
     sample; each sample keeps the higher of the reads on either side of it
     (BenchResult.sample_reads_gbs): a shared host's bandwidth moves within seconds, so a
@@ -516,10 +516,14 @@ def run_test(test: BenchTest, reps: int = 5, peers: Sequence[str] = (), warmup: 
                 depth.fill(b)
             if warmup:
                 # llama-bench's warmup (the whole prompt, or one generated token), here at
-                # the depth: what a long cache compiles is compiled before the timing
+                # the depth: what a long cache compiles is compiled before the timing. Run
+                # twice, by every engine: ggraph's CPU lays a graph's calls out for its native
+                # loop on the graph's second run (backends/cpu/native_loop.py), a one-time
+                # cost like a compile
                 toks = bench_tokens(rng, test.n_prompt or 1, n_vocab, bos)
-                run_once(b, test, toks if test.n_prompt else [], [] if test.n_prompt else toks,
-                         start)
+                for _ in range(2):
+                    run_once(b, test, toks if test.n_prompt else [],
+                             [] if test.n_prompt else toks, start)
         results = [BenchResult(test=test, engine=b.engine, version=b.version, model=model,
                                backend=b.backend, devices=b.devices, test_time=started)
                    for b in benchers]
