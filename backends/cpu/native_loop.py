@@ -159,8 +159,10 @@ _DRIVER: list = []
 @global_compiler_lock
 def _driver():
     """`i64 drive(rows, start, n)`: each row (trampoline, kernel, words) from start to n in
-    turn; 0 where all returned, else 1 + the row that failed. Called holding the GIL, as the
-    kernels' own wrappers are."""
+    turn; 0 where all returned, else 1 + the row that failed. Called without the GIL (ctypes
+    releases it), as a nogil kernel runs: no kernel's machine code needs it (only its
+    wrapper, to box results and raise), and other Python threads (a server's) go on while a
+    long graph runs, as they did between the Python loop's calls."""
     if _DRIVER:
         return _DRIVER[0]
     ctx = cpu_target.target_context
@@ -189,7 +191,7 @@ def _driver():
     b.ret(ir.Constant(_I64, 0))
     lib.add_ir_module(mod)
     lib.finalize()
-    f = ctypes.PYFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(
+    f = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(
         lib.get_pointer_to_function("ggraph_drive"))
     _DRIVER.append((lib, f))
     return _DRIVER[0]
@@ -256,6 +258,11 @@ def _native(call, checks: bool, again) -> Step | None:
         return Step(_copy_kernel(d.dtype), (d[lift], s[lift]), checks, again)
     cres = getattr(call, "compiled", None)
     if cres is None or not all(_supported(t) for t in cres.signature.args):
+        return None
+    # a kernel returns nothing (a returned array would never be released here), a check
+    # its first bad index
+    ret = cres.signature.return_type
+    if not (isinstance(ret, types.Integer) if checks else ret == types.none):
         return None
     return Step(cres, call.args, checks, again)
 

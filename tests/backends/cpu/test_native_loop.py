@@ -52,6 +52,11 @@ def test_every_argument_kind_gives_what_the_python_call_gives(on):
     np.testing.assert_array_equal(got, want)
 
 
+@numba.njit(cache=False)
+def _fresh(n):
+    return np.zeros(n)
+
+
 def test_calls_it_cannot_lay_out_stay_python_calls_between_native_runs():
     out = np.zeros(1, np.float32)
     seen = []
@@ -60,6 +65,8 @@ def test_calls_it_cannot_lay_out_stay_python_calls_between_native_runs():
     items = NL.lay_out([native, py, C.direct(partial(C.in_turn, native, [py, native]))])
     kinds = [type(i).__name__ if isinstance(i, NL.Native) else "py" for i in items]
     assert kinds == ["Native", "py", "Native", "py", "Native"]
+    returns = C.direct(partial(_fresh, 3))           # a result nobody would release
+    assert NL.lay_out([returns]) == [returns]
     for i in items:
         i()
     assert seen == [1, 1] and out[0] == 5
