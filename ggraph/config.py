@@ -12,7 +12,7 @@ lifetime (a compiled kernel's flags) call the function once when they load.
 | GGRAPH_PARALLEL_MIN_PRODUCT | 65536 | the smallest product a CPU kernel splits over threads |
 | GGRAPH_EXACT_ACTIVATIONS | 0 | 1: mat-muls keep f32 activations (not ggml's vec_dot_type rounding) |
 | GGRAPH_CPU_DIRECT_CALLS | 1 | 0: every CPU kernel call through numba's dispatcher |
-| GGRAPH_CPU_NATIVE_LOOP | 1 | 0: a CPU graph's kernel calls made by Python one by one, never from one native loop |
+| GGRAPH_CPU_NATIVE_LOOP | 1 | 0: each CPU kernel call made by Python, not from one native loop |
 | GGRAPH_HUGEPAGES | 1 | 0: packed CPU weights on ordinary pages, not 2 MiB-aligned huge-page-advised mappings |
 | GGRAPH_CUDA_FAST_LAUNCH | 1 | 0: every CUDA launch through numba's dispatcher |
 | GGRAPH_CUDA_GRAPHS | 1 | 0: no CUDA graph capture of decode steps |
