@@ -50,7 +50,13 @@ _TRAMPOLINE = ir.FunctionType(_I32, [_I8P, _I8P])
 
 
 def _copy(d, s):
-    d[...] = s
+    # written out: `d[...] = s` took ~3 s to compile (numba's broadcasting setitem), these
+    # loops well under one
+    for i0 in range(d.shape[0]):
+        for i1 in range(d.shape[1]):
+            for i2 in range(d.shape[2]):
+                for i3 in range(d.shape[3]):
+                    d[i0, i1, i2, i3] = s[i0, i1, i2, i3]
 
 
 # compiled once per dtype for 4-D arrays of any layout (numba's 'A': the same words as 'C'),

@@ -398,9 +398,10 @@ class Engine:
             raise
 
     def warmup(self) -> float:
-        """Evaluate one decode token (the mat-vec paths) and a prompt-sized batch (the
-        mat-mat and blockwise attention paths), each from an empty cache, then empty it; the
-        seconds it took. Kernels compile here on the first run (`compiled` counts them); the
+        """Evaluate two decode tokens (the mat-vec paths; the decode graph's second run lays
+        its calls out for the CPU's native loop, backends/cpu/native_loop.py) and a
+        prompt-sized batch (the mat-mat and blockwise attention paths), each from an empty
+        cache, then empty it; the seconds it took. Kernels compile here on the first run (`compiled` counts them); the
         timings do not count it. The decode step goes first: its graph already holds nearly
         every kernel the model needs (a product of each packed weight type, the attention),
         which then compile together, spread over the cores (backends/cpu/compile_ahead.py:
@@ -412,6 +413,8 @@ class Engine:
             tok = self.eos if self.eos is not None else 0
             n = max(1, min(16, self.cfg.n_ubatch, self.n_ctx_seq - 1))
             self.eval([tok], n_past=0)
+            if self.n_ctx_seq > 2:
+                self.eval([tok])
             if n > 1:
                 self.reset()
                 self.eval([tok] * n, n_past=0)
