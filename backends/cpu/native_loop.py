@@ -23,6 +23,7 @@ A decode step of Qwen2.5 1.5B at 2 threads (Zen 4) is ~460 kernel calls; SmolLM2
 from __future__ import annotations
 
 import ctypes
+import warnings
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable
@@ -323,6 +324,12 @@ class Loop:
             if self.runs < 2 or not self.enabled:
                 self.fallback(self.calls)
                 return
-            self.items = lay_out(self.calls)
+            try:
+                self.items = lay_out(self.calls)
+            except Exception as e:   # noqa: BLE001 - the graph still runs, through Python
+                warnings.warn(f"native_loop: {len(self.calls)} calls left to the Python loop: "
+                              f"laying them out failed ({type(e).__name__}: {e})",
+                              RuntimeWarning, stacklevel=2)
+                self.items = [partial(self.fallback, self.calls)]
         for item in self.items:
             item()

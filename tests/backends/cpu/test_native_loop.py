@@ -161,3 +161,19 @@ def test_a_graph_run_again_and_again_gives_the_python_loops_bytes(monkeypatch):
                 s.run(graph, {x: feeds[0][x], ids: np.array([0, 8, 1], np.int32)})
     for a, b in zip(results[False], results[True]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_list_it_fails_to_lay_out_still_runs_through_python(monkeypatch):
+    out = np.zeros(1, np.float32)
+    calls = [C.direct(partial(_refuse, out, 3))]
+    ran = []
+    loop = NL.Loop(calls, lambda cs: (ran.append(1), [c() for c in cs]), enabled=True)
+
+    def broken(cs):
+        raise TypeError("an argument it cannot write")
+    monkeypatch.setattr(NL, "lay_out", broken)
+    loop()                                           # the first run: Python's, as always
+    with pytest.warns(RuntimeWarning, match="1 calls left to the Python loop.*TypeError"):
+        loop()
+    loop()
+    assert ran == [1, 1, 1] and out[0] == 3
