@@ -4,7 +4,8 @@ compiled wrapper, which unboxes every argument at every call.
 
 - `Loop(calls, fallback)`: what a Session runs for a bound call list (the executor's `loop`).
   Its first run goes through `fallback`, the Python loop (a prompt's graph often runs once);
-  the second lays the calls out (`lay_out`) and runs them so, and so does every later run.
+  the second lays the calls out (`lay_out`) and runs them so, and so does every later run
+  (a list it fails to lay out goes on through `fallback`, with a RuntimeWarning).
 - `lay_out(calls)`: composites opened (compile.steps: a fusion group's calls, an index check
   and its kernel), then consecutive kernel calls whose every argument numba's data model
   describes here (arrays, numbers, booleans, tuples of arrays or of 64-bit numbers) go into
