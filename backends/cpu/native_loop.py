@@ -209,12 +209,16 @@ def _driver():
 class Step:
     """One kernel call of a native run: its compile result and arguments; `checks` where its
     integer result is an index check's; `again`, the Python call that makes the step (and,
-    for a check, its kernel) again, to raise its error; `skip`, the steps that call makes."""
+    for a check, its kernel) again, to raise its error."""
     compiled: Any
     args: tuple
     checks: bool
     again: Callable[[], None]
-    skip: int = 1
+
+    @property
+    def skip(self) -> int:
+        """The steps `again` makes: a check's composite makes its kernel's too."""
+        return 2 if self.checks else 1
 
 
 @dataclass
@@ -296,7 +300,6 @@ def lay_out(calls: list) -> list:
             if check is None or kernel is None:
                 python(c)
             else:
-                check.skip = 2
                 run.extend((check, kernel))
         else:
             for _, p in parts:
