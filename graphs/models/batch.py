@@ -98,6 +98,10 @@ def prepare(batch: Batch, n_vocab: int, n_seq_max: int, mem: SeqPositions) -> UB
     return UBatch(toks.astype(np.int32), pos, seq_ids, out)
 
 
+# batches of at most this many tokens are checked without numpy (check_tokens)
+SMALL = 16
+
+
 def check_tokens(tokens: Sequence[int] | np.ndarray, n_vocab: int) -> np.ndarray:
     """The token ids as an array: a non-empty 1-D list of integers in [0, n_vocab), checked
     before any narrowing (a bad one is named by its index)."""
@@ -105,6 +109,13 @@ def check_tokens(tokens: Sequence[int] | np.ndarray, n_vocab: int) -> np.ndarray
     if toks.ndim != 1 or toks.size == 0 or toks.dtype.kind not in "iu":
         raise ValueError(f"a batch takes a non-empty list of integer token ids, got "
                          f"{toks.dtype} values of shape {toks.shape}")
+    # a decode step's few ids are compared as Python ints: three numpy calls and a search
+    # cost more than the loop, and every token goes through here twice (eval, prepare)
+    if toks.size <= SMALL:
+        for i, t in enumerate(toks.tolist()):
+            if not 0 <= t < n_vocab:
+                raise ValueError(f"invalid token[{i}] = {t}: ids are in [0, {n_vocab})")
+        return toks
     bad = np.flatnonzero((toks < 0) | (toks >= n_vocab))
     if bad.size:
         i = int(bad[0])
@@ -192,7 +203,10 @@ def _check_sequences(pos: np.ndarray, seq_ids: tuple[tuple[int, ...], ...], n_se
 
 
 def split_simple(ub: UBatch, n_ubatch: int) -> list[UBatch]:
-    """The next n_ubatch tokens at a time, in batch order (llama.cpp's split_simple)."""
+    """The next n_ubatch tokens at a time, in batch order (llama.cpp's split_simple); a batch
+    that fits is its own one ubatch (a decode step: no copies of its arrays)."""
+    if len(ub) <= n_ubatch:
+        return [ub]
     return [ub.part(a, a + n_ubatch) for a in range(0, len(ub), n_ubatch)]
 
 

@@ -299,6 +299,8 @@ class KVCache:
     def k_shifts(self) -> list["CellMoves"]:
         """The pending K-shift (cells whose positions moved, re-roped in place), as rows of
         the layers' tensors; cleared by `reset_shift` once run."""
+        if not any(c.shift.any() for c in self.streams):   # every decode step asks
+            return []
         rows, deltas = [], []
         for s, c in enumerate(self.streams):
             cells, delta = c.shifted()

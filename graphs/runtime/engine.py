@@ -277,6 +277,8 @@ class Engine:
             # one ubatch (every decode step): its rows as read, not concatenated into a copy
             rows = out[0] if len(out) == 1 else np.concatenate(out)
             where = places[0] if len(places) == 1 else np.concatenate(places)
+            if where.size == 1:   # a decode step's one row
+                return rows
             order = np.argsort(where, kind="stable")  # back in batch order
             return rows if np.all(order[1:] > order[:-1]) else rows[order]
 

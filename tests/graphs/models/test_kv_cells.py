@@ -122,12 +122,18 @@ def test_prepare_fills_positions_and_outputs():
     assert ub.seq.tolist() == [0, 0, 0, 1, 1] and ub.out_rows.tolist() == [2, 4]
     parts = split_simple(ub, 2)
     assert [len(p) for p in parts] == [2, 2, 1] and parts[1].seq.tolist() == [0, 1]
+    parts = split_simple(ub, 5)   # a batch that fits is its own ubatch
+    assert len(parts) == 1 and parts[0] is ub
     one = prepare(Batch([1, 2]), 100, 1, Mem({}))
     assert one.out.tolist() == [False, True] and one.seq_ids == ((0,), (0,))
 
 
 @pytest.mark.parametrize("batch,mem,message", [
     (Batch([1, 100]), {}, r"invalid token\[1\] = 100: ids are in \[0, 100\)"),
+    (Batch([3, -1]), {}, r"invalid token\[1\] = -1: ids are in \[0, 100\)"),
+    # past batch.SMALL tokens the ids are checked by numpy: the same message
+    (Batch(list(range(40)) + [100, 7]), {},
+     r"invalid token\[40\] = 100: ids are in \[0, 100\)"),
     (Batch([], None), {}, "non-empty list of integer token ids"),
     (Batch([1], seq_ids=[(4,)]), {}, r"invalid seq_id\[0\] = 4: ids are in \[0, 4\)"),
     (Batch([1], seq_ids=[()]), {}, "token 0 has no sequence id"),
