@@ -31,6 +31,8 @@ the code as it is, so keep -n below the first step):
   not the others' once theirs are done (kernels.PACKED_STEAL set to False);
 - native-loop: a graph's calls made by Python one after the other, not from machine code
   (backends/cpu/native_loop.py's ENABLED set to False);
+- team: a native run's parallel kernels each fork and join numba's threads, not one team of
+  threads making the whole run (backends/cpu/native_loop.py's TEAM set to False);
 - fine-tail: a packed product's threads take each share's last runs whole, not in quarters
   (kernels.PACKED_TAIL set to 0);
 - shared-work: each packed product quantizes its columns into buffers of its own, not into
@@ -66,6 +68,9 @@ def set_change(what: str, on: bool, prefetch: tuple[int, int] | None = None) -> 
     elif what == "native-loop":
         from ggraph.backends.cpu import native_loop
         native_loop.ENABLED = on
+    elif what == "team":
+        from ggraph.backends.cpu import native_loop
+        native_loop.TEAM = on
     elif what == "fine-tail":
         tail = _DEFAULTS.setdefault("tail", kernels.PACKED_TAIL)   # the default, taken once
         kernels.PACKED_TAIL = tail if on else 0
@@ -117,7 +122,8 @@ def main() -> None:
                                                            "products-across",
                                                            "q8k-encoder", "shared-work",
                                                            "weight-prefetch", "work-stealing",
-                                                           "fine-tail", "native-loop"))
+                                                           "fine-tail", "native-loop",
+                                                           "team"))
     ap.add_argument("--prefetch", type=_prefetch_arg, default=None, metavar="LOCALITY:BYTES",
                     help="with --without weight-prefetch: the prefetch the other side asks for "
                          "(llvm locality 0-3: 0 prefetchnta .. 3 prefetcht0; bytes ahead); "

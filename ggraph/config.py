@@ -13,6 +13,7 @@ lifetime (a compiled kernel's flags) call the function once when they load.
 | GGRAPH_EXACT_ACTIVATIONS | 0 | 1: mat-muls keep f32 activations (not ggml's vec_dot_type rounding) |
 | GGRAPH_CPU_DIRECT_CALLS | 1 | 0: every CPU kernel call through numba's dispatcher |
 | GGRAPH_CPU_NATIVE_LOOP | 1 | 0: each CPU kernel call made by Python, not from one native loop |
+| GGRAPH_CPU_TEAM | 1 | 0: a native run's products forked and joined one by one, not by one team |
 | GGRAPH_HUGEPAGES | 1 | 0: packed CPU weights on ordinary pages, not 2 MiB-aligned huge-page-advised mappings |
 | GGRAPH_CUDA_FAST_LAUNCH | 1 | 0: every CUDA launch through numba's dispatcher |
 | GGRAPH_CUDA_GRAPHS | 1 | 0: no CUDA graph capture of decode steps |
@@ -80,6 +81,12 @@ def native_loop() -> bool:
     """GGRAPH_CPU_NATIVE_LOOP=0: a CPU graph's calls are made by Python each time, not from
     machine code once the graph runs again (backends/cpu/native_loop.py)."""
     return _flag("GGRAPH_CPU_NATIVE_LOOP", True)
+
+
+def cpu_team() -> bool:
+    """GGRAPH_CPU_TEAM=0: a native CPU run's parallel kernels fork and join numba's threads
+    each, rather than one team of threads making the whole run (backends/cpu/team.py)."""
+    return _flag("GGRAPH_CPU_TEAM", True)
 
 
 def compile_ahead() -> bool:

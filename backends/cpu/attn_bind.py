@@ -17,11 +17,12 @@ from ggraph.ops.attention import alibi_slopes
 from ..base import Session
 from ..shared.kernel_args import flash_attn_args
 from . import attn_decode, qmem
+from .team import Part, TeamForm
 from . import templates as K
 from .attention import (BlockMath, SharedMask, decode_heads, flash_attn_blocks, k_round_half,
                         k_soft_max_rows)
-from .compile import (EXPF, KERNEL_ORDERED, SERIAL_ORDERED, TARGET, compiled, compiled_nogil,
-                      is_small)
+from .compile import (EXPF, KERNEL_ORDERED, SERIAL_ORDERED, TARGET, compiled,
+                      compiled_nogil, is_small)
 
 BLOCK_MIN_QUERIES = 8  # from this many queries the BLAS blockwise path wins
 _DUMMY = np.zeros((1, 1, 1, 1), np.float32)
@@ -54,11 +55,51 @@ def decode_attention_kernel(serial: bool, mask_type: T, dk: int, dv: int) -> Any
     compiles without reassociation (compile.KERNEL_ORDERED) and sums in fixed lanes, so both
     variants, freshly compiled or loaded from numba's cache, give the same bits: a token's
     logits must not depend on which one a batch's size picks, nor on the first run."""
+    names, tag = _decode_names(mask_type, dk, dv)
     return TARGET.bind(attn_decode.k_flash_attn_decode,
                        SERIAL_ORDERED if serial else KERNEL_ORDERED,
-                       f"m{mask_type}{'_serial' if serial else ''}_pf{qmem.PF_LOCALITY}",
-                       dec_m=TARGET.codec(mask_type).dec, expf=EXPF, CELLS=DECODE_CELLS,
-                       VB=DECODE_VB, PFC=DECODE_PREFETCH, SL=DECODE_SUM_LANES, DK=dk, DV=dv)
+                       f"{tag}{'_serial' if serial else ''}", **names)
+
+
+def decode_attention_team(mask_type: T, dk: int, dv: int) -> Any:
+    """attn_decode.k_attn_team: the decode attention as a team makes it (backends/cpu/team.py),
+    serial and as ordered as the kernel: the same bits."""
+    names, tag = _decode_names(mask_type, dk, dv)
+    return TARGET.bind(attn_decode.k_attn_team, SERIAL_ORDERED, tag, **names)
+
+
+def _decode_names(mask_type: T, dk: int, dv: int) -> tuple[dict, str]:
+    qmem.load_threads()   # the kernel's cached code reads the layer's thread count
+    tag = f"m{mask_type}_pf{qmem.PF_LOCALITY}"
+    names = dict(dec_m=TARGET.codec(mask_type).dec, expf=EXPF, CELLS=DECODE_CELLS,
+                 VB=DECODE_VB, PFC=DECODE_PREFETCH, SL=DECODE_SUM_LANES, DK=dk, DV=dv)
+    # the units and the output rows as functions of their own, compiled once (and cached) for
+    # the kernel's threads and a team's alike
+    return {**names, "attn_unit": TARGET.bind(attn_decode.unit_template, SERIAL_ORDERED, tag,
+                                              **names),
+            "attn_combine": TARGET.bind(attn_decode.combine_template, SERIAL_ORDERED, tag,
+                                        **names)}, tag
+
+
+def _attention_team(mask_type: T, args: tuple) -> TeamForm:
+    """The decode attention call on `args` (k_flash_attn_decode's) as a team makes it: the
+    mask's rows, the units and (over several runs of cells) the output rows, with the work
+    memory the kernel would allocate made once for the run."""
+    q, d, m = args[0], args[13], args[12]
+    hkv, nkv, has_mask = args[10], args[11], args[19]
+    kernel = decode_attention_team(mask_type, q.shape[3], d.shape[3])
+
+    def parts(threads: int) -> list[Part]:
+        ns, nh, nt = q.shape[:3]
+        nr, runs = nh // hkv * nt, -(-nkv // DECODE_CELLS)
+        m3, m2 = (m.shape[0], m.shape[1]) if has_mask else (1, 1)
+        mf = np.empty((m3, m2, nt, nkv if has_mask else 1), np.float32)
+        work = args + (mf,) + tuple(np.empty((ns * hkv * runs, nr) + extra, np.float32)
+                                    for extra in ((), (), (d.shape[3],)))
+        return [Part(kernel, work + (0, 0, 1)), Part(kernel, work + (1,), True)] + (
+            [Part(kernel, work + (2,), True)] if runs > 1 else [])
+
+    return TeamForm(parts)
 
 
 def _flash_attn_rows(node: Tensor, s: Session, args: tuple):
@@ -71,9 +112,11 @@ def _flash_attn_rows(node: Tensor, s: Session, args: tuple):
         return None
     kern = decode_attention_kernel(is_small(node), mask.type if mask is not None else T.F32,
                                    q.ne[0], v.ne[0])
-    return partial(kern, s.arr(q), fk[0], *fk[1], fv[0], *fv[1], *K_.shape[:3],
+    call = partial(kern, s.arr(q), fk[0], *fk[1], fv[0], *fv[1], *K_.shape[:3],
                    s.arr(mask) if mask is not None else _DUMMY,
                    s.arr(node).reshape(node.shape), *args, mask is not None)
+    call.team = _attention_team(mask.type if mask is not None else T.F32, call.args)
+    return call
 
 
 def _flash_attn_blocks(node: Tensor, s: Session, rows, scale, max_bias, softcap, h0, n_head):

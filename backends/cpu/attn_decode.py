@@ -41,13 +41,14 @@ import math
 import numpy as np
 from numba import prange
 
-from .qmem import prefetch
+from .qmem import prefetch, thread_count
 from .qvec import f16_fma, f16_fold, f16_zero
 from ..shared.bound import bound
 
 # names each binding supplies (backends/shared/bound.py)
-(CELLS, DK, DV, PFC, SL, VB, alibi_slope, dec_m, expf, half_to_f32) = bound(
-    "CELLS", "DK", "DV", "PFC", "SL", "VB", "alibi_slope", "dec_m", "expf", "half_to_f32")
+(CELLS, DK, DV, PFC, SL, VB, alibi_slope, attn_combine, attn_unit, dec_m, expf,
+ half_to_f32) = bound("CELLS", "DK", "DV", "PFC", "SL", "VB", "alibi_slope", "attn_combine",
+                      "attn_unit", "dec_m", "expf", "half_to_f32")
 
 
 def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, scale,
@@ -56,10 +57,10 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
     The head sizes Dk and Dv are bound (DK, DV): loops of a known length unroll, which took a
     decode step's kernel from 40 to 34 us (SmolLM2's 3 K/V heads of 64 over 256 cells). The
     prange body uses the bound names themselves: numba passes a body the locals it reads as
-    arguments, and a length that arrives as an argument is unknown to LLVM."""
+    arguments, and a length that arrives as an argument is unknown to LLVM. Each unit is
+    `attn_unit` (unit_template), each output row of several runs `attn_combine`."""
     ns, nh, nt = q.shape[0], q.shape[1], q.shape[2]
-    rk2, rk3 = nh // hkv, ns // sk
-    nr = rk2 * nt                               # the (head, query) rows of one K/V head
+    nr = (nh // hkv) * nt        # the (head, query) rows of one K/V head
     runs = (nkv + CELLS - 1) // CELLS
     units = ns * hkv * runs
     # the mask's rows as float32, once (a row per sequence, head and query of the mask)
@@ -82,7 +83,36 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
     pm = np.empty((units, nr), np.float32)      # each unit's running max, sum, weighted sum
     ps = np.empty((units, nr), np.float32)
     pa = np.empty((units, nr, DV), np.float32)
-    for u in prange(units):
+    # each thread's stretch of the units, then of the output rows (prange's static shares)
+    threads = min(units, thread_count())
+    # (prange's index is unsigned: int64 bounds, as k_attn_team passes them, so each helper
+    # compiles once)
+    for t in prange(threads):
+        i = np.int64(t)
+        attn_unit(i * units // threads, (i + 1) * units // threads, q, kf, k3, k2, k1, vf, v3,
+                  v2, v1, sk, hkv, nkv, d, scale, max_bias, softcap, h0, n_head, has_mask, mf2,
+                  m3, m2, pm, ps, pa)
+    if runs == 1:
+        return
+    rows = ns * hkv * nr
+    threads = min(rows, thread_count())
+    for t in prange(threads):
+        i = np.int64(t)
+        attn_combine(i * rows // threads, (i + 1) * rows // threads, q, hkv, nkv, d, pm, ps, pa)
+
+
+def unit_template(u0, u1, q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, d, scale, max_bias,
+                  softcap, h0, n_head, has_mask, mf2, m3, m2, pm, ps, pa):
+    """Units u0..u1 of k_flash_attn_decode (module docstring): each unit's cells' scores with
+    the queries of every head of its K/V head, their softmax's running max and sum (pm, ps)
+    and weighted V sum (pa), or, where one run holds every cell, its rows of the output d.
+    A function of its own (not inlined): the kernel's threads and a team's (k_attn_units)
+    call the same machine code, compiled once."""
+    ns, nh, nt = q.shape[0], q.shape[1], q.shape[2]
+    rk2, rk3 = nh // hkv, ns // sk
+    nr = rk2 * nt
+    runs = (nkv + CELLS - 1) // CELLS
+    for u in range(u0, u1):
         s, g, c = u // (hkv * runs), (u // runs) % hkv, u % runs
         ks = s // rk3
         j0, j1 = c * CELLS, min(nkv, (c + 1) * CELLS)
@@ -276,9 +306,16 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
                 h, t = g * rk2 + r // nt, r % nt
                 for i in range(DV):
                     d[s, t, h, i] = acc[r, i] * inv
-    if runs == 1:
-        return
-    for w in prange(ns * hkv * nr):
+
+
+def combine_template(w0, w1, q, hkv, nkv, d, pm, ps, pa):
+    """Rows w0..w1 (sequence, K/V head, row of its heads) of the output from their units'
+    partial softmaxes (the split-KV recurrence), where several runs of cells hold the cells."""
+    nh, nt = q.shape[1], q.shape[2]
+    rk2 = nh // hkv
+    nr = rk2 * nt
+    runs = (nkv + CELLS - 1) // CELLS
+    for w in range(w0, w1):
         s, g, r = w // (hkv * nr), (w // nr) % hkv, w % nr
         base = (s * hkv + g) * runs
         mx = np.float32(-np.inf)
@@ -298,3 +335,28 @@ def k_flash_attn_decode(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, s
         h, t = g * rk2 + r // nt, r % nt
         for i in range(DV):
             d[s, t, h, i] = out[i] * inv
+
+
+def k_attn_team(q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, m, d, scale, max_bias,
+                softcap, h0, n_head, has_mask, mf, pm, ps, pa, part, wk, workers):
+    """A team's decode attention (backends/cpu/team.py), one kernel for its parts (each
+    kernel compiled is seconds of a cold start): part 0 the mask's rows decoded into mf, as
+    k_flash_attn_decode decodes them; part 1 share wk of `workers` of the units; part 2
+    (over several runs of cells) share wk of the output rows."""
+    ns, nh, nt = q.shape[0], q.shape[1], q.shape[2]
+    m3, m2 = (m.shape[0], m.shape[1]) if has_mask else (1, 1)
+    if part == 0:
+        if not has_mask:
+            for t in range(nt):
+                mf[0, 0, t, 0] = 0.0
+        for w in range(m3 * m2 * nt if has_mask else 0):
+            a, b, t = w // (m2 * nt), (w // nt) % m2, w % nt
+            dec_m(m, a, b, t, mf[a, b, t], nkv)
+    elif part == 1:
+        units = ns * hkv * ((nkv + CELLS - 1) // CELLS)
+        attn_unit(wk * units // workers, (wk + 1) * units // workers, q, kf, k3, k2, k1, vf, v3,
+                  v2, v1, sk, hkv, nkv, d, scale, max_bias, softcap, h0, n_head, has_mask,
+                  mf.reshape(m3 * m2 * nt, mf.shape[3]), m3, m2, pm, ps, pa)
+    else:
+        n = ns * nh * nt
+        attn_combine(wk * n // workers, (wk + 1) * n // workers, q, hkv, nkv, d, pm, ps, pa)

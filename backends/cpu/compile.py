@@ -157,6 +157,7 @@ def direct(call):
     out.__dict__.update(call.__dict__)   # what the call keeps alive (kernels.packed_call's)
     # the compile result whose machine code the call runs (native_loop.py calls it natively)
     out.compiled = f.overloads.get(sig)
+    out.parallel = bool(f.targetoptions.get("parallel"))   # it may start a parallel region
     return out
 
 

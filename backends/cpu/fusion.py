@@ -203,7 +203,7 @@ def _bind_products(seq: list[Tensor], i: int, s: Any, read_by: dict[Tensor, set[
         (packed, later[node][1] if node in later else s.arr(fold[node][0] if node in fold
                                                                else node),
          node.src[0].ne[1], fold[node][1] if node in fold else None)
-        for node, packed in chain], work=s.bind_memo)
+        for node, packed in chain], work=s.bind_memo, team=kernels.packed_team(a.type, b.type))
     if not later:
         return Group(tuple(nodes), call)
     # a product computed into a buffer lands where its result (or its folded add's) would

@@ -27,6 +27,7 @@ from ..shared.kernel_args import (argsort_args, binary_args, norm_args, raw_copy
 from . import fastmath
 from .attn_bind import flash_attn, flat_rows
 from .blas import mul_mat_blas
+from .team import Part, TeamForm
 from . import templates as K
 
 from .compile import (INLINE_FAST as _INLINE_FAST, KERNEL as _KERNEL,
@@ -217,14 +218,16 @@ SHARED_WORK = True
 
 
 def packed_call(kernel: Any, a: T, B: np.ndarray, products: Sequence[tuple], r: int = qlanes.R,
-                work: dict | None = None) -> Callable[[], None]:
+                work: dict | None = None, team: Any = None) -> Callable[[], None]:
     """`kernel` (packed_kernel's, for groups of r rows) bound to products D = W B (+ bias)
     that read the same columns B, one to PACKED_MAX of them (backends/cpu/fusion.py), each
     (packed weight W of m rows of type a, D, m) or (W, D, m, bias: m float32 values added to
     every column's result, an add node folded in), and to the work buffers the columns are
     quantized into once for all of them (a's vec_dot_type bytes and their sums, per column).
     `work`: a dict the calls of one bound graph share (Session.bind_memo), where calls of the
-    same shape find the same buffers (packed_work).
+    same shape find the same buffers (packed_work). `team`: packed_team's kernel, which
+    makes the call as a team of threads does (backends/cpu/team.py), where B has up to 3
+    columns (the call's `team` form).
     The kernel takes every array but B by address (qtiles.k_mul_mat_packed's `meta`); the
     call keeps them alive (`keep`, which compile.direct carries). A result whose memory is
     not one contiguous float32 block is computed into a buffer and copied there."""
@@ -262,11 +265,25 @@ def packed_call(kernel: Any, a: T, B: np.ndarray, products: Sequence[tuple], r: 
     # compile.direct carries `keep`: every array the kernel reaches by its address
     call.keep = (tuple(p[0] for p in products) + tuple(p[1] for p in products) + work_bufs
                  + tuple(row for row in rows if row is not None))
+    if team is not None and int(np.prod(products[0][1].shape[:3])) < 4:
+        call.team = _packed_team_form(team, call.args)
     if not any(land):
         return call
     # each buffer copied to its result's memory after the call, as fusion.py lands a product
     # it computed into a buffer
     return partial(in_turn, call, [partial(np.copyto, d, buf) for buf, d in filter(None, land)])
+
+
+def _packed_team_form(kernel: Any, args: tuple) -> TeamForm:
+    """A packed call on `args` as a team makes it (qtiles.k_packed_team): the columns
+    quantized and the share counters zeroed, then every thread's share (the counters made for
+    the run's threads; the arrays the kernel reaches by address live as long as the bound
+    call, which keeps them)."""
+    def parts(threads: int) -> list[Part]:
+        taken = np.zeros(8 * threads, np.int64)
+        return [Part(kernel, args + (taken, -1, threads)), Part(kernel, args + (taken,), True)]
+
+    return TeamForm(parts)
 
 
 def _flat_f32(d: np.ndarray) -> bool:
@@ -302,10 +319,26 @@ def _bias_row(bias: np.ndarray, m: int) -> np.ndarray:
 
 
 def packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_L1,
-                   l2: int = PACKED_L2):
+                  l2: int = PACKED_L2):
     """k_mul_mat_packed bound to `a`'s tile function (backends/cpu/qtiles.py) for groups of
     r rows, for one column, 2 and 4 at a time, with its activation sums and the codecs that
     quantize b's columns to a's vec_dot_type; l1 and l2 size its cache blocks."""
+    names, tag = _packed_names(a, b, r, l1, l2)
+    return TARGET.bind(qtiles.k_mul_mat_packed, _SERIAL_FAST if serial else _KERNEL_FAST,
+                       f"a{a}_b{b}{'_serial' if serial else ''}_{l1}_{l2}_{tag}", **names)
+
+
+def packed_team(a: T, b: T, r: int = qlanes.R, l1: int = PACKED_L1, l2: int = PACKED_L2):
+    """qtiles.k_packed_team for packed_kernel's product of a few columns as a team makes it
+    (backends/cpu/team.py); serial (a team run forks no threads inside its region)."""
+    names, tag = _packed_names(a, b, r, l1, l2)
+    return TARGET.bind(qtiles.k_packed_team, _SERIAL_FAST, f"a{a}_b{b}_{l1}_{l2}_{tag}",
+                       **names)
+
+
+def _packed_names(a: T, b: T, r: int, l1: int, l2: int) -> tuple[dict, str]:
+    """The names the packed product's templates are bound with, and their tag."""
+    qmem.load_threads()   # the kernel's cached code reads the layer's thread count
     tile = TILES[a]
     tag = (f"R{r}_{qlanes.flavor()}_pf{PREFETCH}_{qmem.PF_LOCALITY}"
            f"{'' if PACKED_STEAL else '_nosteal'}_tail{PACKED_TAIL}")
@@ -324,13 +357,18 @@ def packed_kernel(serial: bool, a: T, b: T, r: int = qlanes.R, l1: int = PACKED_
     quantize = TARGET.bind(qtiles.quantize_column, TARGET.device, f"a{a}_b{b}",
                            dec_b=TARGET.codec(b).dec, enc_r=act_encoder(VEC_DOT_TYPE[a]),
                            aux=aux)
-    group = TARGET.bind(qtiles.row_group_dot, _INLINE_FAST, f"{a}_{tag}", R=r,
-                        TILE=PACKS[a].tile(r), **dots)
-    return TARGET.bind(qtiles.k_mul_mat_packed, _SERIAL_FAST if serial else _KERNEL_FAST,
-                       f"a{a}_b{b}{'_serial' if serial else ''}_{l1}_{l2}_{tag}", R=r,
-                       TILE=PACKS[a].tile(r), quantize_column=quantize, ACT_BYTES=l2,
-                       W_BYTES=l1, KC=PACKED_RUN, STEAL=PACKED_STEAL, TAIL=PACKED_TAIL,
-                       group_dot=group, tile1=tile1)
+    size = PACKS[a].tile(r)
+    group = TARGET.bind(qtiles.row_group_dot, _INLINE_FAST, f"{a}_{tag}", R=r, TILE=size,
+                        **dots)
+    # a thread's runs as a function of its own, compiled once (and cached) for the kernel's
+    # threads and a team's alike
+    runs = TARGET.bind(qtiles.runs_template, _SERIAL_FAST, f"{a}_{tag}", R=r, TILE=size,
+                       STEAL=PACKED_STEAL, TAIL=PACKED_TAIL, group_dot=group, tile1=tile1)
+    return {"R": r, "TILE": size, "quantize_column": quantize, "ACT_BYTES": l2, "W_BYTES": l1,
+            "KC": PACKED_RUN, "packed_runs": runs,
+            "packed_views": TARGET.bind(qtiles.views_template, _INLINE_FAST, ""),
+            "run_split": TARGET.bind(qtiles.split_template, _INLINE_FAST, f"{a}_{tag}",
+                                     TILE=size)}, tag
 
 
 def _gemm(a: Tensor, b: Tensor, node: Tensor, s: Session):
@@ -396,7 +434,8 @@ def _mul_mat(node: Tensor, s: Session):
         # R rows at a time from the weight's packed copy (backends/cpu/qpack.py): a decode
         # step's few columns and a prompt's many alike
         return packed_call(packed_kernel(_small(node), a.type, b.type), a.type, s.arr(b),
-                           [(packed, D, a.ne[1])], work=s.bind_memo)
+                           [(packed, D, a.ne[1])], work=s.bind_memo,
+                           team=packed_team(a.type, b.type))
     if n < BLAS_MIN_N and (vt := _int_dot_type(a, b)) is not None:
         # integer dots with the activations quantized in the same kernel call
         k = b.ne[0]

@@ -23,7 +23,6 @@ A decode step of Qwen2.5 1.5B at 2 threads (Zen 4) is ~460 kernel calls; SmolLM2
 """
 from __future__ import annotations
 
-import ctypes
 import warnings
 from dataclasses import dataclass, field
 from functools import partial
@@ -38,12 +37,16 @@ from numba.core.compiler_lock import global_compiler_lock
 from numba.core.registry import cpu_target
 
 from ggraph import config
-from .compile import SERIAL, steps
+from . import team as T
+from .compile import SERIAL, arg_type, steps
 
 # the native loop instead of Python's for every graph run more than once
 # (GGRAPH_CPU_NATIVE_LOOP; tests and benchmarks/ab_decode.py switch it off for the graphs
 # bound meanwhile)
 ENABLED = config.native_loop()
+# a native run whose parallel kernels a team can make runs as one team's region
+# (backends/cpu/team.py; GGRAPH_CPU_TEAM; benchmarks/ab_decode.py --without team)
+TEAM = config.cpu_team()
 
 _MASK = (1 << 64) - 1
 _I8P = ir.IntType(8).as_pointer()
@@ -161,50 +164,6 @@ def _trampoline(ctx, mod, name: str, args: tuple, restype, checks: bool) -> None
     b.ret(b.select(ok, ir.Constant(_I32, 0), failed))
 
 
-_DRIVER: list = []
-
-
-@global_compiler_lock
-def _driver():
-    """`i64 drive(rows, start, n)`: each row (trampoline, kernel, words) from start to n in
-    turn; 0 where all returned, else 1 + the row that failed. Called without the GIL (ctypes
-    releases it), as a nogil kernel runs: no kernel's machine code needs it (only its
-    wrapper, to box results and raise), and other Python threads (a server's) go on while a
-    long graph runs, as they did between the Python loop's calls."""
-    if _DRIVER:
-        return _DRIVER[0]
-    ctx = cpu_target.target_context
-    lib = ctx.codegen().create_library("ggraph_drive")
-    mod = ctx.create_module("ggraph_drive")
-    fn = ir.Function(mod, ir.FunctionType(_I64, [_I64.as_pointer(), _I64, _I64]), "ggraph_drive")
-    entry, loop, body, bad, done = (fn.append_basic_block(n) for n in
-                                    ("entry", "loop", "body", "bad", "done"))
-    b = ir.IRBuilder(entry)
-    b.branch(loop)
-    b.position_at_end(loop)
-    i = b.phi(_I64)
-    i.add_incoming(fn.args[1], entry)
-    b.cbranch(b.icmp_signed("<", i, fn.args[2]), body, done)
-    b.position_at_end(body)
-    row = b.mul(i, ir.Constant(_I64, 3))
-    t, k, a = (b.load(b.gep(fn.args[0], [b.add(row, ir.Constant(_I64, j))])) for j in range(3))
-    code = b.call(b.inttoptr(t, _TRAMPOLINE.as_pointer()), [b.inttoptr(k, _I8P),
-                                                            b.inttoptr(a, _I8P)])
-    nxt = b.add(i, ir.Constant(_I64, 1))
-    i.add_incoming(nxt, body)
-    b.cbranch(b.icmp_signed("==", code, ir.Constant(_I32, 0)), loop, bad)
-    b.position_at_end(bad)
-    b.ret(nxt)
-    b.position_at_end(done)
-    b.ret(ir.Constant(_I64, 0))
-    lib.add_ir_module(mod)
-    lib.finalize()
-    f = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(
-        lib.get_pointer_to_function("ggraph_drive"))
-    _DRIVER.append((lib, f))
-    return _DRIVER[0]
-
-
 @dataclass
 class Step:
     """One kernel call of a native run: its compile result and arguments; `checks` where its
@@ -214,6 +173,8 @@ class Step:
     args: tuple
     checks: bool
     again: Callable[[], None]
+    forks: bool = False   # its kernel may start a parallel region of its own
+    team: Any = None      # team.TeamForm: how a team makes the call
 
     @property
     def skip(self) -> int:
@@ -223,37 +184,124 @@ class Step:
 
 @dataclass
 class Native:
-    """Consecutive steps run by one call of the driver."""
+    """Consecutive steps run by one call of the driver, or by a team of `threads` threads
+    where `team` and every parallel kernel of the steps has a team form (backends/cpu/team.py)."""
     steps: list[Step]
+    team: bool = False
     table: np.ndarray = field(init=False)
     words: list[np.ndarray] = field(init=False)
-    drive: Callable[[int, int, int], int] = field(init=False)
+    drive: Callable[..., int] = field(init=False)   # team.driver(), without a team
     at: int = field(init=False)   # the table's address
+    threads: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.drive = _driver()[1]
-        self.words, rows = [], []
-        via = trampolines([(tuple(s.compiled.signature.args), s.compiled.signature.return_type,
-                            s.checks) for s in self.steps])
-        for s, t in zip(self.steps, via):
+        self.words = []
+        self.state = T.new_state()
+        self.threads = _team_threads(self.steps) if self.team else 0
+        if self.threads:
+            self._lay_team()
+            return
+        # one row a step, made by the team's driver as its thread 0 alone, through ctypes
+        # (which releases the GIL, as a nogil kernel runs: no kernel's machine code needs it,
+        # and a server's other threads go on while a long graph runs)
+        self.drive = T.driver()
+        rows = self._rows([(s.compiled, s.args, s.checks) for s in self.steps])
+        self.table = np.array([(0,) + r for r in rows], np.int64).reshape(-1, T.WORDS)
+        self.at = self.table.ctypes.data
+
+    def _rows(self, calls: list[tuple[Any, tuple, bool]]) -> list[tuple[int, int, int]]:
+        """(trampoline, kernel, words' address) of each (compile result, arguments, checks)."""
+        via = trampolines([(tuple(c.signature.args), c.signature.return_type, checks)
+                           for c, _, checks in calls])
+        rows = []
+        for (c, args, _), t in zip(calls, via):
             w: list[int] = []
-            for ty, v in zip(s.compiled.signature.args, s.args):
+            for ty, v in zip(c.signature.args, args):
                 words(ty, v, w)
             self.words.append(np.array(w or [0], np.int64))
-            kernel = s.compiled.library.get_pointer_to_function(s.compiled.fndesc.llvm_func_name)
+            kernel = c.library.get_pointer_to_function(c.fndesc.llvm_func_name)
             rows.append((t, kernel, self.words[-1].ctypes.data))
-        self.table = np.array(rows, np.int64).reshape(-1, 3)
+        return rows
+
+    def _lay_team(self) -> None:
+        """The team's table (team.py): a step without a team form one call row, one with a
+        form its parts, a shared part as its header and a row per thread."""
+        n = self.threads
+        kinds: list[int] = []
+        calls: list[tuple[Any, tuple, bool]] = []
+        self.first: list[int] = []      # each step's first row
+        self.step_of: list[int] = []    # each row's step
+        self.parts: list = []           # what the rows address: the parts' work memory too
+        shared = 0
+        for i, s in enumerate(self.steps):
+            self.first.append(len(kinds))
+            parts = s.team.parts(n) if s.team is not None else [None]
+            self.parts += parts
+            for part in parts:
+                if part is None:
+                    kinds.append(0)
+                    calls.append((s.compiled, s.args, s.checks))
+                    continue
+                if not part.shared:
+                    kinds.append(0)
+                    calls.append((_compiled(part.kernel, part.args), part.args, False))
+                    continue
+                kinds.append(-1 - shared)   # its header: counters filled in below
+                calls.append(None)
+                shared += 1
+                for wk in range(n):
+                    args = part.args + (wk, n)
+                    kinds.append(0)
+                    calls.append((_compiled(part.kernel, args), args, False))
+            self.step_of += [i] * (len(kinds) - len(self.step_of))
+        self.counters = np.zeros(max(1, shared) * 16, np.int64)   # 2 lines a team step
+        real = self._rows([c for c in calls if c is not None])
+        rows, it = [], iter(real)
+        for kind in kinds:
+            if kind < 0:
+                rows.append((n, self.counters.ctypes.data + 128 * (-1 - kind), 0, 0))
+            else:
+                rows.append((0,) + next(it))
+        self.table = np.array(rows, np.int64).reshape(-1, T.WORDS)
         self.at = self.table.ctypes.data
 
     def __call__(self) -> None:
         at, n = 0, len(self.steps)
         while at < n:
-            failed = self.drive(self.at, at, n)
+            if self.threads:
+                self.counters.fill(0)
+                # numba's threads now (a governor may run a graph on fewer): whoever comes
+                # takes the shares, so the run needs no particular number
+                T.TEAM(T.driver_address(), self.at, self.first[at], len(self.table),
+                       self.state, numba.get_num_threads())
+                failed = int(self.state[T.RESULT])
+                failed = self.step_of[failed - 1] + 1 if failed else 0
+            else:
+                failed = self.drive(self.at, at, n, 0, self.state.ctypes.data)
             if not failed:
                 return
             s = self.steps[failed - 1]
             s.again()   # raises the step's error, as its Python call does
             at = failed - 1 + s.skip
+
+
+def _team_threads(steps: list[Step]) -> int:
+    """The team's threads for a run of `steps` (numba's now), or 0 where a team would not
+    help (one thread, nothing for it to share) or may not run (a kernel without a team form
+    that starts a parallel region: inside the team's it would start a nested one, more
+    threads than cores)."""
+    n = numba.get_num_threads()
+    if n < 2 or not any(s.team is not None for s in steps):
+        return 0
+    return 0 if any(s.forks and s.team is None for s in steps) else n
+
+
+def _compiled(kernel, args: tuple):
+    """kernel's compile result for args' types (compiled now where it is not yet)."""
+    sig = tuple(arg_type(kernel, a) for a in args)
+    if sig not in kernel.overloads:
+        kernel.compile(sig)
+    return kernel.overloads[sig]
 
 
 def _native(call, checks: bool, again) -> Step | None:
@@ -276,17 +324,19 @@ def _native(call, checks: bool, again) -> Step | None:
     ret = cres.signature.return_type
     if not (isinstance(ret, types.Integer) if checks else ret == types.none):
         return None
-    return Step(cres, call.args, checks, again)
+    return Step(cres, call.args, checks, again, getattr(call, "parallel", True),
+                getattr(call, "team", None))
 
 
-def lay_out(calls: list) -> list:
-    """`calls` as Native runs and the Python calls between them (module docstring)."""
+def lay_out(calls: list, team: bool = False) -> list:
+    """`calls` as Native runs and the Python calls between them (module docstring); with
+    `team`, a run a team can make is made so (Native)."""
     out: list = []
     run: list[Step] = []
 
     def python(c) -> None:
         if run:
-            out.append(Native(list(run)))
+            out.append(Native(list(run), team))
             run.clear()
         out.append(c)
 
@@ -308,7 +358,7 @@ def lay_out(calls: list) -> list:
     for c in calls:
         add(c)
     if run:
-        out.append(Native(list(run)))
+        out.append(Native(list(run), team))
     return out
 
 
@@ -319,6 +369,7 @@ class Loop:
     calls: list
     fallback: Callable[[list], None]
     enabled: bool = field(default_factory=lambda: ENABLED)
+    team: bool = field(default_factory=lambda: TEAM)
     runs: int = 0
     items: list | None = None
 
@@ -329,7 +380,7 @@ class Loop:
                 self.fallback(self.calls)
                 return
             try:
-                self.items = lay_out(self.calls)
+                self.items = lay_out(self.calls, self.team)
             except Exception as e:   # noqa: BLE001 - the graph still runs, through Python
                 warnings.warn(f"native_loop: {len(self.calls)} calls left to the Python loop: "
                               f"laying them out failed ({type(e).__name__}: {e})",

@@ -197,13 +197,22 @@ def in_order(typingctx):
     return types.none(), codegen
 
 
+def load_threads() -> None:
+    """The threading layer loaded, whose `get_num_threads` the code of `thread_count` calls:
+    typing a kernel that reads it loads the layer, but a kernel loaded from numba's cache is
+    not typed, and its call would go to a symbol not yet there (a crash). Binders of such
+    kernels call this (cheap once done)."""
+    configure_openmp()          # before numba's threads start (threads.py)
+    numba.get_num_threads()
+
+
 @intrinsic
 def thread_count(typingctx):
     """The threads numba's parallel loops run on now (numba.set_num_threads), read from the
     threading layer's symbol as those loops read it: numba.get_num_threads() in compiled
-    code calls through a ctypes pointer, which keeps the caller out of the on-disk cache."""
-    configure_openmp()          # before numba's threads start (threads.py)
-    numba.get_num_threads()     # the threading layer loaded and its symbols added
+    code calls through a ctypes pointer, which keeps the caller out of the on-disk cache.
+    A kernel that reads it is bound after `load_threads` (its cached code calls the layer)."""
+    load_threads()              # the threading layer loaded and its symbols added
 
     def codegen(context, builder, sig, args):
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(cgutils.intp_t, []),
@@ -214,5 +223,5 @@ def thread_count(typingctx):
 
 
 __all__ = ["PF_DISTANCE", "PF_LOCALITY", "f32_ptr", "fetch_add", "i32_ptr", "in_order",
-           "load_f32", "load_u32", "prefetch", "prefetch_choice", "prefetch_l1", "thread_count",
-           "u8_ptr"]
+           "load_f32", "load_threads", "load_u32", "prefetch", "prefetch_choice", "prefetch_l1",
+           "thread_count", "u8_ptr"]

@@ -44,10 +44,11 @@ from ..shared.bound import bound
 
 # names each binding supplies (backends/shared/bound.py)
 (ACT_BYTES, C, HB, KC, OFF, PF, STEAL, SUB, TAIL, TILE, W_BYTES, _f16_round, _half_row,
- _i16_row, _sum_i8, aux, dec_b, dots1, dots2, dots4, enc_r, group_dot, tile, tile1) = bound(
+ _i16_row, _sum_i8, aux, dec_b, dots1, dots2, dots4, enc_r, group_dot, packed_runs,
+ packed_views, run_split, tile, tile1) = bound(
     "ACT_BYTES", "C", "HB", "KC", "OFF", "PF", "STEAL", "SUB", "TAIL", "TILE", "W_BYTES",
     "_f16_round", "_half_row", "_i16_row", "_sum_i8", "aux", "dec_b", "dots1", "dots2", "dots4",
-    "enc_r", "group_dot", "tile", "tile1")
+    "enc_r", "group_dot", "packed_runs", "packed_views", "run_split", "tile", "tile1")
 
 # the most runs of row groups a product is cut into for its threads: fine enough to share any
 # thread count evenly and to leave a thread held back by the host little to finish, coarse
@@ -307,21 +308,9 @@ def k_mul_mat_packed(b, meta, kk, nb):
     # address (0: none), 10-12 its address, 13-15 its bytes, 16-18 its result's address, 19-22
     # the quantization buffers' addresses, 23-25 the columns' dimensions (n3, n2, n1), 26-29
     # each buffer's length a column
-    starts = meta[0:4]
-    ms = np.empty((2, 3), np.int64)
-    for p in range(3):
-        ms[0, p], ms[1, p] = meta[4 + p], meta[7 + p]
-    ws = (carray(u8_ptr(meta[10]), meta[13]), carray(u8_ptr(meta[11]), meta[14]),
-          carray(u8_ptr(meta[12]), meta[15]))
-    n3, n2, nn = meta[23], meta[24], meta[25]
-    ds = (carray(f32_ptr(meta[16]), (n3, n2, nn, ms[0, 0])),
-          carray(f32_ptr(meta[17]), (n3, n2, nn, ms[0, 1])),
-          carray(f32_ptr(meta[18]), (n3, n2, nn, ms[0, 2])))
-    q = carray(u8_ptr(meta[19]), (n3, n2, nn, meta[26]))
-    ysb = carray(u8_ptr(meta[20]), (n3, n2, nn, meta[27]))
-    ysi = carray(i32_ptr(meta[21]), (n3, n2, nn, meta[28]))
-    ysf = carray(f32_ptr(meta[22]), (n3, n2, nn, meta[29]))
-    cols = n3 * n2 * nn
+    starts, ms, ws, ds, q, ysb, ysi, ysf = packed_views(meta)
+    n2, nn = meta[24], meta[25]
+    cols = meta[23] * n2 * nn
     if cols >= 8:
         for s in prange(cols):
             quantize_column(b, q, ysb, ysi, ysf, s // (n2 * nn), (s // nn) % n2, s % nn,  # noqa
@@ -350,104 +339,163 @@ def k_mul_mat_packed(b, meta, kk, nb):
     # group's rows in that order too, one run after the other.
     kc = KC if cols < 4 else max(1, min(KC, W_BYTES // TILE))
     chunk = cols if cols < 4 else max(4, ACT_BYTES // ((q.shape[3] // nb) * kc) // 4 * 4)  # noqa
+    # a thread's partial sums are allocated once, not once a group (numba does not hoist the
+    # allocation: ~50k of them in a 1.5B decode step at 2 threads, ~1 ms of its ~54)
+    threads = thread_count()
+    per, n_runs = run_split(starts, nb, threads)
+    workers = max(1, min(n_runs, threads))
+    pfa = q2.shape[1] // nb if nb * TILE > W_BYTES else 0
     for c0 in range(0, cols, chunk):
         c1 = min(cols, c0 + chunk)
         ce = c1 + pad if c1 == cols else c1   # the columns computed, the repeated one too
-        full = c0 + (ce - c0) // 4 * 4
-        # the groups cut into at most RUNS runs (of RUN_BYTES or more where there are enough
-        # for 4 a thread); a thread's partial sums are allocated once,
-        # not once a group (numba does not hoist the allocation: ~50k of them in a 1.5B decode
-        # step at 2 threads, ~1 ms of its ~54). Each thread owns an equal share of the runs
-        # and takes them front to back (one contiguous stream); where STEAL, one that has
-        # finished its share goes on to take the next runs of the others' shares, so a
-        # thread the host holds back keeps the product waiting for its current run, not for
-        # the rest of its share (counters 64 bytes apart: no line shared between them)
-        threads = thread_count()
-        per = max(1, -(-starts[-1] // RUNS),
-                  min(-(-RUN_BYTES // (nb * TILE)), starts[-1] // (4 * threads)))  # noqa
-        n_runs = -(-starts[-1] // per)
-        workers = max(1, min(n_runs, threads))
         # zeroed by a plain loop: under parallel=True np.zeros is a parallel loop of its own,
         # one more fork and join (~1 us) a call
         taken = np.empty(8 * workers, np.int64)
         for i in range(8 * workers):
             taken[i] = 0
-        # one column (a decode step) takes the loop below, written out here: through the
-        # inlined helpers, every group assigned their array arguments, views and slices, an
-        # atomic reference count taken and dropped for each (~11 NRT calls, ~40 ns a group:
-        # a Q4_K 8960 x 1536 product with its weights in cache took 147 us, now 123)
-        one = ce - c0 == 1
-        # Its activation blocks are read once a group, and between two reads of a block a
-        # long row's weights (a whole group of tiles) stream through L1 and push it out. Where
-        # a group's tiles outgrow the L1 budget (W_BYTES), each tile asks for the next one's
-        # activation bytes (pfa a block) ahead: cold, Q4_K 1536 x 8960 (35 tiles a group)
-        # read 24-25 GB/s without, 26-27 with (Zen 4, one thread). A shorter group finds the
-        # block still in L1, and there the hint only costs: 8960 x 1536 (6 tiles) in cache
-        # 127 us without, 139 with; cold 28.2-28.6 GB/s without, 26.2-26.7 with
-        pfa = q2.shape[1] // nb if nb * TILE > W_BYTES else 0
-        i3, i2, i1 = c0 // (n2 * nn), (c0 // nn) % n2, c0 % nn
+        # (int64 arguments: prange's index is unsigned, and packed_runs compiles once for
+        # the kernel and k_packed_team alike)
         for wk in prange(workers):
-            part = np.empty((ce - c0, R), np.float32)
-            qc, bc, ic, fc = q2[c0:c0 + 1], yb[c0:c0 + 1], yi[c0:c0 + 1], yf[c0:c0 + 1]
-            qrow = q2[c0]
-            for v in range(workers if STEAL else 1):
-                owner = (wk + v) % workers
-                lo, hi = owner * n_runs // workers, (owner + 1) * n_runs // workers
-                glo, ghi = lo * per, min(starts[-1], hi * per)
-                # the share's last TAIL runs' groups go in runs a quarter the size, where
-                # those still hold FINE_BYTES: the thread that finishes first waits for the
-                # other's last run, and while it waits one stream reads (at 2 threads on
-                # Zen 4 in a fast spell, half the memory's speed); shorter runs would cost
-                # more in starts than they save
-                fine = max(1, per // 4)
-                tail = min(ghi - glo, TAIL * per) if fine * nb * TILE >= FINE_BYTES else 0
-                big = ghi - glo - tail
-                n_big = -(-big // per)
-                claimed = 0
-                while True:
-                    # alone, a thread takes its runs in turn: a locked add waits for every
-                    # load in flight (the weights streaming) before the next can issue
-                    if workers == 1:
-                        u = claimed
-                        claimed += 1
-                    else:
-                        u = fetch_add(taken, 8 * owner, 1)
-                    if u < n_big:
-                        g, g_end = glo + u * per, min(glo + big, glo + (u + 1) * per)
-                    else:
-                        g = glo + big + (u - n_big) * fine
-                        g_end = min(ghi, g + fine)
-                    if g >= ghi:
-                        break
-                    while one and g < g_end:   # the run's groups, weight by weight
-                        p = 0
-                        while g >= starts[p + 1]:
-                            p += 1
-                        w, d, g1 = ws[p], ds[p], min(g_end, starts[p + 1])
-                        bias = ms[1, p]
-                        for gg in range(g - starts[p], g1 - starts[p]):
-                            # runs of kc blocks summed apart, joined in turn: row_group_dot's
-                            # sums, kept in registers (no store and load a run)
-                            acc, tot, at, nxt = fzero(R, 1), fzero(R, 1), gg * nb * TILE, kc
-                            for blk in range(nb):
-                                if blk == nxt:
-                                    tot = acc if blk == kc else fadd(tot, acc)
-                                    acc, nxt = fzero(R, 1), nxt + kc
-                                for o in range(pfa * (blk + 1), pfa * (blk + 2), 64):
-                                    prefetch_l1(qrow, o)
-                                acc = tile1(acc, w, at, qc, bc, ic, fc, blk)
-                                at += TILE  # noqa: TILE is bound
-                            fstore(part, 0, 0, fadd(tot, acc) if nb > kc else acc)
-                            for r in range(min(R, ms[0, p] - gg * R)):  # no views: no NRT calls
-                                if bias:
-                                    d[i3, i2, i1, gg * R + r] = part[0, r] + load_f32(bias,
-                                                                                      gg * R + r)
-                                else:
-                                    d[i3, i2, i1, gg * R + r] = part[0, r]
-                        g = g1
-                    for g in range(g, g_end):
-                        group_dot(ws, starts, q2, yb, yi, yf, ds, nb, ms, part, g, c0, c1, ce,
-                                  full, kc, n2, nn)
+            packed_runs(np.int64(wk), workers, taken, ws, ds, ms, starts, q2, yb, yi, yf, nb,
+                        np.int64(kc), np.int64(c0), c1, ce, pfa, per, n_runs, n2, nn)
+
+
+def views_template(meta):
+    """(starts, ms, ws, ds, q, ysb, ysi, ysf): the row groups' starts, each weight's rows and
+    bias row address (ms[0], ms[1]), the weights, their results and the quantization buffers,
+    from their addresses in k_mul_mat_packed's `meta`."""
+    starts = meta[0:4]
+    ms = np.empty((2, 3), np.int64)
+    for p in range(3):
+        ms[0, p], ms[1, p] = meta[4 + p], meta[7 + p]
+    ws = (carray(u8_ptr(meta[10]), meta[13]), carray(u8_ptr(meta[11]), meta[14]),
+          carray(u8_ptr(meta[12]), meta[15]))
+    n3, n2, nn = meta[23], meta[24], meta[25]
+    ds = (carray(f32_ptr(meta[16]), (n3, n2, nn, ms[0, 0])),
+          carray(f32_ptr(meta[17]), (n3, n2, nn, ms[0, 1])),
+          carray(f32_ptr(meta[18]), (n3, n2, nn, ms[0, 2])))
+    q = carray(u8_ptr(meta[19]), (n3, n2, nn, meta[26]))
+    ysb = carray(u8_ptr(meta[20]), (n3, n2, nn, meta[27]))
+    ysi = carray(i32_ptr(meta[21]), (n3, n2, nn, meta[28]))
+    ysf = carray(f32_ptr(meta[22]), (n3, n2, nn, meta[29]))
+    return starts, ms, ws, ds, q, ysb, ysi, ysf
+
+
+def split_template(starts, nb, threads):
+    """(groups a run, runs): the row groups cut into at most RUNS runs (of RUN_BYTES or more
+    where there are enough for 4 a thread)."""
+    per = max(1, -(-starts[-1] // RUNS),
+              min(-(-RUN_BYTES // (nb * TILE)), starts[-1] // (4 * threads)))  # noqa
+    return per, -(-starts[-1] // per)
+
+
+def runs_template(wk, workers, taken, ws, ds, ms, starts, q2, yb, yi, yf, nb, kc, c0, c1, ce,
+                pfa, per, n_runs, n2, nn):
+    """Worker wk's share of a product's runs (k_mul_mat_packed's columns c0..ce), then,
+    where STEAL, the runs left in the others' shares. Each worker owns an equal share of the
+    runs and takes them front to back (one contiguous stream); one that has finished its share
+    goes on to take the next runs of the others', so a thread the host holds back keeps the
+    product waiting for its current run, not for the rest of its share (counters `taken` 64
+    bytes apart: no line shared between them)."""
+    full = c0 + (ce - c0) // 4 * 4
+    i3, i2, i1 = c0 // (n2 * nn), (c0 // nn) % n2, c0 % nn
+    # one column (a decode step) takes the loop below, written out here: through the
+    # inlined helpers, every group assigned their array arguments, views and slices, an
+    # atomic reference count taken and dropped for each (~11 NRT calls, ~40 ns a group:
+    # a Q4_K 8960 x 1536 product with its weights in cache took 147 us, now 123)
+    one = ce - c0 == 1
+    # Its activation blocks are read once a group, and between two reads of a block a
+    # long row's weights (a whole group of tiles) stream through L1 and push it out. Where
+    # a group's tiles outgrow the L1 budget (W_BYTES), each tile asks for the next one's
+    # activation bytes (pfa a block) ahead: cold, Q4_K 1536 x 8960 (35 tiles a group)
+    # read 24-25 GB/s without, 26-27 with (Zen 4, one thread). A shorter group finds the
+    # block still in L1, and there the hint only costs: 8960 x 1536 (6 tiles) in cache
+    # 127 us without, 139 with; cold 28.2-28.6 GB/s without, 26.2-26.7 with
+    part = np.empty((ce - c0, R), np.float32)
+    qc, bc, ic, fc = q2[c0:c0 + 1], yb[c0:c0 + 1], yi[c0:c0 + 1], yf[c0:c0 + 1]
+    qrow = q2[c0]
+    for v in range(workers if STEAL else 1):
+        owner = (wk + v) % workers
+        lo, hi = owner * n_runs // workers, (owner + 1) * n_runs // workers
+        glo, ghi = lo * per, min(starts[-1], hi * per)
+        # the share's last TAIL runs' groups go in runs a quarter the size, where
+        # those still hold FINE_BYTES: the thread that finishes first waits for the
+        # other's last run, and while it waits one stream reads (at 2 threads on
+        # Zen 4 in a fast spell, half the memory's speed); shorter runs would cost
+        # more in starts than they save
+        fine = max(1, per // 4)
+        tail = min(ghi - glo, TAIL * per) if fine * nb * TILE >= FINE_BYTES else 0
+        big = ghi - glo - tail
+        n_big = -(-big // per)
+        claimed = 0
+        while True:
+            # alone, a thread takes its runs in turn: a locked add waits for every
+            # load in flight (the weights streaming) before the next can issue
+            if workers == 1:
+                u = claimed
+                claimed += 1
+            else:
+                u = fetch_add(taken, 8 * owner, 1)
+            if u < n_big:
+                g, g_end = glo + u * per, min(glo + big, glo + (u + 1) * per)
+            else:
+                g = glo + big + (u - n_big) * fine
+                g_end = min(ghi, g + fine)
+            if g >= ghi:
+                break
+            while one and g < g_end:   # the run's groups, weight by weight
+                p = 0
+                while g >= starts[p + 1]:
+                    p += 1
+                w, d, g1 = ws[p], ds[p], min(g_end, starts[p + 1])
+                bias = ms[1, p]
+                for gg in range(g - starts[p], g1 - starts[p]):
+                    # runs of kc blocks summed apart, joined in turn: row_group_dot's
+                    # sums, kept in registers (no store and load a run)
+                    acc, tot, at, nxt = fzero(R, 1), fzero(R, 1), gg * nb * TILE, kc
+                    for blk in range(nb):
+                        if blk == nxt:
+                            tot = acc if blk == kc else fadd(tot, acc)
+                            acc, nxt = fzero(R, 1), nxt + kc
+                        for o in range(pfa * (blk + 1), pfa * (blk + 2), 64):
+                            prefetch_l1(qrow, o)
+                        acc = tile1(acc, w, at, qc, bc, ic, fc, blk)
+                        at += TILE  # noqa: TILE is bound
+                    fstore(part, 0, 0, fadd(tot, acc) if nb > kc else acc)
+                    for r in range(min(R, ms[0, p] - gg * R)):  # no views: no NRT calls
+                        if bias:
+                            d[i3, i2, i1, gg * R + r] = part[0, r] + load_f32(bias,
+                                                                              gg * R + r)
+                        else:
+                            d[i3, i2, i1, gg * R + r] = part[0, r]
+                g = g1
+            for g in range(g, g_end):
+                group_dot(ws, starts, q2, yb, yi, yf, ds, nb, ms, part, g, c0, c1, ce,
+                          full, kc, n2, nn)
+
+
+
+def k_packed_team(b, meta, kk, nb, taken, wk, workers):
+    """A team's product (backends/cpu/team.py) of up to 3 columns, one kernel for its parts
+    (each kernel compiled is seconds of a cold start): wk < 0 the first part, the columns
+    quantized and the share counters `taken` zeroed; then share wk of `workers`,
+    k_mul_mat_packed's runs as its thread wk takes them, so the rows are the same."""
+    starts, ms, ws, ds, q, ysb, ysi, ysf = packed_views(meta)
+    n2, nn = meta[24], meta[25]
+    cols = meta[23] * n2 * nn
+    if wk < 0:
+        for s in range(cols):
+            quantize_column(b, q, ysb, ysi, ysf, s // (n2 * nn), (s // nn) % n2, s % nn, kk)
+        for i in range(taken.size):
+            taken[i] = 0
+        return
+    per, n_runs = run_split(starts, nb, workers)
+    used = max(1, min(n_runs, workers))
+    if wk < used:
+        packed_runs(wk, used, taken, ws, ds, ms, starts, q.reshape(cols, q.shape[3]),
+                    ysb.reshape(cols, ysb.shape[3]), ysi.reshape(cols, ysi.shape[3]),
+                    ysf.reshape(cols, ysf.shape[3]), nb, np.int64(KC), np.int64(0), cols, cols,
+                    q.shape[3] // nb if nb * TILE > W_BYTES else 0, per, n_runs, n2, nn)
 
 
 def row_group_dot(ws, starts, q2, yb, yi, yf, ds, nb, ms, part, g, c0, c1, ce, full, kc, n2, nn):
