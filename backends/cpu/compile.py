@@ -161,10 +161,11 @@ def direct(call):
     return out
 
 
-def dispatcher_calls(calls) -> list[partial]:
+def dispatcher_calls(calls, teams: bool = False) -> list[partial]:
     """The bound kernel calls among `calls` that `direct` makes direct (partials of a numba
-    dispatcher), the ones inside a function marked by `calls_in` too, in order (what
-    compile_ahead.py compiles before `direct` runs)."""
+    dispatcher), the ones inside a function marked by `calls_in` too, and with `teams` the
+    calls of each one's team form (backends/cpu/team.py: what a native run's team would
+    make), in order (what compile_ahead.py compiles before `direct` runs)."""
     out: list[partial] = []
 
     def walk(call) -> None:
@@ -172,6 +173,9 @@ def dispatcher_calls(calls) -> list[partial]:
             return
         if isinstance(call.func, Dispatcher):
             out.append(call)
+            team = getattr(call, "team", None) if teams else None
+            for part in team.parts(2) if team is not None else ():
+                out.append(partial(part.kernel, *part.args, *((0, 2) if part.shared else ())))
             return
         for i in getattr(call.func, "bound_calls_at", ()):
             for c in call.args[i] if isinstance(call.args[i], list) else [call.args[i]]:

@@ -35,10 +35,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+import numba
 from numba.core.dispatcher import Dispatcher
 
 from ggraph import config
 from ..compiles import note_elsewhere
+from . import native_loop
 from .compile import DIRECT, arg_type, dispatcher_calls
 
 ENABLED = config.compile_ahead()
@@ -131,7 +133,10 @@ def prepare(calls: Iterable[Any]) -> Ahead:
     """Compile the kernels `calls` (a bound graph's) are missing, here and in helpers (see
     the module docstring); afterwards compile.direct finds each in memory or on disk."""
     done = Ahead()
-    calls = dispatcher_calls(calls) if ENABLED and DIRECT and cores() > 1 else []
+    # the kernels of the team forms too, where the native runs will have teams (their
+    # second run lays them out, and a team's kernels compiled then are seconds of a start)
+    teams = native_loop.ENABLED and native_loop.TEAM and numba.get_num_threads() > 1
+    calls = dispatcher_calls(calls, teams) if ENABLED and DIRECT and cores() > 1 else []
     # typing every argument costs ~6 ms a graph (Qwen2.5 0.5B's decode graph, bound again
     # each 256 cells): done only where a kernel has never compiled, as on a first run; a new
     # signature of a compiled kernel compiles here, as it always did

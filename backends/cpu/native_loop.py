@@ -18,6 +18,11 @@ compiled wrapper, which unboxes every argument at every call.
   array, as from its wrapper; `Native` keeps every array alive). A step that fails (a
   kernel's exception, an index check that finds a bad index) is run again through Python,
   which raises its error as the Python loop would.
+- A run whose parallel kernels all have a team form (a decode step's packed products and
+  attention) is made by one team of threads in one parallel region (backends/cpu/team.py),
+  not a fork and join of numba's threads a kernel: `lay_out(calls, team=True)`, as `Loop`
+  does where TEAM was on when the list was bound. Without a team a run is the same driver's
+  thread 0 alone.
 
 A decode step of Qwen2.5 1.5B at 2 threads (Zen 4) is ~460 kernel calls; SmolLM2's ~490.
 """

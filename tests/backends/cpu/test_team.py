@@ -161,3 +161,16 @@ def test_a_models_decode_steps_are_bit_equal_with_and_without_a_team(tmp_path, w
     assert 2 in made   # some native run had a team of 2
     for a, b in zip(out[False], out[True]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_compile_ahead_lists_the_team_forms_kernels():
+    """compile.dispatcher_calls with `teams`: a call's team form's kernel calls too (a
+    shared part with a share and the shares after its arguments), so compile_ahead.py's
+    helpers compile them before the run that lays a team out."""
+    x, y = np.arange(8, dtype=np.float64), np.zeros(8)
+    call = partial(_whole, x, y)
+    call.team = T.TeamForm(lambda n: [T.Part(_scale, (x, 2.0)), T.Part(_share, (x, y), True)])
+    assert C.dispatcher_calls([call]) == [call]
+    got = C.dispatcher_calls([call], teams=True)
+    assert [(c.func, len(c.args)) for c in got] == [(_whole, 2), (_scale, 2), (_share, 4)]
+    assert got[2].args[2:] == (0, 2)
