@@ -8,7 +8,10 @@ times every head's weights. Each unit leaves its heads' partial softmax (running
 weighted V sum); a second pass combines the runs of cells (the split-KV flash-attention
 recurrence), or, where one run holds every cell, the unit writes its rows itself. Units of one
 K/V head and sequence are consecutive, so a thread streams its own stretch of the cache; many
-units keep every thread busy even where K/V heads are few.
+units keep every thread busy even where K/V heads are few. A stretch of units is `attn_unit`
+(unit_template) and of output rows `attn_combine` (combine_template), functions compiled once:
+the kernel's threads call them, and so do a team's (backends/cpu/team.py) through
+`k_attn_team`.
 
 kf / vf: the flat uint16 memory the K / V views span, row (s, h, j) at s*k3 + h*k2 + j*k1, each
 row a contiguous slice whose F16 conversion vectorizes. The names `half_to_f32`, `expf`,

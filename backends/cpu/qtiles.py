@@ -20,7 +20,9 @@ take runs of row groups, so each streams its own contiguous part of the weight o
 each group with the columns 4 at a time while it is in L1/L2 (cache blocks and runs of blocks:
 see the kernel). A single column (a decode step) loops over its groups in the kernel itself,
 without the helpers, and where a group's tiles outgrow L1 asks for each next tile's activation
-bytes ahead. The helpers `_half_row`, `_f32_row`, `_i16_row`, `_sum_i8`, `_f16_round` are the
+bytes ahead. Each thread's runs are `packed_runs` (runs_template, a function compiled once),
+which a team of threads (backends/cpu/team.py) runs too, as the shares of `k_packed_team`.
+The helpers `_half_row`, `_f32_row`, `_i16_row`, `_sum_i8`, `_f16_round` are the
 shared codec helpers the CPU target binds (backends/jit.py); `tile` (a type's tile function for
 C columns), `dots1`, `dots2`, `dots4` (`column_dots` bound to them), `aux`, `quantize_column`,
 `group_dot` (`row_group_dot` bound to the dots), R, C, PF, STEAL, TILE and the cache sizes are
@@ -339,8 +341,7 @@ def k_mul_mat_packed(b, meta, kk, nb):
     # group's rows in that order too, one run after the other.
     kc = KC if cols < 4 else max(1, min(KC, W_BYTES // TILE))
     chunk = cols if cols < 4 else max(4, ACT_BYTES // ((q.shape[3] // nb) * kc) // 4 * 4)  # noqa
-    # a thread's partial sums are allocated once, not once a group (numba does not hoist the
-    # allocation: ~50k of them in a 1.5B decode step at 2 threads, ~1 ms of its ~54)
+    # each thread's runs: packed_runs, a function of its own
     threads = thread_count()
     per, n_runs = run_split(starts, nb, threads)
     workers = max(1, min(n_runs, threads))
@@ -390,7 +391,7 @@ def split_template(starts, nb, threads):
 
 
 def runs_template(wk, workers, taken, ws, ds, ms, starts, q2, yb, yi, yf, nb, kc, c0, c1, ce,
-                pfa, per, n_runs, n2, nn):
+                  pfa, per, n_runs, n2, nn):
     """Worker wk's share of a product's runs (k_mul_mat_packed's columns c0..ce), then,
     where STEAL, the runs left in the others' shares. Each worker owns an equal share of the
     runs and takes them front to back (one contiguous stream); one that has finished its share
@@ -410,7 +411,9 @@ def runs_template(wk, workers, taken, ws, ds, ms, starts, q2, yb, yi, yf, nb, kc
     # activation bytes (pfa a block) ahead: cold, Q4_K 1536 x 8960 (35 tiles a group)
     # read 24-25 GB/s without, 26-27 with (Zen 4, one thread). A shorter group finds the
     # block still in L1, and there the hint only costs: 8960 x 1536 (6 tiles) in cache
-    # 127 us without, 139 with; cold 28.2-28.6 GB/s without, 26.2-26.7 with
+    # 127 us without, 139 with; cold 28.2-28.6 GB/s without, 26.2-26.7 with.
+    # The partial sums are allocated once a call, not once a group (numba does not hoist the
+    # allocation: ~50k of them in a 1.5B decode step at 2 threads, ~1 ms of its ~54)
     part = np.empty((ce - c0, R), np.float32)
     qc, bc, ic, fc = q2[c0:c0 + 1], yb[c0:c0 + 1], yi[c0:c0 + 1], yf[c0:c0 + 1]
     qrow = q2[c0]
