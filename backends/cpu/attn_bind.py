@@ -99,7 +99,7 @@ def _attention_team(mask_type: T, args: tuple) -> TeamForm:
         return [Part(kernel, work + (0, 0, 1)), Part(kernel, work + (1,), True)] + (
             [Part(kernel, work + (2,), True)] if runs > 1 else [])
 
-    return TeamForm(parts)
+    return TeamForm(parts, kernel)
 
 
 def _flash_attn_rows(node: Tensor, s: Session, args: tuple):

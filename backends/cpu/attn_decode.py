@@ -109,7 +109,7 @@ def unit_template(u0, u1, q, kf, k3, k2, k1, vf, v3, v2, v1, sk, hkv, nkv, d, sc
     """Units u0..u1 of k_flash_attn_decode (module docstring): each unit's cells' scores with
     the queries of every head of its K/V head, their softmax's running max and sum (pm, ps)
     and weighted V sum (pa), or, where one run holds every cell, its rows of the output d.
-    A function of its own (not inlined): the kernel's threads and a team's (k_attn_units)
+    A function of its own (not inlined): the kernel's threads and a team's (k_attn_team)
     call the same machine code, compiled once."""
     ns, nh, nt = q.shape[0], q.shape[1], q.shape[2]
     rk2, rk3 = nh // hkv, ns // sk

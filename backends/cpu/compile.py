@@ -147,25 +147,35 @@ def direct(call):
                 else direct(args[i])
         return partial(f, *args)
     try:
-        sig = tuple(arg_type(f, a) for a in call.args)
-        # an entry compiled already is found without compile()'s locks and events
-        done = f.overloads.get(sig)
-        entry = done.entry_point if done is not None else f.compile(sig)
+        cres = overload(f, call.args)
     except Exception:   # noqa: BLE001 - the dispatcher's own call says what is wrong
         return call
-    out = partial(entry, *call.args)
+    out = partial(cres.entry_point, *call.args)
     out.__dict__.update(call.__dict__)   # what the call keeps alive (kernels.packed_call's)
     # the compile result whose machine code the call runs (native_loop.py calls it natively)
-    out.compiled = f.overloads.get(sig)
+    out.compiled = cres
     out.parallel = bool(f.targetoptions.get("parallel"))   # it may start a parallel region
     return out
+
+
+def overload(f: Dispatcher, args: tuple):
+    """f's compile result for the types of `args` (compiled now where it is not yet; one
+    compiled already is found without compile()'s locks and events)."""
+    sig = tuple(arg_type(f, a) for a in args)
+    done = f.overloads.get(sig)
+    if done is None:
+        f.compile(sig)
+        done = f.overloads[sig]
+    return done
 
 
 def dispatcher_calls(calls, teams: bool = False) -> list[partial]:
     """The bound kernel calls among `calls` that `direct` makes direct (partials of a numba
     dispatcher), the ones inside a function marked by `calls_in` too, and with `teams` the
     calls of each one's team form (backends/cpu/team.py: what a native run's team would
-    make), in order (what compile_ahead.py compiles before `direct` runs)."""
+    make) while the form's kernel has compiled nothing in this process (a graph bound again
+    each 256 cells makes no parts' work memory then), in order (what compile_ahead.py
+    compiles before `direct` runs)."""
     out: list[partial] = []
 
     def walk(call) -> None:
@@ -174,6 +184,8 @@ def dispatcher_calls(calls, teams: bool = False) -> list[partial]:
         if isinstance(call.func, Dispatcher):
             out.append(call)
             team = getattr(call, "team", None) if teams else None
+            if team is not None and team.kernel is not None and team.kernel.overloads:
+                team = None
             for part in team.parts(2) if team is not None else ():
                 out.append(partial(part.kernel, *part.args, *((0, 2) if part.shared else ())))
             return

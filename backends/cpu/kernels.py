@@ -283,7 +283,7 @@ def _packed_team_form(kernel: Any, args: tuple) -> TeamForm:
         taken = np.zeros(8 * threads, np.int64)
         return [Part(kernel, args + (taken, -1, threads)), Part(kernel, args + (taken,), True)]
 
-    return TeamForm(parts)
+    return TeamForm(parts, kernel)
 
 
 def _flat_f32(d: np.ndarray) -> bool:
@@ -336,12 +336,25 @@ def packed_team(a: T, b: T, r: int = qlanes.R, l1: int = PACKED_L1, l2: int = PA
                        **names)
 
 
+# _packed_names' results by their key (the switches it reads are in the tag): each bound
+# product asks twice (its kernel and its team's), ~130 a decode graph bound again each 256
+# cells, and binding a dozen helpers again found them at ~85 us a time
+_NAMES: dict[tuple, tuple[dict, str]] = {}
+
+
 def _packed_names(a: T, b: T, r: int, l1: int, l2: int) -> tuple[dict, str]:
     """The names the packed product's templates are bound with, and their tag."""
     qmem.load_threads()   # the kernel's cached code reads the layer's thread count
-    tile = TILES[a]
     tag = (f"R{r}_{qlanes.flavor()}_pf{PREFETCH}_{qmem.PF_LOCALITY}"
            f"{'' if PACKED_STEAL else '_nosteal'}_tail{PACKED_TAIL}")
+    key = (a, b, r, l1, l2, tag)
+    if key not in _NAMES:
+        _NAMES[key] = _bind_packed_names(a, b, r, l1, l2, tag), tag
+    return _NAMES[key]
+
+
+def _bind_packed_names(a: T, b: T, r: int, l1: int, l2: int, tag: str) -> dict:
+    tile = TILES[a]
     dots = {}
     ahead = TARGET.bind(qtiles.ahead, _INLINE_FAST, tag, PF=PREFETCH)
     for c in (1, 2, 4):
@@ -368,7 +381,7 @@ def _packed_names(a: T, b: T, r: int, l1: int, l2: int) -> tuple[dict, str]:
             "KC": PACKED_RUN, "packed_runs": runs,
             "packed_views": TARGET.bind(qtiles.views_template, _INLINE_FAST, ""),
             "run_split": TARGET.bind(qtiles.split_template, _INLINE_FAST, f"{a}_{tag}",
-                                     TILE=size)}, tag
+                                     TILE=size)}
 
 
 def _gemm(a: Tensor, b: Tensor, node: Tensor, s: Session):

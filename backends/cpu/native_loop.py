@@ -43,7 +43,7 @@ from numba.core.registry import cpu_target
 
 from ggraph import config
 from . import team as T
-from .compile import SERIAL, arg_type, steps
+from .compile import SERIAL, overload, steps
 
 # the native loop instead of Python's for every graph run more than once
 # (GGRAPH_CPU_NATIVE_LOOP; tests and benchmarks/ab_decode.py switch it off for the graphs
@@ -249,7 +249,7 @@ class Native:
                     continue
                 if not part.shared:
                     kinds.append(0)
-                    calls.append((_compiled(part.kernel, part.args), part.args, False))
+                    calls.append((overload(part.kernel, part.args), part.args, False))
                     continue
                 kinds.append(-1 - shared)   # its header: counters filled in below
                 calls.append(None)
@@ -257,7 +257,7 @@ class Native:
                 for wk in range(n):
                     args = part.args + (wk, n)
                     kinds.append(0)
-                    calls.append((_compiled(part.kernel, args), args, False))
+                    calls.append((overload(part.kernel, args), args, False))
             self.step_of += [i] * (len(kinds) - len(self.step_of))
         self.counters = np.zeros(max(1, shared) * 16, np.int64)   # 2 lines a team step
         real = self._rows([c for c in calls if c is not None])
@@ -269,6 +269,7 @@ class Native:
                 rows.append((0,) + next(it))
         self.table = np.array(rows, np.int64).reshape(-1, T.WORDS)
         self.at = self.table.ctypes.data
+        self.team_at = T.driver_address()   # (taken once: it holds numba's compiler lock)
 
     def __call__(self) -> None:
         at, n = 0, len(self.steps)
@@ -277,8 +278,8 @@ class Native:
                 self.counters.fill(0)
                 # numba's threads now (a governor may run a graph on fewer): whoever comes
                 # takes the shares, so the run needs no particular number
-                T.TEAM(T.driver_address(), self.at, self.first[at], len(self.table),
-                       self.state, numba.get_num_threads())
+                T.TEAM(self.team_at, self.at, self.first[at], len(self.table), self.state,
+                       numba.get_num_threads())
                 failed = int(self.state[T.RESULT])
                 failed = self.step_of[failed - 1] + 1 if failed else 0
             else:
@@ -299,14 +300,6 @@ def _team_threads(steps: list[Step]) -> int:
     if n < 2 or not any(s.team is not None for s in steps):
         return 0
     return 0 if any(s.forks and s.team is None for s in steps) else n
-
-
-def _compiled(kernel, args: tuple):
-    """kernel's compile result for args' types (compiled now where it is not yet)."""
-    sig = tuple(arg_type(kernel, a) for a in args)
-    if sig not in kernel.overloads:
-        kernel.compile(sig)
-    return kernel.overloads[sig]
 
 
 def _native(call, checks: bool, again) -> Step | None:

@@ -261,5 +261,8 @@ class Part:
 @dataclass(frozen=True)
 class TeamForm:
     """How a team makes a bound kernel call (its `team` attribute): `parts(threads)`, the
-    calls in order, with the work memory they share made for that many threads."""
+    calls in order, with the work memory they share made for that many threads; `kernel`,
+    the one dispatcher they call where there is one (whether it has compiled is known
+    without making the parts)."""
     parts: Callable[[int], list[Part]]
+    kernel: Any = None

@@ -166,7 +166,8 @@ def test_a_models_decode_steps_are_bit_equal_with_and_without_a_team(tmp_path, w
 def test_compile_ahead_lists_the_team_forms_kernels():
     """compile.dispatcher_calls with `teams`: a call's team form's kernel calls too (a
     shared part with a share and the shares after its arguments), so compile_ahead.py's
-    helpers compile them before the run that lays a team out."""
+    helpers compile them before the run that lays a team out; not once the form's kernel
+    has compiled."""
     x, y = np.arange(8, dtype=np.float64), np.zeros(8)
     call = partial(_whole, x, y)
     call.team = T.TeamForm(lambda n: [T.Part(_scale, (x, 2.0)), T.Part(_share, (x, y), True)])
@@ -174,3 +175,7 @@ def test_compile_ahead_lists_the_team_forms_kernels():
     got = C.dispatcher_calls([call], teams=True)
     assert [(c.func, len(c.args)) for c in got] == [(_whole, 2), (_scale, 2), (_share, 4)]
     assert got[2].args[2:] == (0, 2)
+    # a form whose one kernel has compiled is not listed again (no work memory made for it)
+    _scale(x.copy(), 2.0)
+    call.team = T.TeamForm(lambda n: [T.Part(_scale, (x, 2.0))], _scale)
+    assert C.dispatcher_calls([call], teams=True) == [call]
